@@ -1,0 +1,329 @@
+"""Typed events over NATS JetStream: publish, consume with explicit ack, inventory KV.
+
+One stream holds every subject under ``tessera.v1.>``. Each service reads through its
+own durable pull consumer and acks a message only after its handler returned, so a
+service that dies mid-handler gets the message again (after ``ack_wait``); handlers are
+therefore idempotent (keyed by pod UID + attempt). A handler that raises is nak'ed with
+a growing delay. Publishes carry ``Nats-Msg-Id`` (the event's dedup id), so a publish
+retried after a lost ack is stored once.
+
+W3C trace context rides in the message headers: ``publish`` starts a PRODUCER span and
+injects it; delivery extracts it and runs the handler inside a CONSUMER span that is its
+child, so one trace spans every hop.
+
+Node inventory also lives in a KV bucket keyed by node, so a restarted allocator reads
+every node at once instead of waiting for the next heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Literal, Self
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
+
+from shared import events
+from shared.config import NatsConfig
+from shared.core.model import NodeName
+from shared.telemetry import tracer
+
+log = logging.getLogger(__name__)
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+class Delivery(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a delivered event came from; ``attempt`` counts redeliveries from 1."""
+
+    subject: str
+    attempt: int
+    stream_seq: int
+
+
+Handler = Callable[[events.AnyEvent, Delivery], Awaitable[None]]
+
+
+class Bus:
+    """A connection to NATS with the Tessera stream and inventory bucket ensured.
+
+    Use as ``async with Bus(cfg, name="binder") as bus:``; leaving the block stops the
+    consumers, drains the connection (pending publishes and acks are flushed) and closes.
+    """
+
+    def __init__(self, cfg: NatsConfig, *, name: str) -> None:
+        self.cfg = cfg
+        self.name = name
+        self._nc: NatsClient | None = None
+        self._js: JetStreamContext | None = None
+        self._kv: KeyValue | None = None
+        self._consumers: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self._js is None:
+            raise RuntimeError("Bus is not connected: use `async with Bus(...)`")
+        return self._js
+
+    @property
+    def nc(self) -> NatsClient:
+        if self._nc is None:
+            raise RuntimeError("Bus is not connected: use `async with Bus(...)`")
+        return self._nc
+
+    async def connect(self) -> None:
+        """Connect (retrying while the server starts) and ensure stream and bucket exist."""
+        self._nc = await nats.connect(
+            self.cfg.url,
+            name=f"tessera-{self.name}",
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            allow_reconnect=True,
+        )
+        self._js = self._nc.jetstream()
+        await self._ensure_stream()
+        self._kv = await self._ensure_bucket()
+
+    async def close(self) -> None:
+        for task in self._consumers:
+            task.cancel()
+        for task in self._consumers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._consumers.clear()
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(nats.errors.ConnectionClosedError):
+                await self._nc.drain()
+        self._nc = self._js = None
+        self._kv = None
+
+    async def _ensure_stream(self) -> None:
+        config = StreamConfig(
+            name=self.cfg.stream,
+            subjects=[events.STREAM_SUBJECTS],
+            storage=StorageType.FILE,
+            max_age=self.cfg.max_age_s,
+            duplicate_window=self.cfg.duplicate_window_s,
+        )
+        try:
+            await self.js.stream_info(self.cfg.stream)
+        except nats.js.errors.NotFoundError:
+            with contextlib.suppress(nats.js.errors.BadRequestError):
+                await self.js.add_stream(config)
+                return
+        await self.js.update_stream(config)
+
+    async def _ensure_bucket(self) -> KeyValue:
+        try:
+            return await self.js.key_value(self.cfg.inventory_bucket)
+        except nats.js.errors.BucketNotFoundError:
+            return await self.js.create_key_value(
+                KeyValueConfig(bucket=self.cfg.inventory_bucket, history=1)
+            )
+
+    # --- publishing ------------------------------------------------------------------
+
+    def _headers(self, event: events.Event) -> dict[str, str]:
+        headers = {MSG_ID_HEADER: event.dedup_id()}
+        propagate.inject(headers)
+        return headers
+
+    async def publish(self, event: events.Event) -> None:
+        """Publish one event and wait until JetStream has stored it."""
+        subject = event.subject()
+        with tracer().start_as_current_span(f"send {event.SUBJECT}", kind=SpanKind.PRODUCER):
+            await self.js.publish(subject, events.encode(event), headers=self._headers(event))
+
+    async def publish_many(self, batch: Iterable[events.Event]) -> None:
+        """Publish many events pipelined (acks awaited together): the hot-path form."""
+        futures = []
+        for event in batch:
+            with tracer().start_as_current_span(f"send {event.SUBJECT}", kind=SpanKind.PRODUCER):
+                futures.append(
+                    await self.js.publish_async(
+                        event.subject(), events.encode(event), headers=self._headers(event)
+                    )
+                )
+        if futures:
+            await asyncio.gather(*futures)
+
+    # --- consuming -------------------------------------------------------------------
+
+    def consume(
+        self,
+        durable: str,
+        subjects: Sequence[str],
+        handler: Handler,
+        *,
+        deliver: Literal["all", "new"] = "all",
+        batch: int = 64,
+        ack_wait_s: float | None = None,
+    ) -> asyncio.Task[None]:
+        """Start a named task that feeds ``handler`` every event on ``subjects``.
+
+        The durable consumer remembers its position across restarts. Events are handled
+        one at a time in stream order; a message is acked after ``handler`` returns and
+        nak'ed (redelivered later) when it raises. Undecodable messages are terminated
+        with a log line: no retry can fix them.
+        """
+        task = asyncio.create_task(
+            self._consume(durable, list(subjects), handler, deliver, batch, ack_wait_s),
+            name=f"{self.name}:consume:{durable}",
+        )
+        self._consumers.append(task)
+        return task
+
+    async def _subscribe(
+        self, durable: str, subjects: list[str], deliver: str, ack_wait_s: float | None
+    ) -> JetStreamContext.PullSubscription:
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=ack_wait_s or self.cfg.ack_wait_s,
+            max_deliver=self.cfg.max_deliver,
+            max_ack_pending=10_000,
+            deliver_policy=DeliverPolicy.ALL if deliver == "all" else DeliverPolicy.NEW,
+        )
+        if len(subjects) == 1:
+            config.filter_subject = subjects[0]
+        else:
+            config.filter_subjects = subjects
+        try:
+            await self.js.consumer_info(self.cfg.stream, durable)
+        except nats.js.errors.NotFoundError:
+            await self.js.add_consumer(self.cfg.stream, config)
+        return await self.js.pull_subscribe_bind(durable=durable, stream=self.cfg.stream)
+
+    async def _consume(
+        self,
+        durable: str,
+        subjects: list[str],
+        handler: Handler,
+        deliver: str,
+        batch: int,
+        ack_wait_s: float | None,
+    ) -> None:
+        sub = await self._subscribe(durable, subjects, deliver, ack_wait_s)
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(batch, timeout=1.0)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except nats.errors.ConnectionClosedError:
+                    return
+                for msg in msgs:
+                    await self._deliver(msg, handler)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _deliver(self, msg: Msg, handler: Handler) -> None:
+        meta = msg.metadata
+        delivery = Delivery(
+            subject=msg.subject, attempt=meta.num_delivered, stream_seq=meta.sequence.stream
+        )
+        try:
+            event = events.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.error(
+                "dropping undecodable message on %s (seq %d): %s",
+                msg.subject,
+                delivery.stream_seq,
+                exc,
+            )
+            await msg.term()
+            return
+        context = propagate.extract(msg.headers or {})
+        span_name = f"process {type(event).SUBJECT}"
+        with tracer().start_as_current_span(
+            span_name, context=context, kind=SpanKind.CONSUMER
+        ) as span:
+            span.set_attribute("messaging.destination", msg.subject)
+            span.set_attribute("messaging.delivery_attempt", delivery.attempt)
+            try:
+                await handler(event, delivery)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                delay = min(0.2 * 2 ** (delivery.attempt - 1), 30.0)
+                log.exception(
+                    "handler failed on %s (attempt %d); redelivering in %.1fs",
+                    msg.subject,
+                    delivery.attempt,
+                    delay,
+                )
+                await msg.nak(delay=delay)
+                return
+        await msg.ack()
+
+    # --- inventory KV ----------------------------------------------------------------
+
+    @property
+    def kv(self) -> KeyValue:
+        if self._kv is None:
+            raise RuntimeError("Bus is not connected: use `async with Bus(...)`")
+        return self._kv
+
+    async def put_inventory(self, inventory: events.NodeInventory) -> None:
+        """Store a node's latest inventory (the event is published separately)."""
+        # Node names are DNS subdomains: every character is valid in a KV key.
+        await self.kv.put(inventory.node, events.encode(inventory))
+
+    async def delete_inventory(self, node: NodeName) -> None:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self.kv.delete(node)
+
+    async def inventories(self) -> dict[NodeName, events.NodeInventory]:
+        """Every node's latest inventory, read at once (allocator start-up)."""
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            return {}
+        found: dict[NodeName, events.NodeInventory] = {}
+        for key in keys:
+            try:
+                entry = await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            if entry.value is None:
+                continue
+            event = events.decode(entry.value)
+            if isinstance(event, events.NodeInventory):
+                found[event.node] = event
+        return found

@@ -1,0 +1,191 @@
+"""The values the placement core reasons about: identifiers, parsed requests, devices, grants.
+
+They are msgspec Structs because the same values travel on the bus (inside events), sit
+in the ledger by the hundred thousand, and are written into pod annotations: one compact
+frozen type serves all three. New fields get defaults; nothing is renamed or retyped
+(see the schema-evolution rule in DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NewType
+
+import msgspec
+
+PodUID = NewType("PodUID", str)
+NodeName = NewType("NodeName", str)
+DeviceUUID = NewType("DeviceUUID", str)
+
+Vendor = Literal[
+    "nvidia",
+    "ascend",
+    "cambricon",
+    "hygon",
+    "metax",
+    "mthreads",
+    "enflame",
+    "kunlunxin",
+    "iluvatar",
+    "amd",
+    "awsneuron",
+]
+"""A device vendor: which node-side driver and isolation mechanism a device has."""
+
+SharingMode = Literal["hami-core", "mig", "mps"]
+"""How a node shares its NVIDIA cards: software slicing, MIG instances, or MPS clients."""
+
+RequestKind = Literal["vgpu", "gpu-share", "gpu-number", "npu-template", "npu-core"]
+"""How a request slices devices.
+
+- ``vgpu``: count devices, each with memory and cores (HAMi, Volcano vGPU, other vendors)
+- ``gpu-share``: Volcano ``volcano.sh/gpu-memory``, one device, a memory slice, no cores
+- ``gpu-number``: Volcano ``volcano.sh/gpu-number``, whole devices
+- ``npu-template``: Ascend HAMi mode, memory rounded up to a vNPU template
+- ``npu-core``: Ascend MindCluster ``huawei.com/npu-core``, AI cores mapped to a template
+"""
+
+Policy = Literal["binpack", "spread", "fgd"]
+"""Placement policy at node or device level; ``fgd`` is fragmentation gradient descent."""
+
+
+class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Names one pod. ``uid`` tells apart two pods that reused a name."""
+
+    namespace: str
+    name: str
+    uid: PodUID
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one container asks of one device vendor, already validated.
+
+    ``memory_mib`` and ``cores`` apply to EACH of the ``count`` devices, as upstream.
+    ``memory_mib`` is None when the request is a percentage (``memory_percent``) that
+    the core resolves against each candidate card.
+    """
+
+    vendor: Vendor
+    kind: RequestKind = "vgpu"
+    resource: str
+    """The count resource name the user wrote; messages name it."""
+    count: int = 1
+    memory_mib: int | None = None
+    memory_percent: int | None = None
+    cores: int = 0
+    """Percent of one device's compute; 100 means exclusive."""
+    exclusive: bool = False
+    chip: str | None = None
+    """Ascend chip the request targets (``910B3``...), from the resource name."""
+    npu_cores: int | None = None
+    """MindCluster AI cores (``huawei.com/npu-core``)."""
+    priority: int | None = None
+
+
+class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The device requests of one container; init containers come first, as in the pod."""
+
+    name: str
+    init: bool = False
+    devices: tuple[DeviceRequest, ...] = ()
+    disable_isolation: bool = False
+    """``CUDA_DISABLE_CONTROL=true``: no isolation library for this container."""
+    core_policy: str | None = None
+    """``GPU_CORE_UTILIZATION_POLICY`` as the container sets it."""
+
+
+class Constraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Pod-level placement constraints, from the annotations of COMPAT.md section 2."""
+
+    use_types: tuple[str, ...] = ()
+    nouse_types: tuple[str, ...] = ()
+    use_uuids: tuple[str, ...] = ()
+    nouse_uuids: tuple[str, ...] = ()
+    device_indexes: tuple[int, ...] = ()
+    mode: SharingMode | None = None
+    node_policy: Policy | None = None
+    device_policy: Policy | None = None
+    numa_bind: bool = False
+    group_spread: bool = False
+    vnpu_hami_core: bool = False
+    vnpu_level: Literal["low", "high"] | None = None
+    vnpu_dvpp: Literal["yes", "no", "null"] | None = None
+
+
+class PodRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Everything placement needs to know about one pod's devices."""
+
+    containers: tuple[ContainerRequest, ...] = ()
+    constraints: Constraints = Constraints()
+
+    @property
+    def wants_devices(self) -> bool:
+        return any(c.devices for c in self.containers)
+
+
+class RequestError(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Why a pod's request can never be placed as written: the field and the fix."""
+
+    field: str
+    """Where: a resource name with its container, or an annotation key."""
+    message: str
+
+
+class MigInstance(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One MIG instance slot of a card's geometry."""
+
+    profile: str
+    """Profile name, e.g. ``1g.10gb``."""
+    memory_mib: int
+    placement: int
+    """Index of this slot within the geometry; stable across reconfiguration."""
+    uuid: str | None = None
+    """The instance UUID once it exists on the card."""
+
+
+class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One physical device as a node agent reports it (before node overrides)."""
+
+    uuid: DeviceUUID
+    index: int
+    vendor: Vendor
+    model: str
+    """Type string users match with use-gputype, e.g. ``NVIDIA-A100-SXM4-80GB``."""
+    memory_mib: int
+    cores: int = 100
+    """Compute capacity in percent of one device (100 x core scaling)."""
+    sm_count: int = 0
+    numa: int = 0
+    mode: SharingMode = "hami-core"
+    healthy: bool = True
+    chip: str | None = None
+    """Ascend chip name (``910B3``, ``310P3``) or None."""
+    ai_cores: int = 0
+    """Ascend AI cores of the chip."""
+    mig_geometry: tuple[MigInstance, ...] = ()
+    """The MIG geometry the card runs now; empty when MIG is off or unconfigured."""
+
+
+class DeviceGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one container gets of one device."""
+
+    uuid: DeviceUUID
+    index: int = 0
+    vendor: Vendor = "nvidia"
+    model: str = ""
+    memory_mib: int = 0
+    cores: int = 0
+    exclusive: bool = False
+    mig_profile: str | None = None
+    mig_placement: int | None = None
+    vnpu_template: str | None = None
+
+
+class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Every device grant of one container."""
+
+    container: str
+    init: bool = False
+    devices: tuple[DeviceGrant, ...] = ()

