@@ -319,3 +319,19 @@ def json_schema() -> dict[str, Any]:
         "oneOf": schemas,
         "$defs": components,
     }
+
+
+# --- control (core NATS request/reply, outside the stream) ---------------------------
+
+CONTROL_PING_SUBJECT = "tessera.ctl.ping"
+"""Every running service answers a request here with its :class:`ServiceHello`."""
+
+
+class ServiceHello(msgspec.Struct, frozen=True, kw_only=True):
+    """A live service's answer to a ping: who it is and which config it runs."""
+
+    service: str
+    instance: str
+    config_hash: str
+    started_at: float
+    version: str = ""

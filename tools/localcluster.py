@@ -68,6 +68,7 @@ _PACKAGES = {
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
     "etcd": "go.etcd.io/etcd/server/v3",
+    "kubectl": "k8s.io/kubernetes/cmd/kubectl",
 }
 
 
@@ -108,8 +109,16 @@ def ensure_binaries(names: Sequence[str] = tuple(_PACKAGES), *, quiet: bool = Fa
             print(f"tessera: building {name} ({release}) into {target} ...", file=sys.stderr)
         started = time.monotonic()
         proc = subprocess.run(
-            [go, "build", "-trimpath", "-ldflags", _version_ldflags(release),
-             "-o", str(target / f"{name}.partial"), _PACKAGES[name]],
+            [
+                go,
+                "build",
+                "-trimpath",
+                "-ldflags",
+                _version_ldflags(release),
+                "-o",
+                str(target / f"{name}.partial"),
+                _PACKAGES[name],
+            ],
             cwd=TOOLS_DIR,
             capture_output=True,
             text=True,
@@ -124,6 +133,11 @@ def ensure_binaries(names: Sequence[str] = tuple(_PACKAGES), *, quiet: bool = Fa
         if not quiet:
             print(f"tessera: built {name} in {time.monotonic() - started:.0f}s", file=sys.stderr)
     return target
+
+
+def kubectl() -> str:
+    """The kubectl built at the pinned release (the same version as the API server)."""
+    return str(ensure_binaries(["kubectl"]) / "kubectl")
 
 
 def nats_server_binary() -> Path:
@@ -152,15 +166,56 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _make_pki(d: Path) -> None:
     """A CA, an API-server serving certificate for 127.0.0.1, a service-account key pair."""
     d.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-             "-out", "ca.crt", "-days", "30", "-subj", "/CN=tessera-local-ca", cwd=d)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key",
-             "-out", "server.csr", "-subj", "/CN=kube-apiserver", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=tessera-local-ca",
+        cwd=d,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=kube-apiserver",
+        cwd=d,
+    )
     (d / "san.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes.default.svc\n"
     )
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", "server.crt", "-days", "30", "-extfile", "san.ext", cwd=d)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "30",
+        "-extfile",
+        "san.ext",
+        cwd=d,
+    )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
@@ -183,6 +238,7 @@ class LocalCluster:
     """
 
     workdir: Path | None = None
+    with_kube: bool = True
     with_nats: bool = True
     with_scheduler: bool = False
     keep: bool = False
@@ -219,19 +275,21 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> None:
-        names = ["etcd", "kube-apiserver"] + (["kube-scheduler"] if self.with_scheduler else [])
-        bins = ensure_binaries(names)
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             if self.with_nats:
                 self._start_nats()
-            self._start_etcd(bins)
-            self._start_apiserver(bins)
-            self._write_kubeconfig()
-            if self.with_scheduler:
-                self._start_scheduler(bins)
+            if self.with_kube:
+                names = ["etcd", "kube-apiserver"]
+                names += ["kube-scheduler"] if self.with_scheduler else []
+                bins = ensure_binaries(names)
+                self._start_etcd(bins)
+                self._start_apiserver(bins)
+                self._write_kubeconfig()
+                if self.with_scheduler:
+                    self._start_scheduler(bins)
             self._write_state()
         except BaseException:
             self.stop()
@@ -255,10 +313,21 @@ class LocalCluster:
     def _start_nats(self) -> None:
         assert self.workdir is not None
         self.nats_port = self.nats_port or free_port()
-        proc = self._spawn("nats-server", [
-            str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.nats_port),
-            "-js", "-sd", str(self.workdir / "jetstream"), "--http_port", "0",
-        ])
+        proc = self._spawn(
+            "nats-server",
+            [
+                str(nats_server_binary()),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(self.nats_port),
+                "-js",
+                "-sd",
+                str(self.workdir / "jetstream"),
+                "--http_port",
+                "0",
+            ],
+        )
         _wait(lambda: _tcp_open(self.nats_port), proc, "nats-server", timeout_s=20)
 
     def _start_etcd(self, bins: Path) -> None:
@@ -266,14 +335,31 @@ class LocalCluster:
         self.etcd_port = self.etcd_port or free_port()
         peer = free_port()
         client = f"http://127.0.0.1:{self.etcd_port}"
-        proc = self._spawn("etcd", [
-            str(bins / "etcd"), "--name", "tessera", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"tessera=http://127.0.0.1:{peer}",
-            "--unsafe-no-fsync", "--quota-backend-bytes", str(8 << 30), "--log-level", "warn",
-        ])
+        proc = self._spawn(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--name",
+                "tessera",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"tessera=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes",
+                str(8 << 30),
+                "--log-level",
+                "warn",
+            ],
+        )
         _wait(lambda: _http_ok(f"{client}/health"), proc, "etcd", timeout_s=30)
 
     def _start_apiserver(self, bins: Path) -> None:
@@ -282,31 +368,39 @@ class LocalCluster:
         _make_pki(pki)
         (self.workdir / "tokens.csv").write_text(f"{ADMIN_TOKEN},admin,admin,system:masters\n")
         self.apiserver_port = self.apiserver_port or free_port()
-        proc = self._spawn("kube-apiserver", [
-            str(bins / "kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.apiserver_port}",
-            f"--cert-dir={pki}",
-            f"--tls-cert-file={pki / 'server.crt'}", f"--tls-private-key-file={pki / 'server.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--token-auth-file={self.workdir / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            # No controller-manager creates the `default` ServiceAccount in namespaces.
-            "--disable-admission-plugins=ServiceAccount",
-            "--allow-privileged=true",
-            "--profiling=false",
-            "--max-requests-inflight=3000", "--max-mutating-requests-inflight=1500",
-            *self.apiserver_args,
-        ])
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.apiserver_port}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'server.crt'}",
+                f"--tls-private-key-file={pki / 'server.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--token-auth-file={self.workdir / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                # No controller-manager creates the `default` ServiceAccount in namespaces.
+                "--disable-admission-plugins=ServiceAccount",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--max-requests-inflight=3000",
+                "--max-mutating-requests-inflight=1500",
+                *self.apiserver_args,
+            ],
+        )
         ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         _wait(
             lambda: _http_ok(f"{self.server}/readyz", token=ADMIN_TOKEN, context=ctx),
-            proc, "kube-apiserver", timeout_s=90,
+            proc,
+            "kube-apiserver",
+            timeout_s=90,
         )
 
     def _write_kubeconfig(self) -> None:
@@ -315,13 +409,19 @@ class LocalCluster:
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "tessera-local", "cluster": {
-                "server": self.server,
-                "certificate-authority-data": base64.b64encode(ca).decode(),
-            }}],
+            "clusters": [
+                {
+                    "name": "tessera-local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": base64.b64encode(ca).decode(),
+                    },
+                }
+            ],
             "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
-            "contexts": [{"name": "tessera-local",
-                          "context": {"cluster": "tessera-local", "user": "admin"}}],
+            "contexts": [
+                {"name": "tessera-local", "context": {"cluster": "tessera-local", "user": "admin"}}
+            ],
             "current-context": "tessera-local",
         }
         self.kubeconfig.write_text(yaml.safe_dump(doc))
@@ -329,27 +429,44 @@ class LocalCluster:
     def _start_scheduler(self, bins: Path) -> None:
         assert self.workdir is not None
         cfg = self.workdir / "scheduler.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 5000, "burst": 5000},
-            "leaderElection": {"leaderElect": False},
-        }))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {
+                        "kubeconfig": str(self.kubeconfig),
+                        "qps": 5000,
+                        "burst": 5000,
+                    },
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
         port = free_port()
-        proc = self._spawn("kube-scheduler", [
-            str(bins / "kube-scheduler"), f"--config={cfg}",
-            "--bind-address=127.0.0.1", f"--secure-port={port}",
-            f"--authentication-kubeconfig={self.kubeconfig}",
-            f"--authorization-kubeconfig={self.kubeconfig}",
-        ])
-        _wait(lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", insecure=True),
-              proc, "kube-scheduler", timeout_s=60)
+        proc = self._spawn(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                f"--config={cfg}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+            ],
+        )
+        _wait(
+            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", insecure=True),
+            proc,
+            "kube-scheduler",
+            timeout_s=60,
+        )
 
     def _write_state(self) -> None:
         assert self.workdir is not None
         state = {
-            "kubeconfig": str(self.kubeconfig),
-            "server": self.server,
+            "kubeconfig": str(self.kubeconfig) if self.with_kube else None,
+            "server": self.server if self.with_kube else None,
             "nats_url": self.nats_url if self.with_nats else None,
             "pids": {p.name: p.popen.pid for p in self.procs},
             "workdir": str(self.workdir),

@@ -1,0 +1,52 @@
+# Every target installs what it needs: a fresh machine with Python 3.11+ and Go 1.26+
+# runs `make demo` or `make test` and nothing else.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: all install controlplane lint typecheck test test-fast demo down schema bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq openssl)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+# etcd, kube-apiserver, kube-scheduler and kubectl at the release pinned in tools/go.mod,
+# built once into .cache/ (several minutes the first time, instant afterwards).
+controlplane: install
+	$(BIN)/tessera dev build
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+# The whole suite: lint, types, import contracts, unit, service (real NATS) and
+# integration (real kube-apiserver) tests.
+test: controlplane lint typecheck
+	$(BIN)/python -m pytest
+
+# Unit tests of the pure core only: no servers.
+test-fast: install
+	$(BIN)/python -m pytest tests/unit
+
+demo: controlplane
+	$(BIN)/tessera demo
+
+down: install
+	$(BIN)/tessera dev down
+
+schema: install
+	$(BIN)/tessera schema
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

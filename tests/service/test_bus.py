@@ -1,0 +1,177 @@
+"""The bus on a real nats-server: round trips, redelivery, trace context, inventory KV."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from shared import events as ev
+from shared.bus import Bus, Delivery
+from shared.config import NatsConfig, TelemetryConfig
+from shared.telemetry import setup_tracing, tracer
+from tests.samples import sample_events
+
+
+@pytest.fixture(scope="module")
+def exporter() -> InMemorySpanExporter:
+    memory = InMemorySpanExporter()
+    setup_tracing("test", TelemetryConfig(), processor=SimpleSpanProcessor(memory))
+    return memory
+
+
+async def _collect(
+    n: int, queue: asyncio.Queue[tuple[ev.AnyEvent, Delivery]], timeout_s: float = 10
+) -> list[tuple[ev.AnyEvent, Delivery]]:
+    out = []
+    async with asyncio.timeout(timeout_s):
+        while len(out) < n:
+            out.append(await queue.get())
+    return out
+
+
+async def test_every_event_type_round_trips_through_jetstream(nats_cfg: NatsConfig) -> None:
+    sent = sample_events()
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def handler(event: ev.AnyEvent, delivery: Delivery) -> None:
+        await got.put((event, delivery))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish(sent[0])
+        await bus.publish_many(sent[1:])
+        bus.consume("roundtrip", [ev.STREAM_SUBJECTS], handler)
+        received = await _collect(len(sent), got)
+    assert [e for e, _ in received] == sent
+    assert [d.subject for _, d in received] == [e.subject() for e in sent]
+    assert all(d.attempt == 1 for _, d in received)
+
+
+async def test_a_republished_event_is_stored_once(nats_cfg: NatsConfig) -> None:
+    decided = next(e for e in sample_events() if isinstance(e, ev.AllocationDecided))
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish(decided)
+        await bus.publish(decided)  # a retry after a lost ack: same Nats-Msg-Id
+        info = await bus.js.stream_info(nats_cfg.stream)
+    assert info.state.messages == 1
+
+
+async def test_consumer_that_dies_before_ack_gets_the_message_again(nats_cfg: NatsConfig) -> None:
+    event = sample_events()[0]
+    first_seen = asyncio.Event()
+
+    async def dies(_event: ev.AnyEvent, _delivery: Delivery) -> None:
+        first_seen.set()
+        await asyncio.sleep(3600)  # never returns: the process "crashes" below
+
+    async with Bus(nats_cfg, name="publisher") as publisher:
+        await publisher.publish(event)
+
+    crashing = Bus(nats_cfg, name="crashing")
+    await crashing.connect()
+    crashing.consume("worker", [ev.STREAM_SUBJECTS], dies)
+    async with asyncio.timeout(10):
+        await first_seen.wait()
+    await crashing.close()  # cancels the handler mid-flight: nothing was acked
+
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def survives(e: ev.AnyEvent, d: Delivery) -> None:
+        await got.put((e, d))
+
+    async with Bus(nats_cfg, name="restarted") as restarted:
+        restarted.consume("worker", [ev.STREAM_SUBJECTS], survives)  # same durable
+        [(again, delivery)] = await _collect(1, got)
+        await asyncio.sleep(1.5)  # past ack_wait: an acked message must not come back
+        assert got.empty()
+    assert again == event
+    assert delivery.attempt == 2
+
+
+async def test_handler_error_naks_and_the_event_is_redelivered(nats_cfg: NatsConfig) -> None:
+    event = sample_events()[1]
+    attempts: list[int] = []
+    done = asyncio.Event()
+
+    async def flaky(_e: ev.AnyEvent, d: Delivery) -> None:
+        attempts.append(d.attempt)
+        if d.attempt < 3:
+            raise RuntimeError("transient")
+        done.set()
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish(event)
+        bus.consume("flaky", [ev.STREAM_SUBJECTS], flaky)
+        async with asyncio.timeout(10):
+            await done.wait()
+    assert attempts == [1, 2, 3]
+
+
+async def test_consumer_filters_by_subject(nats_cfg: NatsConfig) -> None:
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def handler(e: ev.AnyEvent, d: Delivery) -> None:
+        await got.put((e, d))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        bus.consume("allocations", ["tessera.v1.allocation.>"], handler)
+        await bus.publish_many(sample_events())
+        received = await _collect(5, got)
+        await asyncio.sleep(0.3)
+        assert got.empty()
+    assert all(d.subject.startswith("tessera.v1.allocation.") for _, d in received)
+
+
+def _by_name(spans: tuple[ReadableSpan, ...], prefix: str) -> ReadableSpan:
+    return next(s for s in spans if s.name.startswith(prefix))
+
+
+async def test_trace_context_survives_a_hop(
+    nats_cfg: NatsConfig, exporter: InMemorySpanExporter
+) -> None:
+    exporter.clear()
+    seen: asyncio.Queue[trace.SpanContext] = asyncio.Queue()
+
+    async def handler(_e: ev.AnyEvent, _d: Delivery) -> None:
+        await seen.put(trace.get_current_span().get_span_context())
+
+    event = sample_events()[0]
+    async with Bus(nats_cfg, name="test") as bus:
+        with tracer().start_as_current_span("watcher: pod pending") as root:
+            await bus.publish(event)
+        bus.consume("traced", [ev.STREAM_SUBJECTS], handler)
+        async with asyncio.timeout(10):
+            handler_ctx = await seen.get()
+    spans = exporter.get_finished_spans()
+    producer = _by_name(spans, "send tessera.v1.pod.pending")
+    consumer = _by_name(spans, "process tessera.v1.pod.pending")
+    trace_id = root.get_span_context().trace_id
+    assert producer.kind == SpanKind.PRODUCER
+    assert consumer.kind == SpanKind.CONSUMER
+    assert producer.context is not None
+    assert consumer.context is not None
+    assert producer.context.trace_id == consumer.context.trace_id == trace_id
+    assert consumer.parent is not None
+    assert consumer.parent.span_id == producer.context.span_id
+    assert handler_ctx.trace_id == trace_id
+
+
+async def test_inventory_kv_keeps_the_latest_per_node(nats_cfg: NatsConfig) -> None:
+    inv = next(e for e in sample_events() if isinstance(e, ev.NodeInventory))
+    newer = ev.NodeInventory(node=inv.node, devices=inv.devices[:1], config_hash="h2", seq=8)
+    other = ev.NodeInventory(node=ev.NodeName("n2"), devices=(), config_hash="h2")
+    async with Bus(nats_cfg, name="agent") as bus:
+        assert await bus.inventories() == {}
+        await bus.put_inventory(inv)
+        await bus.put_inventory(newer)
+        await bus.put_inventory(other)
+    async with Bus(nats_cfg, name="allocator") as fresh:
+        assert await fresh.inventories() == {inv.node: newer, other.node: other}
+        await fresh.delete_inventory(other.node)
+        await fresh.delete_inventory(other.node)  # idempotent
+        assert set(await fresh.inventories()) == {inv.node}

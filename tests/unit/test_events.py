@@ -1,0 +1,79 @@
+"""The event contract: every type round-trips, subjects are well formed, schema is fresh."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from services.cli import DEFAULT_SCHEMA, _schema_text
+from shared import events as ev
+from tests.samples import sample_events
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_samples_cover_every_event_type() -> None:
+    assert {type(e) for e in sample_events()} == set(ev.EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", sample_events(), ids=lambda e: type(e).__name__)
+def test_event_round_trips_through_json(event: ev.Event) -> None:
+    data = ev.encode(event)
+    decoded = ev.decode(data)
+    assert decoded == event
+    assert type(decoded) is type(event)
+    assert json.loads(data)["type"] == event.__struct_config__.tag
+
+
+@pytest.mark.parametrize("event", sample_events(), ids=lambda e: type(e).__name__)
+def test_subject_is_under_the_stream_and_valid(event: ev.Event) -> None:
+    subject = event.subject()
+    assert subject.startswith(type(event).SUBJECT)
+    assert subject.startswith("tessera.v1.")
+    tokens = subject.split(".")
+    assert all(tokens), subject
+    assert not any(ch in subject for ch in " *>")
+
+
+def test_subject_token_escapes_dots_and_wildcards_reversibly() -> None:
+    assert ev.subject_token("gpu-node.rack-1") == "gpu-node%2Erack-1"
+    assert ev.subject_token("a*b>c d%") == "a%2Ab%3Ec%20d%25"
+    assert ev.subject_token("") == "%00"
+
+
+def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
+    event = sample_events()[5]
+    data = json.loads(ev.encode(event))
+    data["field_from_the_future"] = {"x": 1}
+    assert ev.decode(json.dumps(data).encode()) == event
+
+
+def test_malformed_payload_raises_a_validation_error() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        ev.decode(b'{"type": "pod.pending", "pod": 3}')
+    with pytest.raises(msgspec.ValidationError):
+        ev.decode(b'{"type": "no.such.event"}')
+
+
+def test_dedup_ids_are_stable_per_pod_and_attempt() -> None:
+    decided = next(e for e in sample_events() if isinstance(e, ev.AllocationDecided))
+    again = msgspec.structs.replace(decided, event_id="other")
+    assert decided.dedup_id() == again.dedup_id()
+    retried = msgspec.structs.replace(decided, attempt=decided.attempt + 1)
+    assert decided.dedup_id() != retried.dedup_id()
+
+
+def test_committed_schema_is_fresh() -> None:
+    committed = (REPO / DEFAULT_SCHEMA).read_text()
+    assert committed == _schema_text(), "run `tessera schema` and commit docs/events.schema.json"
+
+
+def test_schema_describes_every_event() -> None:
+    schema = ev.json_schema()
+    names = {ref["$ref"].rsplit("/", 1)[1] for ref in schema["oneOf"]}
+    assert names == {t.__name__ for t in ev.EVENT_TYPES}
+    tag = schema["$defs"]["AllocationBound"]["properties"]["type"]
+    assert tag == {"enum": ["allocation.bound"]}
