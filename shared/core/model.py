@@ -31,8 +31,9 @@ Vendor = Literal[
 ]
 """A device vendor: which node-side driver and isolation mechanism a device has."""
 
-SharingMode = Literal["hami-core", "mig", "mps"]
-"""How a node shares its NVIDIA cards: software slicing, MIG instances, or MPS clients."""
+SharingMode = Literal["hami-core", "mig", "mps", "vnpu"]
+"""How a device is shared: software slicing through the isolation library (``hami-core``,
+NVIDIA or Ascend), MIG instances, MPS clients, or Ascend hard vNPU templates (``vnpu``)."""
 
 RequestKind = Literal["vgpu", "gpu-share", "gpu-number", "npu-template", "npu-core"]
 """How a request slices devices.
@@ -71,6 +72,10 @@ class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     kind: RequestKind = "vgpu"
     resource: str
     """The count resource name the user wrote; messages name it."""
+    memory_resource: str = ""
+    """The memory resource name the user wrote (or the vendor's first), for messages."""
+    core_resource: str = ""
+    """The core resource name the user wrote (or the vendor's first), for messages."""
     count: int = 1
     memory_mib: int | None = None
     memory_percent: int | None = None
@@ -164,6 +169,8 @@ class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Ascend chip name (``910B3``, ``310P3``) or None."""
     ai_cores: int = 0
     """Ascend AI cores of the chip."""
+    ai_cpus: int = 0
+    """Ascend AI CPUs of the chip."""
     mig_geometry: tuple[MigInstance, ...] = ()
     """The MIG geometry the card runs now; empty when MIG is off or unconfigured."""
 
@@ -181,6 +188,10 @@ class DeviceGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     mig_profile: str | None = None
     mig_placement: int | None = None
     vnpu_template: str | None = None
+    ai_cores: int = 0
+    """Ascend AI cores the vNPU template holds."""
+    ai_cpus: int = 0
+    """Ascend AI CPUs the vNPU template holds."""
 
 
 class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -1,0 +1,61 @@
+"""Kubernetes resource quantities (``"4096"``, ``"20k"``, ``"500m"``, ``"1Gi"``) as exact numbers.
+
+The API server canonicalises quantities: a pod written with ``nvidia.com/gpumem: 20000``
+reads back as ``20k``. Device resources are whole numbers, so anything else is an error
+for the caller to report.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_SUFFIX = {
+    "": Fraction(1),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
+}
+_QUANTITY = re.compile(
+    r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE]))?$"
+)
+
+
+def parse_quantity(value: object) -> Fraction:
+    """The exact value of a quantity; raises ValueError on anything else."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        return Fraction(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a quantity")
+    match = _QUANTITY.match(value.strip())
+    if match is None:
+        raise ValueError(f"{value!r} is not a quantity")
+    sign, number, exponent, suffix = match.groups()
+    result = Fraction(number)
+    if exponent:
+        result *= Fraction(10) ** int(exponent[1:])
+    elif suffix:
+        result *= _SUFFIX[suffix]
+    return -result if sign == "-" else result
+
+
+def parse_whole(value: object) -> int:
+    """A quantity that must be a whole number (device counts, MiB, percent)."""
+    q = parse_quantity(value)
+    if q.denominator != 1:
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(q)

@@ -1,0 +1,616 @@
+"""Turn a pod (plain data, as the API server returns it) into a validated PodRequest.
+
+Every resource name of COMPAT.md section 1 is recognised through the configured names
+(HAMi's and Volcano's at once by default), together with the annotations of section 2.
+The semantics follow upstream (``count`` devices, memory and cores per device,
+``defaultMemory``/``defaultCores``/``defaultGPUNum``, ``gpuMemoryFactor``, exclusivity).
+Where upstream silently does something surprising, Tessera says so instead:
+
+- ``cores`` above 100 is an error naming the fix (upstream clamps; set
+  ``clamp_cores=True`` to clamp as upstream does);
+- memory and memory-percentage together is an error (upstream ignores one);
+- an Ascend multi-card request must use whole cards unless the pod asks for
+  ``huawei.com/vnpu-mode: hami-core``; a memory above the chip's capacity is an error.
+
+A request that is valid as written but larger than every card of the cluster is found
+by the placement core, which knows the cards (``Placer.check``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shared.core.model import (
+    Constraints,
+    ContainerRequest,
+    DeviceRequest,
+    PodRequest,
+    Policy,
+    RequestError,
+    SharingMode,
+    Vendor,
+)
+from shared.core.quantity import parse_whole
+from shared.core.spec import DeviceSpecs, VendorSpec, VnpuChip, names
+
+# --- annotation and label keys (COMPAT.md section 2) -------------------------------------
+
+USE_GPUTYPE = "nvidia.com/use-gputype"
+NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
+USE_UUID = ("nvidia.com/use-gpuuuid", "volcano.sh/vgpu-use-gpuuuid")
+NOUSE_UUID = ("nvidia.com/nouse-gpuuuid", "volcano.sh/vgpu-nouse-gpuuuid")
+GPU_INDEX = "volcano.sh/gpu-index"
+VGPU_MODE = ("nvidia.com/vgpu-mode", "volcano.sh/vgpu-mode")
+NODE_POLICY = "hami.io/node-scheduler-policy"
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
+NUMA_BIND = "nvidia.com/numa-bind"
+PODGROUP_POLICY = "volcano.sh/vgpu-podgroup-policy"
+VNPU_MODE = "huawei.com/vnpu-mode"
+GROUP_NAME = "scheduling.k8s.io/group-name"
+VNPU_LEVEL = "vnpu-level"
+VNPU_DVPP = "vnpu-dvpp"
+
+ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+
+
+class Role(enum.Enum):
+    COUNT = "count"
+    WHOLE = "whole-count"
+    MEMORY = "memory"
+    MEMORY_PERCENT = "memory-percentage"
+    CORES = "cores"
+    PRIORITY = "priority"
+    SHARE_MEMORY = "gpu-share memory"
+    NPU_COUNT = "npu count"
+    NPU_MEMORY = "npu memory"
+    NPU_CORES = "npu cores"
+    NPU_MINDCLUSTER = "npu-core"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """What one resource name means."""
+
+    name: str
+    vendor: Vendor
+    role: Role
+    chip: VnpuChip | None = None
+
+
+@dataclass(frozen=True)
+class ResourceTable:
+    """Every configured resource name, looked up once per container resource."""
+
+    by_name: dict[str, Resource]
+    vendors: dict[Vendor, VendorSpec]
+    specs: DeviceSpecs
+
+    @classmethod
+    def build(cls, specs: DeviceSpecs) -> ResourceTable:
+        by_name: dict[str, Resource] = {}
+        vendors: dict[Vendor, VendorSpec] = {}
+        generic: tuple[Vendor, ...] = (
+            "nvidia",
+            "cambricon",
+            "hygon",
+            "metax",
+            "mthreads",
+            "enflame",
+            "kunlunxin",
+            "iluvatar",
+            "amd",
+            "awsneuron",
+        )
+        for vendor in generic:
+            spec = specs.vendor(vendor)
+            if spec is None or not spec.enabled:
+                continue
+            vendors[vendor] = spec
+            for key, role in (
+                (spec.resource_count_name, Role.COUNT),
+                (spec.resource_whole_count_name, Role.WHOLE),
+                (spec.resource_memory_name, Role.MEMORY),
+                (spec.resource_memory_percentage_name, Role.MEMORY_PERCENT),
+                (spec.resource_core_name, Role.CORES),
+                (spec.resource_priority_name, Role.PRIORITY),
+            ):
+                for name in names(key):
+                    by_name[name] = Resource(name, vendor, role)
+        for name in names(specs.nvidia.gpu_share_memory_name):
+            if specs.nvidia.enabled:
+                by_name[name] = Resource(name, "nvidia", Role.SHARE_MEMORY)
+        for chip in specs.vnpus:
+            by_name[chip.resource_name] = Resource(
+                chip.resource_name, "ascend", Role.NPU_COUNT, chip
+            )
+            by_name[chip.resource_memory_name] = Resource(
+                chip.resource_memory_name, "ascend", Role.NPU_MEMORY, chip
+            )
+            for name in names(chip.resource_core_name):
+                by_name[name] = Resource(name, "ascend", Role.NPU_CORES, chip)
+        if specs.mindcluster.enabled:
+            name = specs.mindcluster.resource_name
+            mc_chip = next(
+                (c for c in specs.vnpus if c.chip_name == specs.mindcluster.chip_name), None
+            )
+            by_name[name] = Resource(name, "ascend", Role.NPU_MINDCLUSTER, mc_chip)
+        return cls(by_name=by_name, vendors=vendors, specs=specs)
+
+
+@dataclass
+class _Values:
+    """The resource values one container gives for one vendor (or Ascend chip)."""
+
+    vendor: Vendor
+    chip: VnpuChip | None = None
+    values: dict[Role, tuple[str, int]] = field(default_factory=dict)
+
+    def get(self, role: Role) -> int | None:
+        found = self.values.get(role)
+        return None if found is None else found[1]
+
+    def name(self, role: Role) -> str:
+        return self.values[role][0]
+
+
+class RequestParser:
+    """Parses pods against one device configuration; build once, call for every pod."""
+
+    def __init__(self, specs: DeviceSpecs, *, clamp_cores: bool = False) -> None:
+        self.table = ResourceTable.build(specs)
+        self.clamp_cores = clamp_cores
+
+    def wants_devices(self, pod: Mapping[str, Any]) -> bool:
+        """Cheap pre-check: does any container name one of our resources?"""
+        spec = pod.get("spec") or {}
+        for key in ("initContainers", "containers"):
+            for c in spec.get(key) or ():
+                res = c.get("resources") or {}
+                for part in ("limits", "requests"):
+                    if any(n in self.table.by_name for n in res.get(part) or ()):
+                        return True
+        return False
+
+    def parse(self, pod: Mapping[str, Any]) -> PodRequest | tuple[RequestError, ...]:
+        """The pod's request, or every error found (never only the first)."""
+        meta = pod.get("metadata") or {}
+        annotations: Mapping[str, str] = meta.get("annotations") or {}
+        labels: Mapping[str, str] = meta.get("labels") or {}
+        spec = pod.get("spec") or {}
+        errors: list[RequestError] = []
+        constraints = _constraints(annotations, labels, errors)
+        containers: list[ContainerRequest] = []
+        for key, init in (("initContainers", True), ("containers", False)):
+            for c in spec.get(key) or ():
+                containers.append(self._container(c, init, constraints, errors))
+        if errors:
+            return tuple(errors)
+        return PodRequest(containers=tuple(containers), constraints=constraints)
+
+    # --- one container -------------------------------------------------------------
+
+    def _container(
+        self,
+        c: Mapping[str, Any],
+        init: bool,
+        constraints: Constraints,
+        errors: list[RequestError],
+    ) -> ContainerRequest:
+        cname = str(c.get("name", ""))
+        resources = c.get("resources") or {}
+        merged: dict[str, Any] = dict(resources.get("requests") or {})
+        merged.update(resources.get("limits") or {})
+        groups: dict[tuple[Vendor, str], _Values] = {}
+        for rname, raw in merged.items():
+            res = self.table.by_name.get(rname)
+            if res is None:
+                continue
+            where = f"{rname} (container {cname})"
+            try:
+                value = parse_whole(raw)
+            except ValueError:
+                errors.append(
+                    RequestError(
+                        field=where, message=f"{raw!r} is not a whole number; write an integer"
+                    )
+                )
+                continue
+            if value < 0:
+                errors.append(
+                    RequestError(field=where, message=f"{value} is negative; ask for 0 or more")
+                )
+                continue
+            chip_key = res.chip.chip_name if res.chip and res.role != Role.NPU_MINDCLUSTER else ""
+            group = groups.setdefault((res.vendor, chip_key), _Values(res.vendor, res.chip))
+            if res.role in group.values:
+                other = group.values[res.role][0]
+                errors.append(
+                    RequestError(
+                        field=where,
+                        message=f"{other} and {rname} both give the {res.role.value} of the same "
+                        "devices; keep one",
+                    )
+                )
+                continue
+            group.values[res.role] = (rname, value)
+        devices: list[DeviceRequest] = []
+        for group in groups.values():
+            devices.extend(self._devices(group, cname, constraints, errors))
+        env = {str(e.get("name")): str(e.get("value", "")) for e in c.get("env") or ()}
+        return ContainerRequest(
+            name=cname,
+            init=init,
+            devices=tuple(devices),
+            disable_isolation=env.get(ENV_DISABLE_CONTROL, "").lower() == "true",
+            core_policy=env.get(ENV_CORE_POLICY) or None,
+        )
+
+    def _devices(
+        self, g: _Values, cname: str, constraints: Constraints, errors: list[RequestError]
+    ) -> list[DeviceRequest]:
+        if g.vendor == "ascend":
+            if Role.NPU_MINDCLUSTER in g.values:
+                return _mindcluster(g, cname, constraints, errors)
+            return self._ascend(g, cname, constraints, errors)
+        return self._sliced(g, self.table.vendors[g.vendor], cname, errors)
+
+    def _err(
+        self, errors: list[RequestError], g: _Values, role: Role, cname: str, message: str
+    ) -> None:
+        errors.append(RequestError(field=f"{g.name(role)} (container {cname})", message=message))
+
+    def _cores(
+        self, g: _Values, role: Role, cname: str, errors: list[RequestError], unit: str = "percent"
+    ) -> int | None:
+        cores = g.get(role)
+        if cores is not None and unit == "percent" and cores > 100:
+            if self.clamp_cores:
+                return 100
+            self._err(
+                errors,
+                g,
+                role,
+                cname,
+                f"{cores} exceeds 100 (cores are percent of one device); ask for at most "
+                "100, where 100 means the whole device",
+            )
+            return None
+        return cores
+
+    def _sliced(
+        self, g: _Values, spec: VendorSpec, cname: str, errors: list[RequestError]
+    ) -> list[DeviceRequest]:
+        n_errors = len(errors)
+        whole = g.get(Role.WHOLE)
+        share = g.get(Role.SHARE_MEMORY)
+        count = g.get(Role.COUNT)
+        memory = g.get(Role.MEMORY)
+        percent = g.get(Role.MEMORY_PERCENT)
+        cores = self._cores(g, Role.CORES, cname, errors, spec.core_unit)
+        priority = g.get(Role.PRIORITY)
+        slicing = [
+            r for r in (Role.COUNT, Role.MEMORY, Role.MEMORY_PERCENT, Role.CORES) if r in g.values
+        ]
+        if whole is not None or share is not None:
+            role = Role.WHOLE if whole is not None else Role.SHARE_MEMORY
+            if slicing:
+                self._err(
+                    errors,
+                    g,
+                    role,
+                    cname,
+                    f"cannot be combined with {g.name(slicing[0])}: {role.value} is its "
+                    "own way to ask for devices; keep one",
+                )
+                return []
+            if whole is not None:
+                if whole == 0:
+                    return []
+                return [
+                    DeviceRequest(
+                        vendor=g.vendor,
+                        kind="gpu-number",
+                        resource=g.name(role),
+                        count=whole,
+                        memory_percent=100,
+                        cores=100,
+                        exclusive=True,
+                    )
+                ]
+            if share == 0:
+                return []
+            return [
+                DeviceRequest(
+                    vendor=g.vendor,
+                    kind="gpu-share",
+                    resource=g.name(role),
+                    count=1,
+                    memory_mib=share,
+                    cores=0,
+                )
+            ]
+        if not slicing:
+            return []  # priority alone asks for nothing
+        if percent is not None and percent > 100:
+            self._err(
+                errors,
+                g,
+                Role.MEMORY_PERCENT,
+                cname,
+                f"{percent} exceeds 100; ask for a percentage of one device, 1 to 100",
+            )
+        if memory and percent:
+            self._err(
+                errors,
+                g,
+                Role.MEMORY,
+                cname,
+                f"memory and {g.name(Role.MEMORY_PERCENT)} are both set; give one of them",
+            )
+        if count == 0:
+            if memory or percent or cores:
+                self._err(
+                    errors,
+                    g,
+                    Role.COUNT,
+                    cname,
+                    "is 0 while memory or cores are requested; ask for at least 1 device",
+                )
+            return []
+        if len(errors) > n_errors:
+            return []
+        resource = g.name(slicing[0]) if count is None else g.name(Role.COUNT)
+        count = count if count is not None else spec.default_gpu_num
+        memory = memory * spec.gpu_memory_factor if memory else None
+        percent = percent or None
+        exclusive = cores == 100 or percent == 100
+        if memory is None and percent is None:
+            if spec.default_memory:
+                memory = spec.default_memory
+            else:
+                percent = 100
+                if cores is None:
+                    exclusive = True  # count only: whole cards, as upstream
+        if cores is None:
+            cores = 100 if exclusive else spec.default_cores
+        return [
+            DeviceRequest(
+                vendor=g.vendor,
+                kind="vgpu",
+                resource=resource,
+                count=count,
+                memory_mib=memory,
+                memory_percent=percent,
+                cores=cores,
+                exclusive=exclusive,
+                priority=priority,
+            )
+        ]
+
+    def _ascend(
+        self, g: _Values, cname: str, constraints: Constraints, errors: list[RequestError]
+    ) -> list[DeviceRequest]:
+        chip = g.chip
+        assert chip is not None
+        count = g.get(Role.NPU_COUNT)
+        memory = g.get(Role.NPU_MEMORY) or None
+        cores = (
+            self._cores(g, Role.NPU_CORES, cname, errors) if Role.NPU_CORES in g.values else None
+        )
+        if count is None:
+            role = Role.NPU_MEMORY if Role.NPU_MEMORY in g.values else Role.NPU_CORES
+            self._err(
+                errors,
+                g,
+                role,
+                cname,
+                f"needs {chip.resource_name} too: say how many NPUs (usually 1)",
+            )
+            return []
+        if count == 0:
+            return []
+        if memory is not None and memory > chip.memory_capacity:
+            self._err(
+                errors,
+                g,
+                Role.NPU_MEMORY,
+                cname,
+                f"{memory} MiB is larger than an {chip.common_word} "
+                f"({chip.memory_capacity} MiB); ask for at most that",
+            )
+            return []
+        if constraints.vnpu_hami_core:
+            exclusive = memory is None and cores is None
+            return [
+                DeviceRequest(
+                    vendor="ascend",
+                    kind="vgpu",
+                    resource=g.name(Role.NPU_COUNT),
+                    count=count,
+                    memory_mib=memory,
+                    memory_percent=100 if memory is None else None,
+                    cores=100 if exclusive else (cores or 0),
+                    exclusive=exclusive,
+                    chip=chip.chip_name,
+                )
+            ]
+        if cores is not None:
+            self._err(
+                errors,
+                g,
+                Role.NPU_CORES,
+                cname,
+                f"core limits need software slicing: add the annotation {VNPU_MODE}: "
+                "hami-core, or drop the core request (templates fix the cores)",
+            )
+            return []
+        whole = memory is None or memory >= chip.memory_allocatable
+        if count > 1 and not whole:
+            self._err(
+                errors,
+                g,
+                Role.NPU_MEMORY,
+                cname,
+                f"{count} NPUs with {memory} MiB each: a multi-card Ascend request must "
+                f"use whole cards; drop {g.name(Role.NPU_MEMORY)}, ask for 1 NPU, or add "
+                f"{VNPU_MODE}: hami-core",
+            )
+            return []
+        return [
+            DeviceRequest(
+                vendor="ascend",
+                kind="npu-template",
+                resource=g.name(Role.NPU_COUNT),
+                count=count,
+                memory_mib=None if whole else memory,
+                memory_percent=100 if whole else None,
+                exclusive=whole,
+                chip=chip.chip_name,
+            )
+        ]
+
+
+def _named(g: _Values, role: Role, configured: str | list[str]) -> str:
+    """The resource name the user wrote for ``role``, else the vendor's first name."""
+    if role in g.values:
+        return g.name(role)
+    return next(iter(names(configured)), "")
+
+
+def _mindcluster(
+    g: _Values, cname: str, constraints: Constraints, errors: list[RequestError]
+) -> list[DeviceRequest]:
+    name = g.name(Role.NPU_MINDCLUSTER)
+    cores = g.get(Role.NPU_MINDCLUSTER) or 0
+    chip = g.chip.chip_name if g.chip else "310P3"
+    if cores == 0:
+        return []
+    if cores % 8 == 0:
+        return [
+            DeviceRequest(
+                vendor="ascend",
+                kind="npu-core",
+                resource=name,
+                count=cores // 8,
+                npu_cores=8,
+                memory_percent=100,
+                exclusive=True,
+                chip=chip,
+            )
+        ]
+    if cores not in (1, 2, 4):
+        errors.append(
+            RequestError(
+                field=f"{name} (container {cname})",
+                message=f"{cores} AI cores match no vNPU template; ask for 1, 2 or 4 cores, or a "
+                "multiple of 8 for whole cards",
+            )
+        )
+        return []
+    return [
+        DeviceRequest(
+            vendor="ascend", kind="npu-core", resource=name, count=1, npu_cores=cores, chip=chip
+        )
+    ]
+
+
+_MODES: dict[str, SharingMode] = {"hami-core": "hami-core", "mig": "mig", "mps": "mps"}
+_POLICIES: dict[str, Policy] = {"binpack": "binpack", "spread": "spread", "fgd": "fgd"}
+_LEVELS: dict[str, Literal["low", "high"]] = {"low": "low", "high": "high"}
+_DVPP: dict[str, Literal["yes", "no", "null"]] = {"yes": "yes", "no": "no", "null": "null"}
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _first(annotations: Mapping[str, str], keys: Sequence[str]) -> tuple[str, str] | None:
+    for key in keys:
+        if key in annotations:
+            return key, annotations[key]
+    return None
+
+
+def _constraints(
+    annotations: Mapping[str, str], labels: Mapping[str, str], errors: list[RequestError]
+) -> Constraints:
+    def bad(key: str, value: str, allowed: str) -> None:
+        errors.append(RequestError(field=key, message=f"{value!r} is not valid; use {allowed}"))
+
+    indexes: list[int] = []
+    if GPU_INDEX in annotations:
+        for item in _split(annotations[GPU_INDEX]):
+            if item.isdigit():
+                indexes.append(int(item))
+            else:
+                bad(GPU_INDEX, item, "a comma list of device indexes such as 0,1")
+    mode: SharingMode | None = None
+    found = _first(annotations, VGPU_MODE)
+    if found:
+        key, value = found
+        mode = _MODES.get(value)
+        if mode is None:
+            bad(key, value, "hami-core, mig or mps")
+    node_policy: Policy | None = None
+    if NODE_POLICY in annotations:
+        node_policy = _POLICIES.get(annotations[NODE_POLICY])
+        if node_policy is None:
+            bad(NODE_POLICY, annotations[NODE_POLICY], "binpack, spread or fgd")
+    device_policy: Policy | None = None
+    numa = False
+    if GPU_POLICY in annotations:
+        value = annotations[GPU_POLICY]
+        device_policy = _POLICIES.get(value)
+        if value in ("numa", "topology-aware"):
+            numa = True  # topology-aware: NUMA locality is the topology Tessera knows
+        elif device_policy is None:
+            bad(GPU_POLICY, value, "binpack, spread, fgd, numa or topology-aware")
+    if NUMA_BIND in annotations:
+        value = annotations[NUMA_BIND].lower()
+        if value in ("true", "false"):
+            numa = numa or value == "true"
+        else:
+            bad(NUMA_BIND, annotations[NUMA_BIND], "true or false")
+    group_spread = False
+    if PODGROUP_POLICY in annotations:
+        value = annotations[PODGROUP_POLICY]
+        if value == "spread":
+            group_spread = True
+        elif value not in ("", "binpack"):
+            bad(PODGROUP_POLICY, value, "spread")
+    hami_core = False
+    if VNPU_MODE in annotations:
+        value = annotations[VNPU_MODE]
+        if value == "hami-core":
+            hami_core = True
+        else:
+            bad(VNPU_MODE, value, "hami-core (or remove it for vNPU templates)")
+    raw_level = labels.get(VNPU_LEVEL) or annotations.get(VNPU_LEVEL)
+    level = _LEVELS.get(raw_level) if raw_level is not None else None
+    if raw_level is not None and level is None:
+        bad(VNPU_LEVEL, raw_level, "low or high")
+    raw_dvpp = labels.get(VNPU_DVPP) or annotations.get(VNPU_DVPP)
+    dvpp = _DVPP.get(raw_dvpp) if raw_dvpp is not None else None
+    if raw_dvpp is not None and dvpp is None:
+        bad(VNPU_DVPP, raw_dvpp, "yes, no or null")
+    use_uuid = _first(annotations, USE_UUID)
+    nouse_uuid = _first(annotations, NOUSE_UUID)
+    return Constraints(
+        use_types=_split(annotations.get(USE_GPUTYPE, "")),
+        nouse_types=_split(annotations.get(NOUSE_GPUTYPE, "")),
+        use_uuids=_split(use_uuid[1]) if use_uuid else (),
+        nouse_uuids=_split(nouse_uuid[1]) if nouse_uuid else (),
+        device_indexes=tuple(indexes),
+        mode=mode,
+        node_policy=node_policy,
+        device_policy=device_policy,
+        numa_bind=numa,
+        group_spread=group_spread,
+        vnpu_hami_core=hami_core,
+        vnpu_level=level,
+        vnpu_dvpp=dvpp,
+    )
