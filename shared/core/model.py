@@ -187,6 +187,9 @@ class DeviceGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     exclusive: bool = False
     mig_profile: str | None = None
     mig_placement: int | None = None
+    mig_geometry: str | None = None
+    """The geometry the instance belongs to (its profiles in placement order, comma
+    separated): the node agent creates it on a card that runs another one."""
     vnpu_template: str | None = None
     ai_cores: int = 0
     """Ascend AI cores the vNPU template holds."""

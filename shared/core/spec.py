@@ -300,6 +300,7 @@ def _chip(
     capacity: int,
     ai_core: int,
     templates: list[tuple[str, int, int]],
+    ai_cpu: int = 0,
 ) -> VnpuChip:
     return VnpuChip(
         chip_name=chip,
@@ -310,6 +311,7 @@ def _chip(
         memory_allocatable=allocatable,
         memory_capacity=capacity,
         ai_core=ai_core,
+        ai_cpu=ai_cpu,
         templates=[VnpuTemplate(name=n, memory=m, ai_core=c) for n, m, c in templates],
     )
 
@@ -351,6 +353,7 @@ DEFAULT_VNPUS: list[VnpuChip] = [
         24576,
         8,
         [("vir01", 3072, 1), ("vir02", 6144, 2), ("vir04", 12288, 4)],
+        ai_cpu=7,
     ),
 ]
 

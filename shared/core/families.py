@@ -1,0 +1,648 @@
+"""Device families: how one request is fitted onto one node's devices.
+
+Every family implements one Protocol, :class:`DeviceFamily`:
+
+- ``pools(request, constraints)``: which device pools (vendor, mode, chip) may serve it;
+- ``demand(request, index)``: the least free memory a device must offer, so the ledger's
+  index can skip nodes that cannot fit;
+- ``filter(node, request, constraints, ctx)``: the devices and grants chosen on this node,
+  or a :class:`Reason` why none fit. Reasons are structured: ``static`` ones (type excluded,
+  larger than the card, no such template) cannot change with load; the others can.
+
+Reserve and unreserve are the ledger's, for every family alike (``Ledger.grant`` /
+``Ledger.release`` through ``Dev.apply``): idempotent and exact inverses.
+
+Families: :class:`SlicedFamily` (NVIDIA hami-core and MPS, Volcano gpu-share and
+gpu-number, Ascend in hami-core mode, every other vendor), :class:`MigFamily`,
+:class:`TemplateFamily` (Ascend vNPU templates) and :class:`MindClusterFamily`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.core.ledger import Dev, MigSlot, NodeState, PoolIndex, PoolKey, geometry_id
+from shared.core.model import Constraints, DeviceGrant, DeviceRequest, Policy
+from shared.core.policy import Workload, device_score, fragmentation, prefer_high
+from shared.core.spec import DeviceSpecs, VnpuChip, VnpuTemplate
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """Why a node cannot take a request: text for people, ``static`` if load cannot help."""
+
+    text: str
+    static: bool = False
+
+
+@dataclass(slots=True)
+class FitContext:
+    """What a filter needs beyond the request: policy and the pod's group history."""
+
+    device_policy: Policy = "spread"
+    allow_more_devices_than_cards: bool = False
+    avoid: frozenset[str] = frozenset()
+    """Cards used by other pods of the same PodGroup (``vgpu-podgroup-policy: spread``)."""
+    workload: Workload = field(default_factory=Workload)
+
+
+Picks = list[tuple[Dev, DeviceGrant]]
+
+
+class DeviceFamily(Protocol):
+    """One way of sharing devices (see the module docstring for the contract)."""
+
+    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]: ...
+
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> int: ...
+
+    def filter(
+        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason: ...
+
+
+# --- shared static filters ------------------------------------------------------------
+
+TYPE_EXCLUDED = Reason("gpu type excluded", static=True)
+UUID_EXCLUDED = Reason("gpu uuid excluded", static=True)
+INDEX_EXCLUDED = Reason("gpu index excluded", static=True)
+UNHEALTHY = Reason("device unhealthy or cordoned")
+SPLIT_REACHED = Reason("device split count reached")
+BUSY = Reason("no idle device for an exclusive request")
+GROUP_SPREAD = Reason("card already used by the PodGroup (vgpu-podgroup-policy: spread)")
+NUMA = Reason("not enough devices on one NUMA node")
+
+
+def _static_filter(dev: Dev, c: Constraints) -> Reason | None:
+    """The pod's annotations: gpu type, uuid and index allow/deny lists."""
+    if c.use_types and not any(t.lower() in dev.model_lc for t in c.use_types):
+        return TYPE_EXCLUDED
+    if c.nouse_types and any(t.lower() in dev.model_lc for t in c.nouse_types):
+        return TYPE_EXCLUDED
+    if c.use_uuids and dev.uuid not in c.use_uuids:
+        return UUID_EXCLUDED
+    if c.nouse_uuids and dev.uuid in c.nouse_uuids:
+        return UUID_EXCLUDED
+    if c.device_indexes and dev.index not in c.device_indexes:
+        return INDEX_EXCLUDED
+    return None
+
+
+def _no_devices(request: DeviceRequest, pools: Sequence[PoolKey]) -> Reason:
+    modes = sorted({p[1] for p in pools})
+    what = (request.chip and f"Ascend{request.chip}") or request.vendor
+    return Reason(f"no {what} devices in mode {'/'.join(modes)}", static=True)
+
+
+def _pool_devices(node: NodeState, pools: Sequence[PoolKey]) -> list[Dev]:
+    if len(pools) == 1:
+        return node.pools.get(pools[0], [])
+    return [d for p in pools for d in node.pools.get(p, ())]
+
+
+def _order(devs: list[Dev], key: Callable[[Dev], float], policy: Policy) -> list[Dev]:
+    return sorted(devs, key=key, reverse=prefer_high(policy))
+
+
+def _numa_group(devs: list[Dev], count: int) -> list[Dev] | None:
+    """The first NUMA node (in the policy order of ``devs``) with ``count`` devices."""
+    groups: dict[int, list[Dev]] = {}
+    for d in devs:
+        group = groups.setdefault(d.numa, [])
+        group.append(d)
+        if len(group) == count:
+            return group
+    return None
+
+
+def _fgd_pick(
+    devs: list[Dev], node: NodeState, share: Callable[[Dev], float], workload: Workload
+) -> Dev:
+    """The device whose use increases the node's expected fragmentation least."""
+    shapes = workload.normalised()
+    free = {d.uuid: d.free_fraction() for d in node.devices}
+    base = fragmentation(list(free.values()), shapes)
+    best, best_delta = devs[0], float("inf")
+    for d in devs:
+        after = dict(free)
+        after[d.uuid] = max(0.0, free[d.uuid] - share(d))
+        delta = fragmentation(list(after.values()), shapes) - base
+        if delta < best_delta - 1e-12:
+            best, best_delta = d, delta
+    return best
+
+
+# --- sliced devices (count x memory x cores) ---------------------------------------------
+
+
+class SlicedFamily:
+    """Software slicing: ``count`` devices, each with memory and cores (HAMi semantics).
+
+    Serves NVIDIA in hami-core and MPS mode (MPS: cores are the active-thread percentage),
+    Volcano gpu-share (one device, memory only) and gpu-number (whole devices), Ascend in
+    hami-core vNPU mode and every other vendor. Exclusive requests (cores 100, memory
+    100 %, or a count alone) take only idle devices and keep them to themselves.
+    """
+
+    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        if request.vendor == "ascend":
+            return (("ascend", "hami-core", request.chip or ""),)
+        if request.vendor != "nvidia":
+            return ((request.vendor, "hami-core", ""),)
+        mode = constraints.mode
+        if mode is not None:
+            return (("nvidia", mode, ""),) if mode in ("hami-core", "mps") else ()
+        return (("nvidia", "hami-core", ""), ("nvidia", "mps", ""))
+
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> int:
+        if request.exclusive:
+            return index.min_total
+        if request.memory_mib is not None:
+            return request.memory_mib
+        return 0
+
+    def filter(
+        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason:
+        pools = self.pools(request, constraints)
+        devs = _pool_devices(node, pools)
+        if not devs:
+            return _no_devices(request, pools)
+        memory = request.memory_mib
+        percent = request.memory_percent or 100
+        cores = request.cores
+        exclusive = request.exclusive
+        static: Reason | None = None
+        dynamic: Reason | None = None
+        eligible = 0
+        ok: list[Dev] = []
+        for d in devs:
+            reason = _static_filter(d, constraints)
+            need = memory if memory is not None else d.phys_mem * percent // 100
+            if reason is None and (need > d.total_mem or cores > d.total_cores > 0):
+                res = request.memory_resource if need > d.total_mem else request.core_resource
+                reason = Reason(f"{res or request.resource} larger than the card", static=True)
+            if reason is not None:
+                static = static or reason
+                continue
+            eligible += 1
+            if not d.healthy or d.cordoned:
+                reason = UNHEALTHY
+            elif d.used_slots >= d.slots:
+                reason = SPLIT_REACHED
+            elif exclusive and d.used_slots:
+                reason = BUSY
+            elif d.total_mem - d.used_mem < need:
+                reason = Reason(f"insufficient {request.memory_resource or request.resource}")
+            elif d.total_cores and (
+                d.total_cores - d.used_cores < cores or d.used_cores >= d.total_cores
+            ):
+                reason = Reason(f"insufficient {request.core_resource or request.resource}")
+            elif d.uuid in ctx.avoid:
+                reason = GROUP_SPREAD
+            if reason is not None:
+                dynamic = dynamic or reason
+                continue
+            ok.append(d)
+        count = request.count
+        more = ctx.allow_more_devices_than_cards and not exclusive
+        if eligible < count and not more:
+            if eligible == 0 and static is not None:
+                return static
+            return Reason(
+                f"{request.resource}: {count} devices asked, {eligible} eligible on the node"
+                + (
+                    ""
+                    if ctx.allow_more_devices_than_cards
+                    else " (scheduler.allowMoreDevicesThanCards lets one card serve several)"
+                ),
+                static=True,
+            )
+        if len(ok) < count and not (more and ok):
+            return dynamic or static or BUSY
+
+        def need_of(d: Dev) -> int:
+            return memory if memory is not None else d.phys_mem * percent // 100
+
+        def grant(d: Dev) -> DeviceGrant:
+            return DeviceGrant(
+                uuid=d.uuid,
+                index=d.index,
+                vendor=d.vendor,
+                model=d.model,
+                memory_mib=need_of(d),
+                cores=cores,
+                exclusive=exclusive,
+            )
+
+        policy = ctx.device_policy
+        if len(ok) >= count:
+            chosen = self._choose(ok, count, node, request, constraints, policy, need_of, ctx)
+            if chosen is None:
+                return NUMA
+            return [(d, grant(d)) for d in chosen]
+        return self._repeat(ok, count, grant, need_of, cores, policy) or (dynamic or BUSY)
+
+    def _choose(
+        self,
+        ok: list[Dev],
+        count: int,
+        node: NodeState,
+        request: DeviceRequest,
+        constraints: Constraints,
+        policy: Policy,
+        need_of: Callable[[Dev], int],
+        ctx: FitContext,
+    ) -> list[Dev] | None:
+        if count == 1 and len(ok) == 1:
+            return ok
+        cores = request.cores
+        if policy == "fgd" and count == 1:
+
+            def share(d: Dev) -> float:
+                mem = need_of(d) / d.total_mem if d.total_mem else 0.0
+                return 1.0 if request.exclusive else max(mem, cores / 100)
+
+            return [_fgd_pick(ok, node, share, ctx.workload)]
+
+        def score(d: Dev) -> float:
+            return device_score(
+                d.used_slots + 1,
+                d.slots,
+                d.used_cores + cores,
+                d.total_cores,
+                d.used_mem + need_of(d),
+                d.total_mem,
+            )
+
+        ordered = _order(ok, score, "binpack" if policy == "fgd" else policy)
+        if constraints.numa_bind:
+            return _numa_group(ordered, count)
+        return ordered[:count]
+
+    def _repeat(
+        self,
+        ok: list[Dev],
+        count: int,
+        grant: Callable[[Dev], DeviceGrant],
+        need_of: Callable[[Dev], int],
+        cores: int,
+        policy: Policy,
+    ) -> Picks | None:
+        """Several slices of the same cards for one container (opt-in beyond upstream)."""
+        free = {
+            d.uuid: [d.total_mem - d.used_mem, d.total_cores - d.used_cores, d.slots - d.used_slots]
+            for d in ok
+        }
+        picks: Picks = []
+        while len(picks) < count:
+            usable = [
+                d
+                for d in ok
+                if free[d.uuid][0] >= need_of(d)
+                and (not d.total_cores or free[d.uuid][1] >= cores)
+                and free[d.uuid][2] > 0
+            ]
+            if not usable:
+                return None
+            d = sorted(usable, key=lambda x: free[x.uuid][0], reverse=not prefer_high(policy))[0]
+            free[d.uuid][0] -= need_of(d)
+            free[d.uuid][1] -= cores
+            free[d.uuid][2] -= 1
+            picks.append((d, grant(d)))
+        return picks
+
+
+# --- MIG --------------------------------------------------------------------------------
+
+
+class MigFamily:
+    """MIG instances: a card keeps one geometry while any instance is used; the smallest
+    instance that fits is taken; an idle card is (re)configured to the geometry that
+    wastes least (smallest fitting instance, then most instances), preferring the one it
+    already runs. Each device of the request is one instance; instances of one card may
+    serve one container (upstream allows more devices than cards in MIG mode)."""
+
+    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        if request.vendor != "nvidia" or request.kind != "vgpu":
+            return ()
+        if constraints.mode not in (None, "mig"):
+            return ()
+        return (("nvidia", "mig", ""),)
+
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> int:
+        return request.memory_mib or 0
+
+    def filter(
+        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason:
+        pools = self.pools(request, constraints)
+        devs = _pool_devices(node, pools)
+        if not devs:
+            return _no_devices(request, pools)
+        static: Reason | None = None
+        dynamic: Reason | None = None
+        cards: list[Dev] = []
+        for d in devs:
+            reason = _static_filter(d, constraints)
+            if reason is None and d.mig is None:
+                reason = Reason(f"no MIG geometry known for {d.model}", static=True)
+            if reason is None and d.mig is not None and self._need(request, d) > d.mig.largest:
+                reason = Reason("no MIG instance large enough", static=True)
+            if reason is not None:
+                static = static or reason
+                continue
+            if not d.usable:
+                dynamic = dynamic or UNHEALTHY
+                continue
+            if request.exclusive and d.mig_used:
+                dynamic = dynamic or BUSY
+                continue
+            cards.append(d)
+        if not cards:
+            return dynamic or static or BUSY
+        # tentative state per card: geometry chosen and placements taken
+        alt = {d.uuid: d.mig_alt if d.mig_used else -1 for d in cards}
+        taken: dict[str, set[int]] = {d.uuid: set(d.mig_used) for d in cards}
+        picks: Picks = []
+        for _ in range(request.count):
+            best: tuple[tuple[float, ...], Dev, int, MigSlot] | None = None
+            for d in cards:
+                for a, slot in self._options(d, alt[d.uuid], taken[d.uuid], request):
+                    used = len(taken[d.uuid])
+                    fill = -used if ctx.device_policy == "spread" else used
+                    rank = (slot.memory_mib, 0 if a == d.mig_reported else 1, -fill)
+                    if best is None or rank < best[0]:
+                        best = (rank, d, a, slot)
+            if best is None:
+                return Reason("no free MIG instance large enough")
+            _, d, a, slot = best
+            assert d.mig is not None
+            alt[d.uuid] = a
+            taken[d.uuid].add(slot.placement)
+            picks.append(
+                (
+                    d,
+                    DeviceGrant(
+                        uuid=d.uuid,
+                        index=d.index,
+                        vendor=d.vendor,
+                        model=d.model,
+                        memory_mib=slot.memory_mib,
+                        mig_profile=slot.profile,
+                        mig_placement=slot.placement,
+                        mig_geometry=geometry_id(d.mig.alternatives[a]),
+                        exclusive=False,
+                    ),
+                )
+            )
+        return picks
+
+    @staticmethod
+    def _need(request: DeviceRequest, d: Dev) -> int:
+        """MiB asked; a percentage is of the largest instance (100 % = the whole card)."""
+        if request.memory_mib is not None:
+            return request.memory_mib
+        largest = d.mig.largest if d.mig is not None else d.phys_mem
+        return largest * (request.memory_percent or 100) // 100
+
+    def _options(
+        self, d: Dev, alt: int, taken: set[int], request: DeviceRequest
+    ) -> list[tuple[int, MigSlot]]:
+        """(geometry, instance) pairs that could take the request: the smallest per geometry."""
+        assert d.mig is not None
+        need = self._need(request, d)
+        alts = [alt] if alt >= 0 else range(len(d.mig.alternatives))
+        found = []
+        for a in alts:
+            free = [
+                s
+                for s in d.mig.alternatives[a]
+                if s.placement not in taken and s.memory_mib >= need
+            ]
+            if free:
+                found.append((a, min(free, key=lambda s: (s.memory_mib, s.placement))))
+        if alt < 0 and found:
+            smallest = min(s.memory_mib for _, s in found)
+            found = [(a, s) for a, s in found if s.memory_mib == smallest]
+            # among equals, the geometry with most instances leaves most room
+            most = max(len(d.mig.alternatives[a]) for a, _ in found)
+            found = [
+                (a, s)
+                for a, s in found
+                if len(d.mig.alternatives[a]) == most or a == d.mig_reported
+            ]
+        return found
+
+
+# --- Ascend vNPU templates -------------------------------------------------------------
+
+
+def _template_picks(
+    devs: list[Dev],
+    request: DeviceRequest,
+    constraints: Constraints,
+    ctx: FitContext,
+    templates: Sequence[VnpuTemplate],
+) -> Picks | Reason:
+    """Fit the first template (in preference order) some device has room for."""
+    static: Reason | None = None
+    dynamic: Reason | None = None
+    eligible: list[Dev] = []
+    for d in devs:
+        reason = _static_filter(d, constraints)
+        if reason is not None:
+            static = static or reason
+            continue
+        if not d.usable:
+            dynamic = dynamic or UNHEALTHY
+            continue
+        eligible.append(d)
+    if not eligible:
+        return dynamic or static or BUSY
+    whole = request.exclusive
+    if whole:
+        idle = [d for d in eligible if not d.used_slots]
+        if len(idle) < request.count:
+            if len(eligible) < request.count:
+                return Reason(
+                    f"{request.resource}: {request.count} NPUs asked, {len(eligible)} on the node",
+                    static=True,
+                )
+            return BUSY
+        ordered = _order(idle, lambda d: d.index, "spread")[: request.count]
+        return [
+            (
+                d,
+                DeviceGrant(
+                    uuid=d.uuid,
+                    index=d.index,
+                    vendor=d.vendor,
+                    model=d.model,
+                    memory_mib=d.phys_mem,
+                    ai_cores=d.ai_cores,
+                    ai_cpus=d.ai_cpus,
+                    exclusive=True,
+                ),
+            )
+            for d in ordered
+        ]
+    for t in templates:
+        fits = [
+            d
+            for d in eligible
+            if d.total_mem - d.used_mem >= t.memory
+            and d.ai_cores - d.used_ai_cores >= t.ai_core
+            and d.ai_cpus - d.used_ai_cpus >= t.ai_cpu
+        ]
+        if not fits:
+            continue
+
+        def score(d: Dev, t: VnpuTemplate = t) -> float:
+            return device_score(
+                0, 0, d.used_ai_cores + t.ai_core, d.ai_cores, d.used_mem + t.memory, d.total_mem
+            )
+
+        d = _order(fits, score, "binpack" if ctx.device_policy == "fgd" else ctx.device_policy)[0]
+        return [
+            (
+                d,
+                DeviceGrant(
+                    uuid=d.uuid,
+                    index=d.index,
+                    vendor=d.vendor,
+                    model=d.model,
+                    memory_mib=t.memory,
+                    vnpu_template=t.name,
+                    ai_cores=t.ai_core,
+                    ai_cpus=t.ai_cpu,
+                ),
+            )
+        ]
+    return Reason(f"no free {templates[0].name} vNPU template")
+
+
+class TemplateFamily:
+    """Ascend hard slicing (HAMi mode): memory rounds UP to the smallest template that fits;
+    when no template fits but the card does, the whole card; several cards only whole."""
+
+    def __init__(self, specs: DeviceSpecs) -> None:
+        self.chips: dict[str, VnpuChip] = {c.chip_name: c for c in specs.vnpus}
+
+    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        return (("ascend", "vnpu", request.chip or ""),)
+
+    def template(self, request: DeviceRequest) -> VnpuTemplate | None:
+        """The template a request rounds up to; None means the whole card."""
+        chip = self.chips.get(request.chip or "")
+        if chip is None or request.exclusive or request.memory_mib is None:
+            return None
+        fitting = [t for t in chip.templates if t.memory >= request.memory_mib]
+        return min(fitting, key=lambda t: t.memory) if fitting else None
+
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> int:
+        t = self.template(request)
+        return t.memory if t is not None else index.min_total
+
+    def filter(
+        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason:
+        pools = self.pools(request, constraints)
+        devs = _pool_devices(node, pools)
+        if not devs:
+            return _no_devices(request, pools)
+        t = self.template(request)
+        if t is None and not request.exclusive:
+            whole = DeviceRequest(
+                vendor="ascend",
+                kind="npu-template",
+                resource=request.resource,
+                count=request.count,
+                memory_percent=100,
+                exclusive=True,
+                chip=request.chip,
+            )
+            return _template_picks(devs, whole, constraints, ctx, ())
+        return _template_picks(devs, request, constraints, ctx, (t,) if t else ())
+
+
+# MindCluster 310P templates: name -> (AI cores, AI CPUs, MiB)
+MINDCLUSTER_TEMPLATES: dict[str, tuple[int, int, int]] = {
+    "vir01": (1, 1, 3072),
+    "vir02": (2, 2, 6144),
+    "vir02_1c": (2, 1, 6144),
+    "vir04": (4, 4, 12288),
+    "vir04_3c": (4, 3, 12288),
+    "vir04_3c_ndvpp": (4, 3, 12288),
+    "vir04_4c_dvpp": (4, 4, 12288),
+}
+
+# (AI cores, vnpu-dvpp, vnpu-level) -> templates in preference order (later = degraded)
+MINDCLUSTER_TABLE: dict[tuple[int, str, str], tuple[str, ...]] = {
+    (1, "null", "low"): ("vir01",),
+    (1, "null", "high"): ("vir01",),
+    (2, "null", "low"): ("vir02_1c",),
+    (2, "null", "high"): ("vir02", "vir02_1c"),
+    (4, "yes", "low"): ("vir04_4c_dvpp",),
+    (4, "yes", "high"): ("vir04_4c_dvpp",),
+    (4, "no", "low"): ("vir04_3c_ndvpp",),
+    (4, "no", "high"): ("vir04_3c_ndvpp",),
+    (4, "null", "low"): ("vir04_3c",),
+    (4, "null", "high"): ("vir04", "vir04_3c"),
+}
+
+
+class MindClusterFamily:
+    """Ascend MindCluster (``huawei.com/npu-core``): AI cores, ``vnpu-level`` and
+    ``vnpu-dvpp`` pick a 310P template; ``high`` degrades to the lighter template when
+    AI CPUs are scarce; multiples of 8 cores are whole cards."""
+
+    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        return (("ascend", "vnpu", request.chip or "310P3"),)
+
+    @staticmethod
+    def templates(request: DeviceRequest, constraints: Constraints) -> tuple[VnpuTemplate, ...]:
+        key = (
+            request.npu_cores or 0,
+            constraints.vnpu_dvpp or "null",
+            constraints.vnpu_level or "low",
+        )
+        names = MINDCLUSTER_TABLE.get(key, ())
+        return tuple(
+            VnpuTemplate(
+                name=n,
+                ai_core=MINDCLUSTER_TEMPLATES[n][0],
+                ai_cpu=MINDCLUSTER_TEMPLATES[n][1],
+                memory=MINDCLUSTER_TEMPLATES[n][2],
+            )
+            for n in names
+        )
+
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> int:
+        if request.exclusive:
+            return index.min_total
+        found = self.templates(request, Constraints())
+        return min((t.memory for t in found), default=0)
+
+    def filter(
+        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason:
+        pools = self.pools(request, constraints)
+        devs = _pool_devices(node, pools)
+        if request.exclusive:
+            if not devs:
+                return _no_devices(request, pools)
+            return _template_picks(devs, request, constraints, ctx, ())
+        templates = self.templates(request, constraints)
+        if not templates:
+            return Reason(
+                f"no vNPU template for {request.npu_cores} AI cores with "
+                f"vnpu-dvpp={constraints.vnpu_dvpp or 'null'}, "
+                f"vnpu-level={constraints.vnpu_level or 'low'}",
+                static=True,
+            )
+        if not devs:
+            return _no_devices(request, pools)
+        return _template_picks(devs, request, constraints, ctx, templates)

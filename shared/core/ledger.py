@@ -1,0 +1,577 @@
+"""The device ledger: every node's devices and every grant on them, with placement indexes.
+
+The ledger is the allocator's cache of truth that lives in Kubernetes (grant annotations on
+bound pods + node inventory). It is rebuilt from those on start, so it never persists
+anything itself. It does no placement: :mod:`shared.core.placement` decides, and calls
+:meth:`Ledger.grant` / :meth:`Ledger.release` to record.
+
+State of one pod's grant::
+
+    (absent) --grant()--> granted --release()--> (absent)
+                 ^  idempotent: the same grant again is a no-op; release of an unknown pod
+                 |  is a no-op, so replayed events cannot double-book or double-free.
+
+A grant may name a node or device the ledger does not know yet (rebuild before the
+inventory arrived): it is kept and applied when :meth:`set_node` brings the device.
+Replacing a node's inventory re-applies every grant on that node to the new devices, so
+usage always equals the sum of the grants that are in force.
+
+Indexes: for each device pool (vendor, sharing mode, chip) every node sits in one bucket
+keyed by the largest free memory of any usable device in that pool (GiB granularity).
+Placement walks the buckets from the smallest one that could fit upwards (binpack) or
+from the top down (spread), so it looks at a handful of nodes, not all of them; a
+bitmask of non-empty buckets skips the empty ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from shared.core.model import (
+    ContainerGrant,
+    DeviceGrant,
+    DeviceInfo,
+    NodeName,
+    PodRef,
+    PodUID,
+    SharingMode,
+    Vendor,
+)
+from shared.core.spec import DeviceSpecs, KnownMigGeometries, NodeOverride, VendorSpec
+
+PoolKey = tuple[str, str, str]
+"""(vendor, sharing mode, chip): devices that serve the same kind of request."""
+
+BUCKET_SHIFT = 10  # 1 GiB buckets
+UNLIMITED_SLOTS = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlot:
+    """One instance of a MIG geometry: its profile, memory and position in the geometry."""
+
+    profile: str
+    memory_mib: int
+    placement: int
+
+
+def geometry_id(slots: Iterable[MigSlot]) -> str:
+    """A geometry's name: its profiles in placement order (``2g.20gb,2g.20gb,...``)."""
+    return ",".join(s.profile for s in slots)
+
+
+@dataclass(frozen=True, slots=True)
+class MigLayout:
+    """The alternative geometries a card's model allows (each a tuple of instance slots)."""
+
+    alternatives: tuple[tuple[MigSlot, ...], ...]
+    largest: int
+    """Memory of the largest instance of any geometry."""
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(geometry_id(alt) for alt in self.alternatives)
+
+
+def mig_layout(model: str, known: Sequence[KnownMigGeometries]) -> MigLayout | None:
+    """The geometries of the first ``knownMigGeometries`` entry naming ``model``."""
+    lowered = model.lower()
+    for entry in known:
+        if any(m.lower() in lowered for m in entry.models):
+            alts = []
+            for geometry in entry.allowed_geometries:
+                slots: list[MigSlot] = []
+                for profile in geometry.geometries:
+                    for _ in range(profile.count):
+                        slots.append(MigSlot(profile.name, profile.memory, len(slots)))
+                alts.append(tuple(slots))
+            largest = max((s.memory_mib for alt in alts for s in alt), default=0)
+            return MigLayout(tuple(alts), largest)
+    return None
+
+
+class Dev:
+    """One device's capacity (after node overrides) and its live usage."""
+
+    __slots__ = (
+        "ai_cores",
+        "ai_cpus",
+        "chip",
+        "cordoned",
+        "healthy",
+        "index",
+        "info",
+        "mig",
+        "mig_alt",
+        "mig_reported",
+        "mig_used",
+        "mode",
+        "model",
+        "model_lc",
+        "node",
+        "numa",
+        "phys_mem",
+        "pool",
+        "slots",
+        "total_cores",
+        "total_mem",
+        "used_ai_cores",
+        "used_ai_cpus",
+        "used_cores",
+        "used_mem",
+        "used_slots",
+        "uuid",
+        "vendor",
+    )
+
+    def __init__(
+        self,
+        node: NodeState,
+        info: DeviceInfo,
+        *,
+        mode: SharingMode,
+        slots: int,
+        mem_scaling: float,
+        core_scaling: float,
+        mig: MigLayout | None,
+    ) -> None:
+        self.node = node
+        self.info = info
+        self.uuid = info.uuid
+        self.index = info.index
+        self.vendor: Vendor = info.vendor
+        self.model = info.model
+        self.model_lc = info.model.lower()
+        self.numa = info.numa
+        self.chip = info.chip or ""
+        self.mode: SharingMode = mode
+        self.healthy = info.healthy
+        self.cordoned = False
+        self.phys_mem = info.memory_mib
+        self.total_mem = int(info.memory_mib * mem_scaling)
+        self.total_cores = int(info.cores * core_scaling)
+        self.slots = slots
+        self.ai_cores = info.ai_cores
+        self.ai_cpus = info.ai_cpus
+        self.mig = mig if mode == "mig" else None
+        self.mig_reported = self._reported_alt(info)
+        self.mig_alt = self.mig_reported
+        self.mig_used: set[int] = set()
+        self.used_mem = 0
+        self.used_cores = 0
+        self.used_slots = 0
+        self.used_ai_cores = 0
+        self.used_ai_cpus = 0
+        self.pool: PoolKey = (self.vendor, mode, self.chip)
+
+    def _reported_alt(self, info: DeviceInfo) -> int:
+        """The geometry the card runs now, added as an alternative if unknown."""
+        if self.mig is None or not info.mig_geometry:
+            return -1
+        reported = sorted((i.profile, i.memory_mib) for i in info.mig_geometry)
+        for i, alt in enumerate(self.mig.alternatives):
+            if sorted((s.profile, s.memory_mib) for s in alt) == reported:
+                return i
+        slots = tuple(
+            MigSlot(i.profile, i.memory_mib, n)
+            for n, i in enumerate(sorted(info.mig_geometry, key=lambda x: x.placement))
+        )
+        largest = max(self.mig.largest, *(s.memory_mib for s in slots))
+        self.mig = MigLayout((*self.mig.alternatives, slots), largest)
+        return len(self.mig.alternatives) - 1
+
+    @property
+    def usable(self) -> bool:
+        return self.healthy and not self.cordoned
+
+    def index_key(self) -> int:
+        """Free memory a new task could get here, or -1 when nothing more fits."""
+        if not self.healthy or self.cordoned or self.used_slots >= self.slots:
+            return -1
+        mig = self.mig
+        if mig is not None:
+            if self.mig_alt < 0:
+                return mig.largest
+            free = [
+                s.memory_mib
+                for s in mig.alternatives[self.mig_alt]
+                if s.placement not in self.mig_used
+            ]
+            return max(free, default=-1)
+        if self.used_cores >= self.total_cores and self.total_cores > 0:
+            return -1
+        return self.total_mem - self.used_mem
+
+    def free_fraction(self) -> float:
+        """The share of this device a new task could still use (0..1), for fragmentation."""
+        if not self.healthy or self.cordoned or self.used_slots >= self.slots:
+            return 0.0
+        mem = (self.total_mem - self.used_mem) / self.total_mem if self.total_mem else 1.0
+        if self.total_cores:
+            cores = (self.total_cores - self.used_cores) / self.total_cores
+            mem = min(mem, cores)
+        return max(0.0, min(1.0, mem))
+
+    def apply(self, grant: DeviceGrant, sign: int) -> None:
+        """Add (``sign=1``) or remove (``-1``) one grant's usage: the only place usage moves.
+
+        An exclusive grant takes the whole device whatever the scaling, so nothing else
+        fits beside it.
+        """
+        if grant.exclusive:
+            self.used_mem += sign * self.total_mem
+            self.used_cores += sign * self.total_cores
+        else:
+            self.used_mem += sign * grant.memory_mib
+            self.used_cores += sign * grant.cores
+        self.used_slots += sign
+        self.used_ai_cores += sign * grant.ai_cores
+        self.used_ai_cpus += sign * grant.ai_cpus
+        if grant.mig_placement is not None and self.mig is not None:
+            if sign > 0:
+                if not self.mig_used:
+                    self.mig_alt = self._alt_of(grant)
+                self.mig_used.add(grant.mig_placement)
+            else:
+                self.mig_used.discard(grant.mig_placement)
+                if not self.mig_used:
+                    self.mig_alt = self.mig_reported
+
+    def _alt_of(self, grant: DeviceGrant) -> int:
+        """The geometry a MIG grant implies; the reported one wins when it matches."""
+        assert self.mig is not None
+        order = list(range(len(self.mig.alternatives)))
+        if self.mig_reported >= 0:
+            order.remove(self.mig_reported)
+            order.insert(0, self.mig_reported)
+        for i in order:
+            alt = self.mig.alternatives[i]
+            place = grant.mig_placement
+            fits = (
+                place is not None and place < len(alt) and alt[place].profile == grant.mig_profile
+            )
+            if fits and grant.mig_geometry in (None, geometry_id(alt)):
+                return i
+        return self.mig_alt
+
+
+class NodeState:
+    """One node: its devices (after overrides) and the pools they belong to."""
+
+    __slots__ = ("by_uuid", "devices", "keys", "name", "pools")
+
+    def __init__(self, name: NodeName) -> None:
+        self.name = name
+        self.devices: list[Dev] = []
+        self.by_uuid: dict[str, Dev] = {}
+        self.pools: dict[PoolKey, list[Dev]] = {}
+        self.keys: dict[PoolKey, int] = {}
+
+
+class PoolIndex:
+    """Nodes of one pool bucketed by their best device's free memory (see module doc)."""
+
+    __slots__ = ("buckets", "mask", "max_total", "min_total", "where")
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, dict[NodeName, NodeState]] = {}
+        self.where: dict[NodeName, int] = {}
+        self.mask = 0
+        self.min_total = 0
+        self.max_total = 0
+
+    def put(self, node: NodeState, key: int) -> None:
+        """Move ``node`` to the bucket of ``key`` (-1: out of the index); it goes last."""
+        old = self.where.pop(node.name, None)
+        if old is not None:
+            previous = self.buckets[old]
+            del previous[node.name]
+            if not previous:
+                self.mask &= ~(1 << old)
+        if key < 0:
+            return
+        b = key >> BUCKET_SHIFT
+        bucket = self.buckets.get(b)
+        if bucket is None:
+            bucket = self.buckets[b] = {}
+        bucket[node.name] = node
+        self.mask |= 1 << b
+        self.where[node.name] = b
+
+    def ascending(self, min_key: int) -> Iterator[NodeState]:
+        """Nodes from the tightest bucket that could fit upwards, latest-touched first."""
+        lo = max(min_key, 0) >> BUCKET_SHIFT
+        mask = self.mask >> lo
+        while mask:
+            low = mask & -mask
+            b = lo + low.bit_length() - 1
+            yield from reversed(list(self.buckets[b].values()))
+            mask ^= low
+
+    def descending(self, min_key: int) -> Iterator[NodeState]:
+        """Nodes from the emptiest bucket down, least-recently touched first."""
+        lo = max(min_key, 0) >> BUCKET_SHIFT
+        mask = self.mask
+        while mask:
+            b = mask.bit_length() - 1
+            if b < lo:
+                return
+            yield from list(self.buckets[b].values())
+            mask ^= 1 << b
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
+@dataclass(frozen=True, slots=True)
+class PodGrant:
+    """Everything one pod holds."""
+
+    pod: PodRef
+    node: NodeName
+    containers: tuple[ContainerGrant, ...]
+    group: str | None = None
+
+    def device_grants(self) -> Iterator[DeviceGrant]:
+        for c in self.containers:
+            yield from c.devices
+
+
+class Ledger:
+    """Nodes, devices and grants; the single source the placement core reads and writes."""
+
+    def __init__(
+        self,
+        specs: DeviceSpecs,
+        overrides: Mapping[str, NodeOverride] | None = None,
+    ) -> None:
+        self.specs = specs
+        self.overrides = dict(overrides or {})
+        self.nodes: dict[NodeName, NodeState] = {}
+        self.pools: dict[PoolKey, PoolIndex] = {}
+        self.pods: dict[PodUID, PodGrant] = {}
+        self.node_pods: dict[NodeName, set[PodUID]] = {}
+        self.group_devices: dict[str, dict[str, int]] = {}
+        self._mig_cache: dict[str, MigLayout | None] = {}
+
+    # --- inventory -------------------------------------------------------------------
+
+    def _vendor_spec(self, vendor: Vendor) -> VendorSpec | None:
+        return self.specs.vendor(vendor)
+
+    def _device(self, node: NodeState, info: DeviceInfo, override: NodeOverride | None) -> Dev:
+        spec = self._vendor_spec(info.vendor)
+        split = spec.device_split_count if spec else 10
+        mem_scaling = spec.device_memory_scaling if spec else 1.0
+        core_scaling = spec.device_core_scaling if spec else 1.0
+        # Ascend chips use hard vNPU templates unless the node is set to software slicing.
+        mode: SharingMode = "vnpu" if info.vendor == "ascend" else info.mode
+        if override is not None:
+            split = override.device_split_count or split
+            mem_scaling = override.device_memory_scaling or mem_scaling
+            core_scaling = override.device_core_scaling or core_scaling
+            wanted = override.operating_mode
+            if wanted is not None and (
+                (info.vendor == "nvidia" and wanted != "vnpu")
+                or (info.vendor == "ascend" and wanted in ("hami-core", "vnpu"))
+            ):
+                mode = wanted
+        if info.vendor == "ascend" and not info.ai_cores:
+            chip = next((c for c in self.specs.vnpus if c.chip_name == info.chip), None)
+            if chip is not None:
+                info = msgspec.structs.replace(info, ai_cores=chip.ai_core, ai_cpus=chip.ai_cpu)
+        mig = None
+        slots = split
+        if mode == "mig":
+            if info.model not in self._mig_cache:
+                self._mig_cache[info.model] = mig_layout(
+                    info.model, self.specs.nvidia.known_mig_geometries
+                )
+            mig = self._mig_cache[info.model]
+            slots = UNLIMITED_SLOTS
+        elif mode == "vnpu":
+            slots = UNLIMITED_SLOTS  # templates are limited by AI cores and memory
+        return Dev(
+            node,
+            info,
+            mode=mode,
+            slots=slots,
+            mem_scaling=mem_scaling,
+            core_scaling=core_scaling,
+            mig=mig,
+        )
+
+    def set_node(
+        self,
+        name: NodeName,
+        devices: Sequence[DeviceInfo],
+        cordoned: Iterable[str] = (),
+    ) -> None:
+        """Add a node or replace its inventory; grants on it are re-applied to the new devices.
+
+        Devices filtered by the node's override (``filterDevices``) are left out.
+        """
+        override = self.overrides.get(name)
+        skip_uuid = set(override.filter_devices.uuid) if override else set()
+        skip_index = set(override.filter_devices.index) if override else set()
+        old = self.nodes.get(name)
+        if old is not None:
+            self._unindex(old)
+        node = NodeState(name)
+        blocked = set(cordoned)
+        for info in devices:
+            if info.uuid in skip_uuid or info.index in skip_index:
+                continue
+            dev = self._device(node, info, override)
+            dev.cordoned = info.uuid in blocked
+            node.devices.append(dev)
+            node.by_uuid[dev.uuid] = dev
+            node.pools.setdefault(dev.pool, []).append(dev)
+        self.nodes[name] = node
+        for uid in self.node_pods.get(name, ()):
+            self._apply(self.pods[uid], 1, node)
+        self._index(node)
+
+    def set_cordoned(self, name: NodeName, uuids: Iterable[str]) -> None:
+        """Devices listed (``hami.io/device-cordon``, unhealthy ids) take no new work."""
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        blocked = set(uuids)
+        for dev in node.devices:
+            dev.cordoned = dev.uuid in blocked
+        self._reindex(node, node.pools)
+
+    def remove_node(self, name: NodeName) -> list[PodUID]:
+        """Forget a node; returns the pods that still hold grants on it (kept, unapplied)."""
+        node = self.nodes.pop(name, None)
+        if node is not None:
+            self._unindex(node)
+        return sorted(self.node_pods.get(name, ()))
+
+    def _index(self, node: NodeState) -> None:
+        for pool, devs in node.pools.items():
+            index = self.pools.get(pool)
+            if index is None:
+                index = self.pools[pool] = PoolIndex()
+            totals = [d.total_mem for d in devs]
+            index.min_total = min(index.min_total or min(totals), min(totals))
+            index.max_total = max(index.max_total, max(totals))
+        self._reindex(node, node.pools)
+
+    def _unindex(self, node: NodeState) -> None:
+        for pool in node.pools:
+            self.pools[pool].put(node, -1)
+        node.keys.clear()
+
+    def _reindex(self, node: NodeState, pools: Iterable[PoolKey]) -> None:
+        for pool in pools:
+            key = max(d.index_key() for d in node.pools[pool])
+            if node.keys.get(pool) != key:
+                node.keys[pool] = key
+                self.pools[pool].put(node, key)
+
+    # --- grants ----------------------------------------------------------------------
+
+    def _apply(self, grant: PodGrant, sign: int, node: NodeState | None) -> set[PoolKey]:
+        touched: set[PoolKey] = set()
+        group = self.group_devices.setdefault(grant.group, {}) if grant.group else None
+        for dg in grant.device_grants():
+            dev = node.by_uuid.get(dg.uuid) if node is not None else None
+            if dev is not None:
+                dev.apply(dg, sign)
+                touched.add(dev.pool)
+            if group is not None:
+                count = group.get(dg.uuid, 0) + sign
+                if count > 0:
+                    group[dg.uuid] = count
+                else:
+                    group.pop(dg.uuid, None)
+        if group is not None and not group and grant.group:
+            del self.group_devices[grant.group]
+        return touched
+
+    def grant(self, grant: PodGrant) -> bool:
+        """Record a pod's grant; False (and no change) if the pod already holds this one.
+
+        A different grant for a pod that holds one replaces it (the old is released
+        first), so a replayed or corrected decision never double-books.
+        """
+        held = self.pods.get(grant.pod.uid)
+        if held is not None:
+            if held == grant:
+                return False
+            self.release(grant.pod.uid)
+        self.pods[grant.pod.uid] = grant
+        self.node_pods.setdefault(grant.node, set()).add(grant.pod.uid)
+        node = self.nodes.get(grant.node)
+        touched = self._apply(grant, 1, node)
+        if node is not None:
+            self._reindex(node, touched)
+        return True
+
+    def release(self, uid: PodUID) -> PodGrant | None:
+        """Return a pod's devices; None if it held nothing (release is idempotent)."""
+        grant = self.pods.pop(uid, None)
+        if grant is None:
+            return None
+        pods = self.node_pods.get(grant.node)
+        if pods is not None:
+            pods.discard(uid)
+            if not pods:
+                del self.node_pods[grant.node]
+        node = self.nodes.get(grant.node)
+        touched = self._apply(grant, -1, node)
+        if node is not None:
+            self._reindex(node, touched)
+        return grant
+
+    @classmethod
+    def rebuild(
+        cls,
+        specs: DeviceSpecs,
+        overrides: Mapping[str, NodeOverride] | None,
+        inventory: Mapping[NodeName, Sequence[DeviceInfo]],
+        grants: Iterable[PodGrant],
+    ) -> Ledger:
+        """A ledger from node inventories and the grants of bound pods (allocator start)."""
+        ledger = cls(specs, overrides)
+        for name, devices in inventory.items():
+            ledger.set_node(name, devices)
+        for grant in grants:
+            ledger.grant(grant)
+        return ledger
+
+    # --- reading ---------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[object, ...]:
+        """A comparable picture of all usage and grants (tests compare two of these)."""
+        devices = tuple(
+            (
+                name,
+                d.uuid,
+                d.used_mem,
+                d.used_cores,
+                d.used_slots,
+                d.used_ai_cores,
+                d.used_ai_cpus,
+                d.mig_alt,
+                tuple(sorted(d.mig_used)),
+                d.cordoned,
+                node.keys.get(d.pool),
+            )
+            for name, node in sorted(self.nodes.items())
+            for d in node.devices
+        )
+        pods = tuple(sorted((uid, g) for uid, g in self.pods.items()))
+        groups = tuple(sorted((g, tuple(sorted(c.items()))) for g, c in self.group_devices.items()))
+        index = tuple(
+            sorted((pool, tuple(sorted(ix.where.items()))) for pool, ix in self.pools.items())
+        )
+        return devices, pods, groups, index
+
+    def device_count(self) -> int:
+        return sum(len(n.devices) for n in self.nodes.values())

@@ -1,0 +1,362 @@
+"""Placement: one pod, or a gang of pods all-or-nothing, onto the ledger.
+
+``Placer.place`` walks the ledger's index for the pod's first device request in the
+order of the node policy and fits the whole pod (every container, every device
+request, any vendor) on each node it meets; the first node that fits wins (binpack,
+spread), or the best of the first ``fgd_candidates`` nodes that fit (fgd). It then
+reserves the grant in the ledger: assume first, bind later; the caller releases the
+reservation if the bind fails.
+
+When nothing fits, every node is asked why, and the reasons are counted like
+kube-scheduler's (``0/12 nodes fit: 7 insufficient volcano.sh/vgpu-memory, 5 gpu type
+excluded``). A failure is ``unresolvable`` when every node's reason is static: no change
+of load can help, only a new node or a changed pod.
+
+``Placer.place_gang`` is a transaction (Volcano's Statement): members are reserved one
+by one; if one of the first ``min_member`` cannot be placed, every reservation made is
+released in reverse order, leaving the ledger exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from shared.core.families import (
+    DeviceFamily,
+    FitContext,
+    MigFamily,
+    MindClusterFamily,
+    Picks,
+    Reason,
+    SlicedFamily,
+    TemplateFamily,
+)
+from shared.core.ledger import Ledger, NodeState, PodGrant, PoolKey
+from shared.core.model import (
+    ContainerGrant,
+    DeviceRequest,
+    NodeName,
+    PodRef,
+    PodRequest,
+    Policy,
+    RequestError,
+)
+from shared.core.policy import Shape, Workload, fragmentation, shape_fraction
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """Policy knobs (the allocator fills them from ``scheduler:`` in the config)."""
+
+    node_policy: Policy = "binpack"
+    device_policy: Policy = "spread"
+    allow_more_devices_than_cards: bool = False
+    memory_larger_than_card: str = "reject"
+    fgd_candidates: int = 64
+    """Feasible nodes FGD compares per pod (0: every node; the paper's exhaustive form)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A reserved placement: the pod's node and every container's grant."""
+
+    pod: PodRef
+    node: NodeName
+    grants: tuple[ContainerGrant, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a pod was not placed: a message for people and the counted reasons."""
+
+    pod: PodRef
+    message: str
+    reasons: tuple[tuple[str, int], ...] = ()
+    unresolvable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GangMember:
+    pod: PodRef
+    request: PodRequest
+    group: str | None = None
+
+
+@dataclass
+class GangResult:
+    """All placed (``ok``) or none; ``failures`` says why members did not fit."""
+
+    ok: bool
+    placed: list[Placement] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    message: str = ""
+
+
+_Route = tuple[PoolKey, DeviceFamily]
+
+
+class Placer:
+    """Places pods on one ledger; build once per ledger."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        config: PlacementConfig | None = None,
+        workload: Workload | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.config = config or PlacementConfig()
+        self.sliced = SlicedFamily()
+        self.mig = MigFamily()
+        self.template = TemplateFamily(ledger.specs)
+        self.mindcluster = MindClusterFamily()
+        self.fixed_workload = workload is not None
+        self.workload = workload or Workload()
+
+    # --- families -------------------------------------------------------------------
+
+    def routes(self, request: DeviceRequest, pod: PodRequest) -> list[_Route]:
+        """Which families may serve a request, and from which pools, in preference order."""
+        c = pod.constraints
+        families: tuple[DeviceFamily, ...]
+        if request.kind == "npu-template":
+            families = (self.template,)
+        elif request.kind == "npu-core":
+            families = (self.mindcluster,)
+        elif request.kind == "vgpu" and request.vendor == "nvidia":
+            families = (self.sliced, self.mig)
+        else:
+            families = (self.sliced,)
+        return [(pool, f) for f in families for pool in f.pools(request, c)]
+
+    # --- checks ---------------------------------------------------------------------
+
+    def check(self, request: PodRequest) -> tuple[RequestError, ...]:
+        """Errors no placement can cure: memory above every card of the family."""
+        errors = []
+        for c in request.containers:
+            for r in c.devices:
+                if r.memory_mib is None or r.kind in ("npu-template", "npu-core"):
+                    continue
+                largest = 0
+                for pool, _family in self.routes(r, request):
+                    index = self.ledger.pools.get(pool)
+                    if index is not None:
+                        largest = max(largest, index.max_total)
+                if largest and r.memory_mib > largest:
+                    errors.append(
+                        RequestError(
+                            field=f"{r.memory_resource or r.resource} (container {c.name})",
+                            message=f"{r.memory_mib} MiB is larger than any {r.vendor} card in "
+                            f"the cluster ({largest} MiB); ask for at most {largest}",
+                        )
+                    )
+        return tuple(errors)
+
+    # --- one node -------------------------------------------------------------------
+
+    def _context(self, request: PodRequest, group: str | None) -> FitContext:
+        c = request.constraints
+        avoid: frozenset[str] = frozenset()
+        if c.group_spread and group:
+            avoid = frozenset(self.ledger.group_devices.get(group, ()))
+        return FitContext(
+            device_policy=c.device_policy or self.config.device_policy,
+            allow_more_devices_than_cards=self.config.allow_more_devices_than_cards,
+            avoid=avoid,
+            workload=self.workload,
+        )
+
+    def fit_node(
+        self, node: NodeState, request: PodRequest, ctx: FitContext
+    ) -> tuple[ContainerGrant, ...] | Reason:
+        """The pod's grants on ``node``, or the reason it does not fit. Leaves no trace."""
+        applied: Picks = []
+        grants: list[ContainerGrant] = []
+        try:
+            for container in request.containers:
+                picks: Picks = []
+                for r in container.devices:
+                    found = self._fit_request(node, r, request, ctx)
+                    if isinstance(found, Reason):
+                        return found
+                    for dev, g in found:
+                        dev.apply(g, 1)
+                        applied.append((dev, g))
+                    picks.extend(found)
+                grants.append(
+                    ContainerGrant(
+                        container=container.name,
+                        init=container.init,
+                        devices=tuple(g for _, g in picks),
+                    )
+                )
+            return tuple(grants)
+        finally:
+            for dev, g in reversed(applied):
+                dev.apply(g, -1)
+
+    def _fit_request(
+        self, node: NodeState, r: DeviceRequest, request: PodRequest, ctx: FitContext
+    ) -> Picks | Reason:
+        reason: Reason | None = None
+        tried: set[int] = set()
+        for pool, family in self.routes(r, request):
+            if pool not in node.pools or id(family) in tried:
+                continue
+            tried.add(id(family))
+            found = family.filter(node, r, request.constraints, ctx)
+            if not isinstance(found, Reason):
+                return found
+            if reason is None or (reason.static and not found.static):
+                reason = found
+        if reason is None:
+            # The node has none of the pools that could serve the request.
+            routes = self.routes(r, request)
+            if not routes:
+                return Reason(
+                    f"{r.resource}: vgpu-mode {request.constraints.mode} cannot serve it",
+                    static=True,
+                )
+            found = routes[0][1].filter(_EMPTY, r, request.constraints, ctx)
+            assert isinstance(found, Reason)
+            reason = found
+        return reason
+
+    # --- one pod --------------------------------------------------------------------
+
+    def _primary(self, request: PodRequest) -> DeviceRequest | None:
+        for c in request.containers:
+            if c.devices:
+                return c.devices[0]
+        return None
+
+    def _candidates(
+        self, request: PodRequest, primary: DeviceRequest, policy: Policy
+    ) -> Iterator[NodeState]:
+        seen: set[str] = set()
+        for pool, family in self.routes(primary, request):
+            index = self.ledger.pools.get(pool)
+            if index is None:
+                continue
+            need = family.demand(primary, index)
+            walk = index.descending(need) if policy == "spread" else index.ascending(need)
+            for node in walk:
+                if node.name not in seen:
+                    seen.add(node.name)
+                    yield node
+
+    def place(
+        self, pod: PodRef, request: PodRequest, group: str | None = None
+    ) -> Placement | Failure:
+        """Place and reserve one pod, or say why not."""
+        primary = self._primary(request)
+        if primary is None:
+            return Failure(pod=pod, message="the pod asks for no devices", unresolvable=True)
+        ctx = self._context(request, group)
+        policy = request.constraints.node_policy or self.config.node_policy
+        chosen: tuple[NodeState, tuple[ContainerGrant, ...]] | None = None
+        if policy == "fgd":
+            chosen = self._best_fgd(request, primary, ctx)
+        else:
+            for node in self._candidates(request, primary, policy):
+                grants = self.fit_node(node, request, ctx)
+                if not isinstance(grants, Reason):
+                    chosen = (node, grants)
+                    break
+        if chosen is None:
+            return self.explain(pod, request, group)
+        node, grants = chosen
+        self.ledger.grant(PodGrant(pod=pod, node=node.name, containers=grants, group=group))
+        self._observe(request)
+        return Placement(pod=pod, node=node.name, grants=grants)
+
+    def _best_fgd(
+        self, request: PodRequest, primary: DeviceRequest, ctx: FitContext
+    ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
+        shapes = self.workload.normalised()
+        limit = self.config.fgd_candidates or len(self.ledger.nodes)
+        best: tuple[float, NodeState, tuple[ContainerGrant, ...]] | None = None
+        found = 0
+        for node in self._candidates(request, primary, "binpack"):
+            grants = self.fit_node(node, request, ctx)
+            if isinstance(grants, Reason):
+                continue
+            found += 1
+            before = fragmentation([d.free_fraction() for d in node.devices], shapes)
+            applied = [(node.by_uuid[g.uuid], g) for c in grants for g in c.devices]
+            for dev, g in applied:
+                dev.apply(g, 1)
+            after = fragmentation([d.free_fraction() for d in node.devices], shapes)
+            for dev, g in reversed(applied):
+                dev.apply(g, -1)
+            delta = after - before
+            if best is None or delta < best[0] - 1e-12:
+                best = (delta, node, grants)
+            if found >= limit:
+                break
+        return None if best is None else (best[1], best[2])
+
+    def _observe(self, request: PodRequest) -> None:
+        """Learn the task-shape distribution FGD weighs (unless one was given)."""
+        if self.fixed_workload:
+            return
+        for c in request.containers:
+            for r in c.devices:
+                mem = (r.memory_percent or 0) / 100
+                if r.memory_mib is not None and self.ledger.pools:
+                    largest = max(ix.max_total for ix in self.ledger.pools.values()) or 1
+                    mem = r.memory_mib / largest
+                frac = shape_fraction(mem, r.cores / 100, r.exclusive)
+                self.workload.observe(Shape(r.count, frac))
+
+    def explain(self, pod: PodRef, request: PodRequest, group: str | None = None) -> Failure:
+        """Ask every node why the pod does not fit; count the reasons."""
+        ctx = self._context(request, group)
+        counts: Counter[str] = Counter()
+        static = True
+        for node in self.ledger.nodes.values():
+            reason = self.fit_node(node, request, ctx)
+            if not isinstance(reason, Reason):
+                reason = Reason("fits now (placement raced a change)")
+            counts[reason.text] += 1
+            static = static and reason.static
+        total = len(self.ledger.nodes)
+        ranked = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        detail = ", ".join(f"{n} {text}" for text, n in ranked)
+        message = f"0/{total} nodes fit" + (f": {detail}" if detail else "") + "."
+        return Failure(pod=pod, message=message, reasons=ranked, unresolvable=static and total > 0)
+
+    def release(self, pod: PodRef) -> bool:
+        """Return a pod's reservation (bind failed, pod deleted); idempotent."""
+        return self.ledger.release(pod.uid) is not None
+
+    # --- gangs ----------------------------------------------------------------------
+
+    def place_gang(self, members: Sequence[GangMember], min_member: int) -> GangResult:
+        """Place the first ``min_member`` members all together or none; extras if they fit."""
+        placed: list[Placement] = []
+        failures: list[Failure] = []
+        required = min(max(min_member, 1), len(members))
+        for i, m in enumerate(members):
+            result = self.place(m.pod, m.request, m.group)
+            if isinstance(result, Placement):
+                placed.append(result)
+                continue
+            failures.append(result)
+            if i < required:
+                for p in reversed(placed):
+                    self.ledger.release(p.pod.uid)
+                failing = len(members) - len(placed)
+                return GangResult(
+                    ok=False,
+                    failures=failures,
+                    message=f"{failing}/{len(members)} tasks in gang unschedulable: "
+                    f"{result.message}",
+                )
+        return GangResult(ok=True, placed=placed, failures=failures)
+
+
+_EMPTY = NodeState(NodeName(""))
