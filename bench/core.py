@@ -15,16 +15,12 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import sys
 import time
 import tracemalloc
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from shared.core.families import Reason  # noqa: E402
-from shared.core.ledger import Ledger, NodeState, PodGrant  # noqa: E402
-from shared.core.model import (  # noqa: E402
+from shared.core.families import Reason
+from shared.core.ledger import Ledger, NodeState, PodGrant
+from shared.core.model import (
     ContainerGrant,
     ContainerRequest,
     DeviceInfo,
@@ -35,8 +31,8 @@ from shared.core.model import (  # noqa: E402
     PodRequest,
     PodUID,
 )
-from shared.core.placement import GangMember, Placement, Placer  # noqa: E402
-from shared.core.spec import DeviceSpecs  # noqa: E402
+from shared.core.placement import GangMember, Placement, Placer
+from shared.core.spec import DeviceSpecs
 
 SPECS = DeviceSpecs()
 GPU_MIB = 81920
