@@ -331,6 +331,7 @@ class RequestParser:
                     count=1,
                     memory_mib=share,
                     cores=0,
+                    memory_resource=g.name(role),
                 )
             ]
         if not slicing:
@@ -388,8 +389,17 @@ class RequestParser:
                 cores=cores,
                 exclusive=exclusive,
                 priority=priority,
+                memory_resource=_named(
+                    g,
+                    Role.MEMORY_PERCENT
+                    if percent and Role.MEMORY not in g.values
+                    else Role.MEMORY,
+                    spec.resource_memory_name,
+                ),
+                core_resource=_named(g, Role.CORES, spec.resource_core_name),
             )
         ]
+
 
     def _ascend(
         self, g: _Values, cname: str, constraints: Constraints, errors: list[RequestError]
@@ -436,7 +446,10 @@ class RequestParser:
                     cores=100 if exclusive else (cores or 0),
                     exclusive=exclusive,
                     chip=chip.chip_name,
+                    memory_resource=chip.resource_memory_name,
+                    core_resource=chip.resource_core_name,
                 )
+
             ]
         if cores is not None:
             self._err(

@@ -1,0 +1,108 @@
+"""Small builders for the pure core's tests: devices, nodes, pods as the API server has them."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from shared.core.ledger import Ledger
+from shared.core.model import (
+    DeviceInfo,
+    DeviceUUID,
+    MigInstance,
+    NodeName,
+    PodRef,
+    PodRequest,
+    PodUID,
+    SharingMode,
+    Vendor,
+)
+from shared.core.placement import Placement, PlacementConfig, Placer
+from shared.core.request import RequestParser
+from shared.core.spec import DeviceSpecs, NodeOverride
+
+SPECS = DeviceSpecs()
+PARSER = RequestParser(SPECS)
+_ids = itertools.count()
+
+
+def gpu(
+    index: int = 0,
+    *,
+    model: str = "NVIDIA-A100-SXM4-80GB",
+    memory: int = 81920,
+    mode: SharingMode = "hami-core",
+    numa: int = 0,
+    healthy: bool = True,
+    vendor: Vendor = "nvidia",
+    cores: int = 100,
+    chip: str | None = None,
+    uuid: str | None = None,
+    mig: tuple[MigInstance, ...] = (),
+) -> DeviceInfo:
+    return DeviceInfo(
+        uuid=DeviceUUID(uuid or f"{vendor}-{next(_ids)}"), index=index, vendor=vendor,
+        model=model, memory_mib=memory, mode=mode, numa=numa, healthy=healthy, cores=cores,
+        chip=chip, mig_geometry=mig,
+    )
+
+
+def gpus(n: int, **kw: Any) -> list[DeviceInfo]:
+    return [gpu(i, **kw) for i in range(n)]
+
+
+def npu(index: int = 0, chip: str = "910B3", memory: int = 65536) -> DeviceInfo:
+    return gpu(index, vendor="ascend", model=f"Ascend{chip}", memory=memory, chip=chip)
+
+
+def ledger(
+    nodes: dict[str, list[DeviceInfo]],
+    overrides: dict[str, NodeOverride] | None = None,
+    specs: DeviceSpecs = SPECS,
+) -> Ledger:
+    result = Ledger(specs, overrides)
+    for name, devices in nodes.items():
+        result.set_node(NodeName(name), devices)
+    return result
+
+
+def pod_json(
+    limits: dict[str, Any] | None = None,
+    *,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    containers: list[dict[str, Any]] | None = None,
+    init: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    if containers is None:
+        containers = [{"name": "main", "resources": {"limits": limits or {}}}]
+    spec: dict[str, Any] = {"containers": containers}
+    if init:
+        spec["initContainers"] = init
+    return {
+        "metadata": {"name": "p", "annotations": annotations or {}, "labels": labels or {}},
+        "spec": spec,
+    }
+
+
+def request(limits: dict[str, Any], parser: RequestParser = PARSER, **kw: Any) -> PodRequest:
+    parsed = parser.parse(pod_json(limits, **kw))
+    assert isinstance(parsed, PodRequest), parsed
+    return parsed
+
+
+def ref(name: str | None = None) -> PodRef:
+    n = name or f"pod-{next(_ids)}"
+    return PodRef(namespace="ns", name=n, uid=PodUID(f"uid-{n}"))
+
+
+def place(placer: Placer, limits: dict[str, Any], name: str | None = None,
+          group: str | None = None, **kw: Any) -> Placement:
+    result = placer.place(ref(name), request(limits, **kw), group)
+    assert isinstance(result, Placement), result
+    return result
+
+
+def placer(nodes: dict[str, list[DeviceInfo]], config: PlacementConfig | None = None,
+           overrides: dict[str, NodeOverride] | None = None) -> Placer:
+    return Placer(ledger(nodes, overrides), config)
