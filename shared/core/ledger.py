@@ -379,10 +379,18 @@ class Ledger:
                 or (info.vendor == "ascend" and wanted in ("hami-core", "vnpu"))
             ):
                 mode = wanted
-        if info.vendor == "ascend" and not info.ai_cores:
+        if info.vendor == "ascend":
             chip = next((c for c in self.specs.vnpus if c.chip_name == info.chip), None)
             if chip is not None:
-                info = msgspec.structs.replace(info, ai_cores=chip.ai_core, ai_cpus=chip.ai_cpu)
+                # Templates partition the chip's full capacity (two vir04 fill a 310P3);
+                # a whole card or a software slice gets what is allocatable.
+                info = msgspec.structs.replace(
+                    info,
+                    ai_cores=info.ai_cores or chip.ai_core,
+                    ai_cpus=info.ai_cpus or chip.ai_cpu,
+                    memory_mib=chip.memory_capacity if mode == "vnpu" else info.memory_mib,
+                )
+
         mig = None
         slots = split
         if mode == "mig":
@@ -468,11 +476,12 @@ class Ledger:
         node.keys.clear()
 
     def _reindex(self, node: NodeState, pools: Iterable[PoolKey]) -> None:
+        """Re-bucket ``node`` in ``pools``; it moves last even when its key is unchanged, so
+        bucket order is recency: binpack walks it newest first, spread oldest first."""
         for pool in pools:
             key = max(d.index_key() for d in node.pools[pool])
-            if node.keys.get(pool) != key:
-                node.keys[pool] = key
-                self.pools[pool].put(node, key)
+            node.keys[pool] = key
+            self.pools[pool].put(node, key)
 
     # --- grants ----------------------------------------------------------------------
 

@@ -368,8 +368,11 @@ class RequestParser:
         count = count if count is not None else spec.default_gpu_num
         memory = memory * spec.gpu_memory_factor if memory else None
         percent = percent or None
-        exclusive = cores == 100 or percent == 100
-        if memory is None and percent is None:
+        exclusive = (cores == 100 and spec.core_unit == "percent") or percent == 100
+        if not names(spec.resource_memory_name) and not names(spec.resource_memory_percentage_name):
+            memory = 0  # the vendor slices no memory (AWS Neuron): cores or whole devices only
+            exclusive = exclusive or cores is None
+        elif memory is None and percent is None:
             if spec.default_memory:
                 memory = spec.default_memory
             else:
@@ -377,7 +380,10 @@ class RequestParser:
                 if cores is None:
                     exclusive = True  # count only: whole cards, as upstream
         if cores is None:
-            cores = 100 if exclusive else spec.default_cores
+            # an exclusive grant takes the whole device whatever its cores say
+            whole = 100 if spec.core_unit == "percent" else 0
+            cores = whole if exclusive else spec.default_cores
+
         return [
             DeviceRequest(
                 vendor=g.vendor,
@@ -391,15 +397,12 @@ class RequestParser:
                 priority=priority,
                 memory_resource=_named(
                     g,
-                    Role.MEMORY_PERCENT
-                    if percent and Role.MEMORY not in g.values
-                    else Role.MEMORY,
+                    Role.MEMORY_PERCENT if percent and Role.MEMORY not in g.values else Role.MEMORY,
                     spec.resource_memory_name,
                 ),
                 core_resource=_named(g, Role.CORES, spec.resource_core_name),
             )
         ]
-
 
     def _ascend(
         self, g: _Values, cname: str, constraints: Constraints, errors: list[RequestError]
@@ -449,7 +452,6 @@ class RequestParser:
                     memory_resource=chip.resource_memory_name,
                     core_resource=chip.resource_core_name,
                 )
-
             ]
         if cores is not None:
             self._err(

@@ -41,9 +41,17 @@ def gpu(
     mig: tuple[MigInstance, ...] = (),
 ) -> DeviceInfo:
     return DeviceInfo(
-        uuid=DeviceUUID(uuid or f"{vendor}-{next(_ids)}"), index=index, vendor=vendor,
-        model=model, memory_mib=memory, mode=mode, numa=numa, healthy=healthy, cores=cores,
-        chip=chip, mig_geometry=mig,
+        uuid=DeviceUUID(uuid or f"{vendor}-{next(_ids)}"),
+        index=index,
+        vendor=vendor,
+        model=model,
+        memory_mib=memory,
+        mode=mode,
+        numa=numa,
+        healthy=healthy,
+        cores=cores,
+        chip=chip,
+        mig_geometry=mig,
     )
 
 
@@ -96,13 +104,21 @@ def ref(name: str | None = None) -> PodRef:
     return PodRef(namespace="ns", name=n, uid=PodUID(f"uid-{n}"))
 
 
-def place(placer: Placer, limits: dict[str, Any], name: str | None = None,
-          group: str | None = None, **kw: Any) -> Placement:
+def place(
+    placer: Placer,
+    limits: dict[str, Any],
+    name: str | None = None,
+    group: str | None = None,
+    **kw: Any,
+) -> Placement:
     result = placer.place(ref(name), request(limits, **kw), group)
     assert isinstance(result, Placement), result
     return result
 
 
-def placer(nodes: dict[str, list[DeviceInfo]], config: PlacementConfig | None = None,
-           overrides: dict[str, NodeOverride] | None = None) -> Placer:
+def placer(
+    nodes: dict[str, list[DeviceInfo]],
+    config: PlacementConfig | None = None,
+    overrides: dict[str, NodeOverride] | None = None,
+) -> Placer:
     return Placer(ledger(nodes, overrides), config)

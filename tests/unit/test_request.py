@@ -31,86 +31,243 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
     # HAMi NVIDIA
     ({"nvidia.com/gpu": 1}, "nvidia", "vgpu", 1, None, 100, 100, True),
     ({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000}, "nvidia", "vgpu", 2, 3000, None, 0, False),
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}, "nvidia", "vgpu", 1, None, 50, 0,
-     False),
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024, "nvidia.com/gpucores": 30}, "nvidia",
-     "vgpu", 1, 1024, None, 30, False),
+    (
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50},
+        "nvidia",
+        "vgpu",
+        1,
+        None,
+        50,
+        0,
+        False,
+    ),
+    (
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024, "nvidia.com/gpucores": 30},
+        "nvidia",
+        "vgpu",
+        1,
+        1024,
+        None,
+        30,
+        False,
+    ),
     ({"nvidia.com/gpumem": 1024}, "nvidia", "vgpu", 1, 1024, None, 0, False),
     # Volcano vGPU
     ({"volcano.sh/vgpu-number": 1}, "nvidia", "vgpu", 1, None, 100, 100, True),
-    ({"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 2048}, "nvidia", "vgpu", 1, 2048,
-     None, 0, False),
-    ({"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory-percentage": 25,
-      "volcano.sh/vgpu-cores": 50}, "nvidia", "vgpu", 1, None, 25, 50, False),
+    (
+        {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 2048},
+        "nvidia",
+        "vgpu",
+        1,
+        2048,
+        None,
+        0,
+        False,
+    ),
+    (
+        {
+            "volcano.sh/vgpu-number": 1,
+            "volcano.sh/vgpu-memory-percentage": 25,
+            "volcano.sh/vgpu-cores": 50,
+        },
+        "nvidia",
+        "vgpu",
+        1,
+        None,
+        25,
+        50,
+        False,
+    ),
     # Volcano GPU share and GPU number
     ({"volcano.sh/gpu-memory": 4096}, "nvidia", "gpu-share", 1, 4096, None, 0, False),
     ({"volcano.sh/gpu-number": 2}, "nvidia", "gpu-number", 2, None, 100, 100, True),
     # other vendors
-    ({"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": 4096,
-      "cambricon.com/mlu.smlu.vcore": 20}, "cambricon", "vgpu", 1, 4096, None, 20, False),
-    ({"hygon.com/dcunum": 1, "hygon.com/dcumem": 2000, "hygon.com/dcucores": 10}, "hygon",
-     "vgpu", 1, 2000, None, 10, False),
-    ({"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 4096, "metax-tech.com/vcore": 40},
-     "metax", "vgpu", 1, 4096, None, 40, False),
+    (
+        {
+            "cambricon.com/vmlu": 1,
+            "cambricon.com/mlu.smlu.vmemory": 4096,
+            "cambricon.com/mlu.smlu.vcore": 20,
+        },
+        "cambricon",
+        "vgpu",
+        1,
+        4096,
+        None,
+        20,
+        False,
+    ),
+    (
+        {"hygon.com/dcunum": 1, "hygon.com/dcumem": 2000, "hygon.com/dcucores": 10},
+        "hygon",
+        "vgpu",
+        1,
+        2000,
+        None,
+        10,
+        False,
+    ),
+    (
+        {"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 4096, "metax-tech.com/vcore": 40},
+        "metax",
+        "vgpu",
+        1,
+        4096,
+        None,
+        40,
+        False,
+    ),
     ({"metax-tech.com/gpu": 1}, "metax", "vgpu", 1, None, 100, 100, True),
-    ({"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 8, "mthreads.com/sgpu-core": 4},
-     "mthreads", "vgpu", 1, 8, None, 4, False),
-    ({"enflame.com/vgcu": 1, "enflame.com/vgcu-percentage": 25}, "enflame", "vgpu", 1, None, 25,
-     0, False),
-    ({"enflame.com/gcu": 1, "enflame.com/gcu-memory": 1000, "enflame.com/gcu-core": 10},
-     "enflame", "vgpu", 1, 1000, None, 10, False),
+    (
+        {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 8, "mthreads.com/sgpu-core": 4},
+        "mthreads",
+        "vgpu",
+        1,
+        8,
+        None,
+        4,
+        False,
+    ),
+    (
+        {"enflame.com/vgcu": 1, "enflame.com/vgcu-percentage": 25},
+        "enflame",
+        "vgpu",
+        1,
+        None,
+        25,
+        0,
+        False,
+    ),
+    (
+        {"enflame.com/gcu": 1, "enflame.com/gcu-memory": 1000, "enflame.com/gcu-core": 10},
+        "enflame",
+        "vgpu",
+        1,
+        1000,
+        None,
+        10,
+        False,
+    ),
     ({"enflame.com/drs-gcu": 1}, "enflame", "vgpu", 1, None, 100, 100, True),
     ({"kunlunxin.com/xpu": 2}, "kunlunxin", "gpu-number", 2, None, 100, 100, True),
-    ({"kunlunxin.com/vxpu": 1, "kunlunxin.com/vxpu-memory": 24576}, "kunlunxin", "vgpu", 1,
-     24576, None, 0, False),
-    ({"iluvatar.ai/BI-V150-vgpu": 1, "iluvatar.ai/BI-V150.vMem": 8192,
-      "iluvatar.ai/BI-V150.vCore": 50}, "iluvatar", "vgpu", 1, 8192, None, 50, False),
-    ({"amd.com/gpu": 1, "amd.com/gpumem": 16384, "amd.com/gpucores": 50}, "amd", "vgpu", 1,
-     16384, None, 50, False),
-    ({"aws.amazon.com/neuron": 1, "aws.amazon.com/neuroncore": 2}, "awsneuron", "vgpu", 1, None,
-     100, 2, False),
+    (
+        {"kunlunxin.com/vxpu": 1, "kunlunxin.com/vxpu-memory": 24576},
+        "kunlunxin",
+        "vgpu",
+        1,
+        24576,
+        None,
+        0,
+        False,
+    ),
+    (
+        {
+            "iluvatar.ai/BI-V150-vgpu": 1,
+            "iluvatar.ai/BI-V150.vMem": 8192,
+            "iluvatar.ai/BI-V150.vCore": 50,
+        },
+        "iluvatar",
+        "vgpu",
+        1,
+        8192,
+        None,
+        50,
+        False,
+    ),
+    (
+        {"amd.com/gpu": 1, "amd.com/gpumem": 16384, "amd.com/gpucores": 50},
+        "amd",
+        "vgpu",
+        1,
+        16384,
+        None,
+        50,
+        False,
+    ),
+    (
+        {"aws.amazon.com/neuron": 1, "aws.amazon.com/neuroncore": 2},
+        "awsneuron",
+        "vgpu",
+        1,
+        0,
+        None,
+        2,
+        False,
+    ),
+    ({"aws.amazon.com/neuron": 2}, "awsneuron", "vgpu", 2, 0, None, 0, True),
 ]
 
 
 @pytest.mark.parametrize(
-    ("limits", "vendor", "kind", "count", "memory", "percent", "cores", "exclusive"), ROWS,
+    ("limits", "vendor", "kind", "count", "memory", "percent", "cores", "exclusive"),
+    ROWS,
     ids=lambda v: str(v) if isinstance(v, dict) else None,
 )
 def test_every_resource_name_parses(
-    limits: dict[str, Any], vendor: str, kind: str, count: int, memory: int | None,
-    percent: int | None, cores: int, exclusive: bool,
+    limits: dict[str, Any],
+    vendor: str,
+    kind: str,
+    count: int,
+    memory: int | None,
+    percent: int | None,
+    cores: int,
+    exclusive: bool,
 ) -> None:
     d = only_device(request(limits))
     assert (d.vendor, d.kind, d.count, d.memory_mib, d.memory_percent, d.cores, d.exclusive) == (
-        vendor, kind, count, memory, percent, cores, exclusive
+        vendor,
+        kind,
+        count,
+        memory,
+        percent,
+        cores,
+        exclusive,
     )
 
 
 @pytest.mark.parametrize(
     ("chip", "word"),
-    [("910A", "Ascend910A"), ("910B2", "Ascend910B2"), ("910B3", "Ascend910B3"),
-     ("910B4", "Ascend910B4"), ("910B4-1", "Ascend910B4-1"), ("310P3", "Ascend310P"),
-     ("910C", "Ascend910C")],
+    [
+        ("910A", "Ascend910A"),
+        ("910B2", "Ascend910B2"),
+        ("910B3", "Ascend910B3"),
+        ("910B4", "Ascend910B4"),
+        ("910B4-1", "Ascend910B4-1"),
+        ("310P3", "Ascend310P"),
+        ("910C", "Ascend910C"),
+    ],
 )
 def test_every_ascend_chip_parses_in_template_and_hami_core_modes(chip: str, word: str) -> None:
     d = only_device(request({f"huawei.com/{word}": 1, f"huawei.com/{word}-memory": 2000}))
     assert (d.vendor, d.kind, d.chip, d.memory_mib, d.exclusive) == (
-        "ascend", "npu-template", chip, 2000, False)
+        "ascend",
+        "npu-template",
+        chip,
+        2000,
+        False,
+    )
     whole = only_device(request({f"huawei.com/{word}": 2}))
     assert (whole.count, whole.exclusive, whole.memory_percent) == (2, True, 100)
-    soft = only_device(request(
-        {f"huawei.com/{word}": 1, f"huawei.com/{word}-memory": 2000, f"huawei.com/{word}-core": 30},
-        annotations={"huawei.com/vnpu-mode": "hami-core"},
-    ))
+    soft = only_device(
+        request(
+            {
+                f"huawei.com/{word}": 1,
+                f"huawei.com/{word}-memory": 2000,
+                f"huawei.com/{word}-core": 30,
+            },
+            annotations={"huawei.com/vnpu-mode": "hami-core"},
+        )
+    )
     assert (soft.kind, soft.memory_mib, soft.cores) == ("vgpu", 2000, 30)
 
 
-@pytest.mark.parametrize(("cores", "count", "exclusive"), [(1, 1, False), (2, 1, False),
-                                                            (4, 1, False), (8, 1, True),
-                                                            (16, 2, True)])
+@pytest.mark.parametrize(
+    ("cores", "count", "exclusive"),
+    [(1, 1, False), (2, 1, False), (4, 1, False), (8, 1, True), (16, 2, True)],
+)
 def test_mindcluster_npu_core(cores: int, count: int, exclusive: bool) -> None:
-    d = only_device(request({"huawei.com/npu-core": cores},
-                            labels={"vnpu-level": "high", "vnpu-dvpp": "null"}))
+    d = only_device(
+        request({"huawei.com/npu-core": cores}, labels={"vnpu-level": "high", "vnpu-dvpp": "null"})
+    )
     assert (d.kind, d.count, d.exclusive, d.chip) == ("npu-core", count, exclusive, "310P3")
 
 
@@ -120,9 +277,18 @@ def test_quantities_in_canonical_form_are_read() -> None:
 
 
 def test_defaults_and_memory_factor_apply() -> None:
-    specs = parse_config({"devices": {"nvidia": {
-        "defaultMemory": 2048, "defaultCores": 15, "defaultGPUNum": 2, "gpuMemoryFactor": 1024,
-    }}}).devices
+    specs = parse_config(
+        {
+            "devices": {
+                "nvidia": {
+                    "defaultMemory": 2048,
+                    "defaultCores": 15,
+                    "defaultGPUNum": 2,
+                    "gpuMemoryFactor": 1024,
+                }
+            }
+        }
+    ).devices
     parser = RequestParser(specs)
     d = only_device(request({"nvidia.com/gpucores": 40}, parser))
     assert (d.count, d.memory_mib, d.cores, d.exclusive) == (2, 2048, 40, False)
@@ -131,23 +297,33 @@ def test_defaults_and_memory_factor_apply() -> None:
 
 
 def test_configured_names_replace_the_defaults() -> None:
-    specs = parse_config({"devices": {"nvidia": {
-        "resourceCountName": "example.com/vgpu", "resourceMemoryName": "example.com/vgpu-mem",
-    }}}).devices
+    specs = parse_config(
+        {
+            "devices": {
+                "nvidia": {
+                    "resourceCountName": "example.com/vgpu",
+                    "resourceMemoryName": "example.com/vgpu-mem",
+                }
+            }
+        }
+    ).devices
     parser = RequestParser(specs)
     d = only_device(request({"example.com/vgpu": 1, "example.com/vgpu-mem": 100}, parser))
     assert (d.resource, d.memory_mib, d.memory_resource) == (
-        "example.com/vgpu", 100, "example.com/vgpu-mem")
+        "example.com/vgpu",
+        100,
+        "example.com/vgpu-mem",
+    )
     # the replaced name is no longer Tessera's: the pod asks nothing of it
     assert not parser.wants_devices(pod_json({"nvidia.com/gpu": 1}))
     assert not request({"nvidia.com/gpu": 1}, parser).wants_devices
 
 
-
 def test_exclusive_by_cores_or_percentage() -> None:
     assert only_device(request({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100})).exclusive
-    assert only_device(request({"nvidia.com/gpu": 1,
-                                "nvidia.com/gpumem-percentage": 100})).exclusive
+    assert only_device(
+        request({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100})
+    ).exclusive
     assert not only_device(request({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 99})).exclusive
 
 
@@ -158,29 +334,51 @@ def test_cores_over_100_clamp_when_configured_like_upstream() -> None:
 
 
 def test_priority_and_container_env_are_kept() -> None:
-    req = request({}, containers=[{
-        "name": "main",
-        "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100,
-                                 "nvidia.com/priority": 1}},
-        "env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"},
-                {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}],
-    }])
+    req = request(
+        {},
+        containers=[
+            {
+                "name": "main",
+                "resources": {
+                    "limits": {
+                        "nvidia.com/gpu": 1,
+                        "nvidia.com/gpumem": 100,
+                        "nvidia.com/priority": 1,
+                    }
+                },
+                "env": [
+                    {"name": "CUDA_DISABLE_CONTROL", "value": "true"},
+                    {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+                ],
+            }
+        ],
+    )
     [c] = req.containers
     assert (c.disable_isolation, c.core_policy, c.devices[0].priority) == (True, "force", 1)
 
 
 def test_init_containers_come_first_and_requests_fill_in_for_limits() -> None:
-    req = request({}, init=[{"name": "setup", "resources": {"requests": {"nvidia.com/gpu": 1}}}],
-                  containers=[{"name": "main"}, {"name": "side", "resources": {
-                      "requests": {"nvidia.com/gpumem": 10}}}])
+    req = request(
+        {},
+        init=[{"name": "setup", "resources": {"requests": {"nvidia.com/gpu": 1}}}],
+        containers=[
+            {"name": "main"},
+            {"name": "side", "resources": {"requests": {"nvidia.com/gpumem": 10}}},
+        ],
+    )
     assert [(c.name, c.init, len(c.devices)) for c in req.containers] == [
-        ("setup", True, 1), ("main", False, 0), ("side", False, 1)]
+        ("setup", True, 1),
+        ("main", False, 0),
+        ("side", False, 1),
+    ]
 
 
 ANNOTATIONS: list[tuple[dict[str, str], dict[str, Any]]] = [
     ({"nvidia.com/use-gputype": "A100, V100"}, {"use_types": ("A100", "V100")}),
-    ({"nvidia.com/nouse-gputype": "NVIDIA-GeForce-RTX-4090"},
-     {"nouse_types": ("NVIDIA-GeForce-RTX-4090",)}),
+    (
+        {"nvidia.com/nouse-gputype": "NVIDIA-GeForce-RTX-4090"},
+        {"nouse_types": ("NVIDIA-GeForce-RTX-4090",)},
+    ),
     ({"nvidia.com/use-gpuuuid": "GPU-a,GPU-b"}, {"use_uuids": ("GPU-a", "GPU-b")}),
     ({"nvidia.com/nouse-gpuuuid": "GPU-a"}, {"nouse_uuids": ("GPU-a",)}),
     ({"volcano.sh/vgpu-use-gpuuuid": "GPU-c"}, {"use_uuids": ("GPU-c",)}),
@@ -212,29 +410,56 @@ BAD: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
     ({"nvidia.com/gpumem": "1.5"}, {}, ["nvidia.com/gpumem", "whole number"]),
     ({"nvidia.com/gpumem": "lots"}, {}, ["nvidia.com/gpumem", "whole number"]),
     ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 101}, {}, ["gpucores", "exceeds 100"]),
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 120}, {},
-     ["gpumem-percentage", "exceeds 100"]),
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10, "nvidia.com/gpumem-percentage": 10}, {},
-     ["both set"]),
+    (
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 120},
+        {},
+        ["gpumem-percentage", "exceeds 100"],
+    ),
+    (
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10, "nvidia.com/gpumem-percentage": 10},
+        {},
+        ["both set"],
+    ),
     ({"nvidia.com/gpu": 0, "nvidia.com/gpumem": 10}, {}, ["at least 1 device"]),
     ({"nvidia.com/gpu": 1, "volcano.sh/vgpu-number": 1}, {}, ["keep one"]),
     ({"volcano.sh/gpu-number": 1, "volcano.sh/vgpu-memory": 10}, {}, ["cannot be combined"]),
-    ({"huawei.com/Ascend910B3": 2, "huawei.com/Ascend910B3-memory": 1000}, {},
-     ["multi-card Ascend request must use whole cards"]),
-    ({"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 70000}, {},
-     ["larger than an Ascend910B3"]),
-    ({"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-core": 20}, {},
-     ["huawei.com/vnpu-mode: hami-core"]),
+    (
+        {"huawei.com/Ascend910B3": 2, "huawei.com/Ascend910B3-memory": 1000},
+        {},
+        ["multi-card Ascend request must use whole cards"],
+    ),
+    (
+        {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 70000},
+        {},
+        ["larger than an Ascend910B3"],
+    ),
+    (
+        {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-core": 20},
+        {},
+        ["huawei.com/vnpu-mode: hami-core"],
+    ),
     ({"huawei.com/Ascend910B3-memory": 1000}, {}, ["needs huawei.com/Ascend910B3"]),
     ({"huawei.com/npu-core": 3}, {}, ["match no vNPU template"]),
-    ({"nvidia.com/gpu": 1}, {"annotations": {"nvidia.com/vgpu-mode": "time-slicing"}},
-     ["nvidia.com/vgpu-mode", "hami-core, mig or mps"]),
-    ({"nvidia.com/gpu": 1}, {"annotations": {"hami.io/node-scheduler-policy": "random"}},
-     ["hami.io/node-scheduler-policy"]),
-    ({"nvidia.com/gpu": 1}, {"annotations": {"volcano.sh/gpu-index": "first"}},
-     ["volcano.sh/gpu-index"]),
-    ({"nvidia.com/gpu": 1}, {"annotations": {"nvidia.com/numa-bind": "yes"}},
-     ["nvidia.com/numa-bind"]),
+    (
+        {"nvidia.com/gpu": 1},
+        {"annotations": {"nvidia.com/vgpu-mode": "time-slicing"}},
+        ["nvidia.com/vgpu-mode", "hami-core, mig or mps"],
+    ),
+    (
+        {"nvidia.com/gpu": 1},
+        {"annotations": {"hami.io/node-scheduler-policy": "random"}},
+        ["hami.io/node-scheduler-policy"],
+    ),
+    (
+        {"nvidia.com/gpu": 1},
+        {"annotations": {"volcano.sh/gpu-index": "first"}},
+        ["volcano.sh/gpu-index"],
+    ),
+    (
+        {"nvidia.com/gpu": 1},
+        {"annotations": {"nvidia.com/numa-bind": "yes"}},
+        ["nvidia.com/numa-bind"],
+    ),
     ({"huawei.com/npu-core": 1}, {"labels": {"vnpu-level": "medium"}}, ["vnpu-level"]),
     ({"huawei.com/npu-core": 1}, {"labels": {"vnpu-dvpp": "maybe"}}, ["vnpu-dvpp"]),
 ]
@@ -250,8 +475,10 @@ def test_bad_input_names_the_field_and_the_fix(
 
 
 def test_every_error_is_reported_not_only_the_first() -> None:
-    found = errors({"nvidia.com/gpumem": -1, "amd.com/gpucores": 500},
-                   annotations={"nvidia.com/vgpu-mode": "x"})
+    found = errors(
+        {"nvidia.com/gpumem": -1, "amd.com/gpucores": 500},
+        annotations={"nvidia.com/vgpu-mode": "x"},
+    )
     assert len(found) == 3
 
 
