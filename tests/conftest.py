@@ -12,9 +12,16 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from tools.localcluster import LocalCluster
+
+settings.register_profile("default", max_examples=150)
+settings.register_profile("thorough", max_examples=3000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")

@@ -440,7 +440,7 @@ class Ledger:
             node.pools.setdefault(dev.pool, []).append(dev)
         self.nodes[name] = node
         for uid in self.node_pods.get(name, ()):
-            self._apply(self.pods[uid], 1, node)
+            self._apply(self.pods[uid], 1, node, groups=False)
         self._index(node)
 
     def set_cordoned(self, name: NodeName, uuids: Iterable[str]) -> None:
@@ -485,9 +485,14 @@ class Ledger:
 
     # --- grants ----------------------------------------------------------------------
 
-    def _apply(self, grant: PodGrant, sign: int, node: NodeState | None) -> set[PoolKey]:
+    def _apply(
+        self, grant: PodGrant, sign: int, node: NodeState | None, *, groups: bool = True
+    ) -> set[PoolKey]:
+        """Move device usage by one grant; ``groups`` also moves the PodGroup's card counts
+        (not when an inventory replacement re-applies grants that are already counted)."""
         touched: set[PoolKey] = set()
-        group = self.group_devices.setdefault(grant.group, {}) if grant.group else None
+        group = self.group_devices.setdefault(grant.group, {}) if grant.group and groups else None
+
         for dg in grant.device_grants():
             dev = node.by_uuid.get(dg.uuid) if node is not None else None
             if dev is not None:
