@@ -3,8 +3,8 @@
 Every family implements one Protocol, :class:`DeviceFamily`:
 
 - ``pools(request, constraints)``: which device pools (vendor, mode, chip) may serve it;
-- ``demand(request, index)``: the least free memory a device must offer, so the ledger's
-  index can skip nodes that cannot fit;
+- ``demand(request, index)``: the least free memory and cores one device must offer, so
+  the ledger's index can skip devices that cannot fit;
 - ``filter(node, request, constraints, ctx)``: the devices and grants chosen on this node,
   or a :class:`Reason` why none fit. Reasons are structured: ``static`` ones (type excluded,
   larger than the card, no such template) cannot change with load; the others can.
@@ -56,7 +56,7 @@ class DeviceFamily(Protocol):
 
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]: ...
 
-    def demand(self, request: DeviceRequest, index: PoolIndex) -> int: ...
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]: ...
 
     def filter(
         self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
@@ -156,12 +156,12 @@ class SlicedFamily:
             return (("nvidia", mode, ""),) if mode in ("hami-core", "mps") else ()
         return (("nvidia", "hami-core", ""), ("nvidia", "mps", ""))
 
-    def demand(self, request: DeviceRequest, index: PoolIndex) -> int:
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
         if request.exclusive:
-            return index.min_total
+            return index.min_total, 100 if request.cores else 0
         if request.memory_mib is not None:
-            return request.memory_mib
-        return 0
+            return request.memory_mib, request.cores
+        return index.min_phys * (request.memory_percent or 0) // 100, request.cores
 
     def filter(
         self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
@@ -332,8 +332,8 @@ class MigFamily:
             return ()
         return (("nvidia", "mig", ""),)
 
-    def demand(self, request: DeviceRequest, index: PoolIndex) -> int:
-        return request.memory_mib or 0
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
+        return request.memory_mib or 0, 0
 
     def filter(
         self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
@@ -542,9 +542,9 @@ class TemplateFamily:
         fitting = [t for t in chip.templates if t.memory >= request.memory_mib]
         return min(fitting, key=lambda t: t.memory) if fitting else None
 
-    def demand(self, request: DeviceRequest, index: PoolIndex) -> int:
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
         t = self.template(request)
-        return t.memory if t is not None else index.min_total
+        return (t.memory if t is not None else index.min_total), 0
 
     def filter(
         self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
@@ -620,11 +620,11 @@ class MindClusterFamily:
             for n in names
         )
 
-    def demand(self, request: DeviceRequest, index: PoolIndex) -> int:
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
         if request.exclusive:
-            return index.min_total
+            return index.min_total, 0
         found = self.templates(request, Constraints())
-        return min((t.memory for t in found), default=0)
+        return min((t.memory for t in found), default=0), 0
 
     def filter(
         self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext

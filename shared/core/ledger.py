@@ -45,7 +45,8 @@ from shared.core.spec import DeviceSpecs, KnownMigGeometries, NodeOverride, Vend
 PoolKey = tuple[str, str, str]
 """(vendor, sharing mode, chip): devices that serve the same kind of request."""
 
-BUCKET_SHIFT = 10  # 1 GiB buckets
+BUCKET_SHIFT = 10  # 1 GiB rows
+CORE_BUCKETS = 11  # free cores 0-9, 10-19, ..., 100+
 UNLIMITED_SLOTS = 1 << 30
 
 
@@ -187,7 +188,7 @@ class Dev:
     def usable(self) -> bool:
         return self.healthy and not self.cordoned
 
-    def index_key(self) -> int:
+    def mem_key(self) -> int:
         """Free memory a new task could get here, or -1 when nothing more fits."""
         if not self.healthy or self.cordoned or self.used_slots >= self.slots:
             return -1
@@ -204,6 +205,12 @@ class Dev:
         if self.used_cores >= self.total_cores and self.total_cores > 0:
             return -1
         return self.total_mem - self.used_mem
+
+    def core_key(self) -> int:
+        """Free cores for the index; devices whose pools slice no cores count as full."""
+        if self.mig is not None or self.mode == "vnpu" or not self.total_cores:
+            return 100
+        return self.total_cores - self.used_cores
 
     def free_fraction(self) -> float:
         """The share of this device a new task could still use (0..1), for fragmentation."""
@@ -261,66 +268,110 @@ class Dev:
 class NodeState:
     """One node: its devices (after overrides) and the pools they belong to."""
 
-    __slots__ = ("by_uuid", "devices", "keys", "name", "pools")
+    __slots__ = ("by_uuid", "devices", "name", "pools")
 
     def __init__(self, name: NodeName) -> None:
         self.name = name
         self.devices: list[Dev] = []
         self.by_uuid: dict[str, Dev] = {}
         self.pools: dict[PoolKey, list[Dev]] = {}
-        self.keys: dict[PoolKey, int] = {}
 
 
 class PoolIndex:
-    """Nodes of one pool bucketed by their best device's free memory (see module doc)."""
+    """The usable devices of one pool in a grid of (free memory, free cores) cells.
 
-    __slots__ = ("buckets", "mask", "max_total", "min_total", "where")
+    A device sits in cell (free MiB >> 10, min(free cores // 10, 10)); one bitmask per core
+    column says which memory rows are non-empty. A walk for (memory M, cores C) ORs the
+    columns >= C, then visits rows from M upwards (binpack: tightest first, newest device
+    first) or from the top down (spread: emptiest first, oldest first), and yields only
+    devices whose exact free memory and cores suffice. Devices with nothing left (no slot,
+    cores used up, unhealthy, cordoned) are not in the grid at all.
+    """
+
+    __slots__ = ("cells", "masks", "max_total", "min_phys", "min_total", "where")
 
     def __init__(self) -> None:
-        self.buckets: dict[int, dict[NodeName, NodeState]] = {}
-        self.where: dict[NodeName, int] = {}
-        self.mask = 0
+        self.cells: dict[int, dict[Dev, None]] = {}
+        self.masks = [0] * CORE_BUCKETS
+        self.where: dict[Dev, tuple[int, int, int]] = {}
         self.min_total = 0
         self.max_total = 0
+        self.min_phys = 0
 
-    def put(self, node: NodeState, key: int) -> None:
-        """Move ``node`` to the bucket of ``key`` (-1: out of the index); it goes last."""
-        old = self.where.pop(node.name, None)
+    def put(self, dev: Dev) -> None:
+        """(Re)place ``dev`` by its current free capacity; it goes last in its cell."""
+        old = self.where.pop(dev, None)
         if old is not None:
-            previous = self.buckets[old]
-            del previous[node.name]
-            if not previous:
-                self.mask &= ~(1 << old)
-        if key < 0:
+            cell = self.cells[old[0]]
+            del cell[dev]
+            if not cell:
+                del self.cells[old[0]]
+                row, col = divmod(old[0], CORE_BUCKETS)
+                self.masks[col] &= ~(1 << row)
+        mem = dev.mem_key()
+        if mem < 0:
             return
-        b = key >> BUCKET_SHIFT
-        bucket = self.buckets.get(b)
-        if bucket is None:
-            bucket = self.buckets[b] = {}
-        bucket[node.name] = node
-        self.mask |= 1 << b
-        self.where[node.name] = b
+        cores = dev.core_key()
+        row = mem >> BUCKET_SHIFT
+        col = min(cores // 10, CORE_BUCKETS - 1)
+        cid = row * CORE_BUCKETS + col
+        target = self.cells.get(cid)
+        if target is None:
+            target = self.cells[cid] = {}
+        target[dev] = None
+        self.masks[col] |= 1 << row
+        self.where[dev] = (cid, mem, cores)
 
-    def ascending(self, min_key: int) -> Iterator[NodeState]:
-        """Nodes from the tightest bucket that could fit upwards, latest-touched first."""
-        lo = max(min_key, 0) >> BUCKET_SHIFT
-        mask = self.mask >> lo
-        while mask:
-            low = mask & -mask
-            b = lo + low.bit_length() - 1
-            yield from reversed(list(self.buckets[b].values()))
-            mask ^= low
+    def remove(self, dev: Dev) -> None:
+        old = self.where.pop(dev, None)
+        if old is not None:
+            cell = self.cells[old[0]]
+            del cell[dev]
+            if not cell:
+                del self.cells[old[0]]
+                row, col = divmod(old[0], CORE_BUCKETS)
+                self.masks[col] &= ~(1 << row)
 
-    def descending(self, min_key: int) -> Iterator[NodeState]:
-        """Nodes from the emptiest bucket down, least-recently touched first."""
-        lo = max(min_key, 0) >> BUCKET_SHIFT
-        mask = self.mask
-        while mask:
-            b = mask.bit_length() - 1
-            if b < lo:
-                return
-            yield from list(self.buckets[b].values())
-            mask ^= 1 << b
+    def walk(self, min_mem: int, min_cores: int, descending: bool) -> Iterator[Dev]:
+        """Devices with at least ``min_mem`` MiB and ``min_cores`` free, in policy order.
+
+        The cells are read lazily: stop iterating before changing the ledger.
+        """
+        lo_row = max(min_mem, 0) >> BUCKET_SHIFT
+        lo_col = min(max(min_cores, 0) // 10, CORE_BUCKETS - 1)
+        cols = range(lo_col, CORE_BUCKETS)
+        combined = 0
+        for col in cols:
+            combined |= self.masks[col]
+        where = self.where
+        cells = self.cells
+        if descending:
+            rows = combined
+            while rows:
+                row = rows.bit_length() - 1
+                if row < lo_row:
+                    return
+                rows ^= 1 << row
+                for col in reversed(cols):
+                    cell = cells.get(row * CORE_BUCKETS + col)
+                    if cell:
+                        for dev in cell:
+                            _, mem, cores = where[dev]
+                            if mem >= min_mem and cores >= min_cores:
+                                yield dev
+            return
+        rows = combined >> lo_row
+        while rows:
+            low = rows & -rows
+            row = lo_row + low.bit_length() - 1
+            rows ^= low
+            for col in cols:
+                cell = cells.get(row * CORE_BUCKETS + col)
+                if cell:
+                    for dev in reversed(cell):
+                        _, mem, cores = where[dev]
+                        if mem >= min_mem and cores >= min_cores:
+                            yield dev
 
     def __len__(self) -> int:
         return len(self.where)
@@ -451,7 +502,7 @@ class Ledger:
         blocked = set(uuids)
         for dev in node.devices:
             dev.cordoned = dev.uuid in blocked
-        self._reindex(node, node.pools)
+        self._reindex(node.devices)
 
     def remove_node(self, name: NodeName) -> list[PodUID]:
         """Forget a node; returns the pods that still hold grants on it (kept, unapplied)."""
@@ -468,36 +519,47 @@ class Ledger:
             totals = [d.total_mem for d in devs]
             index.min_total = min(index.min_total or min(totals), min(totals))
             index.max_total = max(index.max_total, max(totals))
-        self._reindex(node, node.pools)
+            phys = min(d.phys_mem for d in devs)
+            index.min_phys = min(index.min_phys or phys, phys)
+
+            for dev in devs:
+                index.put(dev)
 
     def _unindex(self, node: NodeState) -> None:
-        for pool in node.pools:
-            self.pools[pool].put(node, -1)
-        node.keys.clear()
+        for pool, devs in node.pools.items():
+            index = self.pools[pool]
+            for dev in devs:
+                index.remove(dev)
 
-    def _reindex(self, node: NodeState, pools: Iterable[PoolKey]) -> None:
-        """Re-bucket ``node`` in ``pools``; it moves last even when its key is unchanged, so
-        bucket order is recency: binpack walks it newest first, spread oldest first."""
-        for pool in pools:
-            key = max(d.index_key() for d in node.pools[pool])
-            node.keys[pool] = key
-            self.pools[pool].put(node, key)
+    def _reindex(self, devs: Iterable[Dev]) -> None:
+        """Re-file the devices whose usage changed, with every device of their node in the
+        same pool: the node moves last in each cell, so cell order is node recency, and
+        binpack walks the newest node first (keeps filling it), spread the oldest first."""
+        done: set[tuple[str, PoolKey]] = set()
+        for dev in devs:
+            key = (dev.node.name, dev.pool)
+            if key in done:
+                continue
+            done.add(key)
+            index = self.pools[dev.pool]
+            for sibling in dev.node.pools[dev.pool]:
+                index.put(sibling)
 
     # --- grants ----------------------------------------------------------------------
 
     def _apply(
         self, grant: PodGrant, sign: int, node: NodeState | None, *, groups: bool = True
-    ) -> set[PoolKey]:
+    ) -> list[Dev]:
         """Move device usage by one grant; ``groups`` also moves the PodGroup's card counts
         (not when an inventory replacement re-applies grants that are already counted)."""
-        touched: set[PoolKey] = set()
+        touched: list[Dev] = []
         group = self.group_devices.setdefault(grant.group, {}) if grant.group and groups else None
 
         for dg in grant.device_grants():
             dev = node.by_uuid.get(dg.uuid) if node is not None else None
             if dev is not None:
                 dev.apply(dg, sign)
-                touched.add(dev.pool)
+                touched.append(dev)
             if group is not None:
                 count = group.get(dg.uuid, 0) + sign
                 if count > 0:
@@ -521,10 +583,7 @@ class Ledger:
             self.release(grant.pod.uid)
         self.pods[grant.pod.uid] = grant
         self.node_pods.setdefault(grant.node, set()).add(grant.pod.uid)
-        node = self.nodes.get(grant.node)
-        touched = self._apply(grant, 1, node)
-        if node is not None:
-            self._reindex(node, touched)
+        self._reindex(self._apply(grant, 1, self.nodes.get(grant.node)))
         return True
 
     def release(self, uid: PodUID) -> PodGrant | None:
@@ -537,10 +596,7 @@ class Ledger:
             pods.discard(uid)
             if not pods:
                 del self.node_pods[grant.node]
-        node = self.nodes.get(grant.node)
-        touched = self._apply(grant, -1, node)
-        if node is not None:
-            self._reindex(node, touched)
+        self._reindex(self._apply(grant, -1, self.nodes.get(grant.node)))
         return grant
 
     @classmethod
@@ -575,17 +631,14 @@ class Ledger:
                 d.mig_alt,
                 tuple(sorted(d.mig_used)),
                 d.cordoned,
-                node.keys.get(d.pool),
+                self.pools[d.pool].where.get(d),
             )
             for name, node in sorted(self.nodes.items())
             for d in node.devices
         )
         pods = tuple(sorted((uid, g) for uid, g in self.pods.items()))
         groups = tuple(sorted((g, tuple(sorted(c.items()))) for g, c in self.group_devices.items()))
-        index = tuple(
-            sorted((pool, tuple(sorted(ix.where.items()))) for pool, ix in self.pools.items())
-        )
-        return devices, pods, groups, index
+        return devices, pods, groups
 
     def device_count(self) -> int:
         return sum(len(n.devices) for n in self.nodes.values())

@@ -236,14 +236,15 @@ class Placer:
     def _candidates(
         self, request: PodRequest, primary: DeviceRequest, policy: Policy
     ) -> Iterator[NodeState]:
+        """Nodes holding a device that could take the primary request, in policy order."""
         seen: set[str] = set()
         for pool, family in self.routes(primary, request):
             index = self.ledger.pools.get(pool)
             if index is None:
                 continue
-            need = family.demand(primary, index)
-            walk = index.descending(need) if policy == "spread" else index.ascending(need)
-            for node in walk:
+            mem, cores = family.demand(primary, index)
+            for dev in index.walk(mem, cores, descending=policy == "spread"):
+                node = dev.node
                 if node.name not in seen:
                     seen.add(node.name)
                     yield node
