@@ -9,10 +9,9 @@ are for the pure core's unit tests only.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-
-import os
 
 import pytest
 from hypothesis import settings
