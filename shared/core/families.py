@@ -45,6 +45,9 @@ class FitContext:
     allow_more_devices_than_cards: bool = False
     avoid: frozenset[str] = frozenset()
     """Cards used by other pods of the same PodGroup (``vgpu-podgroup-policy: spread``)."""
+    clamp_memory: bool = False
+    """Memory above a card gets the whole card's memory (Volcano vGPU) instead of a no."""
+
     workload: Workload = field(default_factory=Workload)
 
 
@@ -160,6 +163,8 @@ class SlicedFamily:
         if request.exclusive:
             return index.min_total, 100 if request.cores else 0
         if request.memory_mib is not None:
+            if request.memory_mib > index.max_total:  # only a clamp can place it
+                return index.min_phys, request.cores
             return request.memory_mib, request.cores
         return index.min_phys * (request.memory_percent or 0) // 100, request.cores
 
@@ -181,6 +186,8 @@ class SlicedFamily:
         for d in devs:
             reason = _static_filter(d, constraints)
             need = memory if memory is not None else d.phys_mem * percent // 100
+            if ctx.clamp_memory and need > d.phys_mem:
+                need = d.phys_mem
             if reason is None and (need > d.total_mem or cores > d.total_cores > 0):
                 res = request.memory_resource if need > d.total_mem else request.core_resource
                 reason = Reason(f"{res or request.resource} larger than the card", static=True)
@@ -224,7 +231,8 @@ class SlicedFamily:
             return dynamic or static or BUSY
 
         def need_of(d: Dev) -> int:
-            return memory if memory is not None else d.phys_mem * percent // 100
+            need = memory if memory is not None else d.phys_mem * percent // 100
+            return min(need, d.phys_mem) if ctx.clamp_memory else need
 
         def grant(d: Dev) -> DeviceGrant:
             return DeviceGrant(

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from shared.core.families import (
     DeviceFamily,
@@ -53,7 +54,8 @@ class PlacementConfig:
     node_policy: Policy = "binpack"
     device_policy: Policy = "spread"
     allow_more_devices_than_cards: bool = False
-    memory_larger_than_card: str = "reject"
+    memory_larger_than_card: Literal["reject", "clamp"] = "reject"
+    """``clamp`` (Volcano vGPU): memory above a card is the whole card's memory."""
     fgd_candidates: int = 64
     """Feasible nodes FGD compares per pod (0: every node; the paper's exhaustive form)."""
 
@@ -145,7 +147,8 @@ class Placer:
                     index = self.ledger.pools.get(pool)
                     if index is not None:
                         largest = max(largest, index.max_total)
-                if largest and r.memory_mib > largest:
+                clamped = self.config.memory_larger_than_card == "clamp"
+                if largest and r.memory_mib > largest and not clamped:
                     errors.append(
                         RequestError(
                             field=f"{r.memory_resource or r.resource} (container {c.name})",
@@ -167,6 +170,7 @@ class Placer:
             allow_more_devices_than_cards=self.config.allow_more_devices_than_cards,
             avoid=avoid,
             workload=self.workload,
+            clamp_memory=self.config.memory_larger_than_card == "clamp",
         )
 
     def fit_node(
@@ -268,7 +272,11 @@ class Placer:
                     chosen = (node, grants)
                     break
         if chosen is None:
-            return self.explain(pod, request, group)
+            # Full scan: it finds every node's reason, and a node the index's bounds missed.
+            scanned = self._scan(pod, request, ctx)
+            if isinstance(scanned, Failure):
+                return scanned
+            chosen = scanned
         node, grants = chosen
         self.ledger.grant(PodGrant(pod=pod, node=node.name, containers=grants, group=group))
         self._observe(request)
@@ -314,16 +322,25 @@ class Placer:
                 self.workload.observe(Shape(r.count, frac))
 
     def explain(self, pod: PodRef, request: PodRequest, group: str | None = None) -> Failure:
-        """Ask every node why the pod does not fit; count the reasons."""
-        ctx = self._context(request, group)
+        """Ask every node why the pod does not fit (now); count the reasons."""
+        scanned = self._scan(pod, request, self._context(request, group))
+        if isinstance(scanned, Failure):
+            return scanned
+        return Failure(pod=pod, message=f"fits on {scanned[0].name} now")
+
+    def _scan(
+        self, pod: PodRef, request: PodRequest, ctx: FitContext
+    ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | Failure:
+        """Fit every node: the first that fits, or the counted reasons of all."""
         counts: Counter[str] = Counter()
         static = True
         for node in self.ledger.nodes.values():
             reason = self.fit_node(node, request, ctx)
             if not isinstance(reason, Reason):
-                reason = Reason("fits now (placement raced a change)")
+                return node, reason
             counts[reason.text] += 1
             static = static and reason.static
+
         total = len(self.ledger.nodes)
         ranked = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
         detail = ", ".join(f"{n} {text}" for text, n in ranked)

@@ -563,3 +563,53 @@ def test_config_overrides_reach_the_ledger() -> None:
     )
     assert led.nodes[NodeName("n")].devices[0].slots == 3
     assert led.nodes[NodeName("m")].devices[0].mode == "mig"
+
+
+def test_memory_larger_than_the_card_clamps_when_configured() -> None:
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100000}
+    strict = placer({"n": gpus(1, memory=40960)})
+    assert strict.check(request(limits))
+    clamp = placer({"n": gpus(1, memory=40960)}, PlacementConfig(memory_larger_than_card="clamp"))
+    assert clamp.check(request(limits)) == ()
+    assert devices_of(place(clamp, limits))[0].memory_mib == 40960
+
+
+# --- fragmentation gradient descent ------------------------------------------------------
+
+
+def test_fgd_keeps_whole_cards_whole_where_spread_breaks_them() -> None:
+    from shared.core.policy import Shape, Workload
+
+    # the workload mostly wants whole cards; a half-card task arrives
+    workload = Workload.of([(Shape(1, 1.0), 8.0), (Shape(1, 0.5), 2.0)])
+    half = {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 50}
+    for policy, expect_shared in (("fgd", True), ("spread", False)):
+        pl = Placer(
+            ledger({"n": gpus(2)}),
+            PlacementConfig(node_policy=policy, device_policy=policy),
+            workload,
+        )
+        first = devices_of(place(pl, half))[0].uuid
+        second = devices_of(place(pl, half))[0].uuid
+        assert (first == second) is expect_shared, policy
+
+
+def test_fgd_at_node_level_picks_the_node_it_fragments_least() -> None:
+    from shared.core.policy import Shape, Workload
+
+    workload = Workload.of([(Shape(1, 1.0), 1.0)])
+    pl = Placer(
+        ledger({"empty": gpus(2), "partial": gpus(2)}),
+        PlacementConfig(node_policy="fgd", device_policy="fgd"),
+        workload,
+    )
+    place(
+        pl,
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 50},
+        annotations={"volcano.sh/gpu-index": "0"},
+    )
+    busy = next(iter(pl.ledger.pods.values())).node
+    p = place(
+        pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 50}
+    )
+    assert p.node == busy  # completes the broken card instead of breaking a new one
