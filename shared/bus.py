@@ -191,16 +191,20 @@ class Bus:
         deliver: Literal["all", "new"] = "all",
         batch: int = 64,
         ack_wait_s: float | None = None,
+        concurrency: int = 1,
     ) -> asyncio.Task[None]:
         """Start a named task that feeds ``handler`` every event on ``subjects``.
 
-        The durable consumer remembers its position across restarts. Events are handled
-        one at a time in stream order; a message is acked after ``handler`` returns and
-        nak'ed (redelivered later) when it raises. Undecodable messages are terminated
-        with a log line: no retry can fix them.
+        The durable consumer remembers its position across restarts. With
+        ``concurrency=1`` events are handled one at a time in stream order; above it, up
+        to that many handlers run at once (order is not kept). A message is acked after
+        its handler returns and nak'ed (redelivered later) when it raises. Undecodable
+        messages are terminated with a log line: no retry can fix them.
         """
         task = asyncio.create_task(
-            self._consume(durable, list(subjects), handler, deliver, batch, ack_wait_s),
+            self._consume(
+                durable, list(subjects), handler, deliver, batch, ack_wait_s, concurrency
+            ),
             name=f"{self.name}:consume:{durable}",
         )
         self._consumers.append(task)
@@ -235,8 +239,18 @@ class Bus:
         deliver: str,
         batch: int,
         ack_wait_s: float | None,
+        concurrency: int,
     ) -> None:
         sub = await self._subscribe(durable, subjects, deliver, ack_wait_s)
+        slots = asyncio.Semaphore(concurrency)
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(msg: Msg) -> None:
+            try:
+                await self._deliver(msg, handler)
+            finally:
+                slots.release()
+
         try:
             while True:
                 try:
@@ -246,8 +260,19 @@ class Bus:
                 except nats.errors.ConnectionClosedError:
                     return
                 for msg in msgs:
-                    await self._deliver(msg, handler)
+                    if concurrency == 1:
+                        await self._deliver(msg, handler)
+                        continue
+                    await slots.acquire()
+                    task = asyncio.create_task(one(msg), name=f"{self.name}:{durable}:handler")
+                    running.add(task)
+                    task.add_done_callback(running.discard)
         finally:
+            for task in list(running):
+                task.cancel()
+            for task in list(running):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 

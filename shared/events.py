@@ -163,6 +163,19 @@ class NodeInventory(Event, frozen=True, kw_only=True, tag="node.inventory"):
         return f"{self.SUBJECT}.{subject_token(self.node)}"
 
 
+class NodeUpdated(Event, frozen=True, kw_only=True, tag="node.updated"):
+    """What the Node object says about its devices: cordoned or unhealthy UUIDs
+    (``hami.io/device-cordon``, ``volcano.sh/gpu-unhealthy-ids``) and node cordon."""
+
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.node.updated"
+    node: NodeName
+    cordoned_devices: tuple[str, ...] = ()
+    unschedulable: bool = False
+
+    def subject(self) -> str:
+        return f"{self.SUBJECT}.{subject_token(self.node)}"
+
+
 class NodeDeleted(Event, frozen=True, kw_only=True, tag="node.deleted"):
     """A Node object was deleted: nothing more may be placed on it."""
 
@@ -267,6 +280,7 @@ AnyEvent = (
     | PodDeleted
     | PodRejected
     | NodeInventory
+    | NodeUpdated
     | NodeDeleted
     | GangReady
     | AllocationDecided
@@ -283,6 +297,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PodDeleted,
     PodRejected,
     NodeInventory,
+    NodeUpdated,
     NodeDeleted,
     GangReady,
     AllocationDecided,

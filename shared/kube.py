@@ -7,12 +7,16 @@ rare writes here.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
+import aiohttp
+import msgspec
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient, ApiException
 
@@ -20,6 +24,8 @@ from shared.config import KubernetesConfig
 from shared.core.model import NodeName, PodRef
 
 REPORTING_COMPONENT = "tessera"
+
+log = logging.getLogger(__name__)
 
 
 async def connect(cfg: KubernetesConfig) -> ApiClient:
@@ -148,21 +154,152 @@ async def request(
     Raises ``kubernetes_asyncio.client.ApiException`` on a non-2xx answer (``.status``
     holds the code: 409 conflict, 404 gone...).
     """
+    raw = await _raw(api, method, path, query or {}, body, content_type)
+    return json.loads(raw) if raw else None
+
+
+# --- list + watch ------------------------------------------------------------------------
+
+
+class WatchEvent(msgspec.Struct):
+    """One line of a watch stream; ``object`` stays a plain dict (decoded by msgspec)."""
+
+    type: str
+    object: dict[str, Any]
+
+
+class _ObjectList(msgspec.Struct):
+    items: list[dict[str, Any]]
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+_watch_decoder = msgspec.json.Decoder(WatchEvent)
+_list_decoder = msgspec.json.Decoder(_ObjectList)
+
+EventHandler = Callable[[str, dict[str, Any]], Awaitable[None]]
+RelistHandler = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+class GoneError(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+async def list_all(
+    api: ApiClient, path: str, query: Mapping[str, str] | None = None, page: int = 500
+) -> tuple[list[dict[str, Any]], str]:
+    """Every object at ``path`` (paged) and the list's resourceVersion."""
+    items: list[dict[str, Any]] = []
+    params = dict(query or {})
+    params["limit"] = str(page)
+    while True:
+        raw = await _raw(api, "GET", path, params)
+        decoded = _list_decoder.decode(raw)
+        items.extend(decoded.items)
+        cont = decoded.metadata.get("continue")
+        if not cont:
+            return items, str(decoded.metadata.get("resourceVersion", ""))
+        params["continue"] = cont
+
+
+async def _raw(
+    api: ApiClient,
+    method: str,
+    path: str,
+    query: Mapping[str, str],
+    body: Any = None,
+    content_type: str = "application/json",
+) -> bytes:
+    """The one place an API call is made and its status checked (the client does not
+    check it when the response is not preloaded)."""
     response = await api.call_api(
         path,
         method,
-        query_params=list((query or {}).items()),
+        query_params=list(query.items()),
         header_params={"Content-Type": content_type, "Accept": "application/json"},
         body=body,
         auth_settings=["BearerToken"],
         _preload_content=False,
         _return_http_data_only=True,
     )
-    raw = await response.read()
+    raw: bytes = await response.read()
     response.release()
+    if response.status == 410:
+        raise GoneError(path)
     if not 200 <= response.status <= 299:
-        # Without preloading, the client does not check the status: do it here.
         error = ApiException(status=response.status, reason=response.reason)
-        error.body = raw.decode(errors="replace")
+        error.body = raw
         raise error
-    return json.loads(raw) if raw else None
+    return raw
+
+
+async def list_watch(
+    api: ApiClient,
+    path: str,
+    on_event: EventHandler,
+    *,
+    on_relist: RelistHandler,
+    query: Mapping[str, str] | None = None,
+    timeout_s: int = 300,
+    max_backoff_s: float = 30.0,
+) -> None:
+    """List then watch ``path`` forever, like an informer.
+
+    ``on_relist`` gets the full list first (and after every relist, so the caller can
+    drop objects that vanished while it was not watching); ``on_event`` gets each ADDED,
+    MODIFIED or DELETED object. The watch resumes from the last resourceVersion seen
+    (bookmarks included); a 410 Gone relists; errors reconnect with exponential backoff.
+    Handler exceptions propagate: the caller's task dies and its service restarts.
+    """
+    backoff = 0.2
+    version = ""
+    while True:
+        try:
+            if not version:
+                items, version = await list_all(api, path, query)
+                await on_relist(items)
+            params = dict(query or {})
+            params.update(
+                {
+                    "watch": "1",
+                    "allowWatchBookmarks": "true",
+                    "resourceVersion": version,
+                    "timeoutSeconds": str(timeout_s),
+                }
+            )
+            response = await api.call_api(
+                path,
+                "GET",
+                query_params=list(params.items()),
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=timeout_s + 30,
+            )
+            try:
+                if response.status == 410:
+                    raise GoneError(path)
+                if response.status != 200:
+                    raise ApiException(status=response.status, reason=response.reason)
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = _watch_decoder.decode(line)
+                    obj = event.object
+                    if event.type == "ERROR":
+                        if obj.get("code") == 410:
+                            raise GoneError(path)
+                        raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                    version = obj.get("metadata", {}).get("resourceVersion", version)
+                    if event.type != "BOOKMARK":
+                        await on_event(event.type, obj)
+            finally:
+                response.release()
+            backoff = 0.2
+        except GoneError:
+            log.info("watch of %s expired (410 Gone); listing again", path)
+            version = ""
+        except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as exc:
+            log.warning("watch of %s failed (%s); retrying in %.1fs", path, exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff_s)

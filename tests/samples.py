@@ -140,6 +140,7 @@ def sample_events() -> list[ev.Event]:
             ),
         ),
         ev.NodeInventory(node=node, devices=DEVICES, config_hash="abc123", agent="agent-1", seq=7),
+        ev.NodeUpdated(node=node, cordoned_devices=("GPU-1",), unschedulable=True),
         ev.NodeDeleted(node=node),
         ev.GangReady(gang=GANG, min_member=1, members=(pending,), attempt=2),
         ev.AllocationDecided(pod=pod(), node=node, grants=GRANTS, gang=GANG, attempt=2),

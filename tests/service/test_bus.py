@@ -175,3 +175,30 @@ async def test_inventory_kv_keeps_the_latest_per_node(nats_cfg: NatsConfig) -> N
         await fresh.delete_inventory(other.node)
         await fresh.delete_inventory(other.node)  # idempotent
         assert set(await fresh.inventories()) == {inv.node}
+
+
+async def test_concurrent_handlers_run_together_and_all_are_acked(nats_cfg: NatsConfig) -> None:
+    sent = sample_events()
+    in_flight = 0
+    peak = 0
+    done: asyncio.Queue[ev.AnyEvent] = asyncio.Queue()
+
+    async def slow(e: ev.AnyEvent, _d: Delivery) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.2)
+        in_flight -= 1
+        await done.put(e)
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish_many(sent)
+        bus.consume("parallel", [ev.STREAM_SUBJECTS], slow, concurrency=8)
+        async with asyncio.timeout(10):
+            got = [await done.get() for _ in sent]
+            # acks follow the handlers' return: wait until the server has them all
+            while (await bus.js.consumer_info(nats_cfg.stream, "parallel")).num_ack_pending:
+                await asyncio.sleep(0.05)
+    assert sorted(e.event_id for e in got) == sorted(e.event_id for e in sent)
+    assert peak == 8
+

@@ -77,3 +77,20 @@ def test_schema_describes_every_event() -> None:
     assert names == {t.__name__ for t in ev.EVENT_TYPES}
     tag = schema["$defs"]["AllocationBound"]["properties"]["type"]
     assert tag == {"enum": ["allocation.bound"]}
+
+
+def test_grant_annotations_round_trip_and_upstream_encodings() -> None:
+    from shared.core import annotations as ann
+    from tests.samples import GRANTS
+
+    out = ann.grant_annotations(ev.NodeName("n1"), GRANTS, 1700000000.0, "hami")
+    assert ann.read_grants(out) == GRANTS
+    assert out["hami.io/vgpu-devices-to-allocate"] == (
+        ";GPU-0,NVIDIA-A100-SXM4-80GB,10240,30:GPU-1,NVIDIA-A100-SXM4-80GB,10240,30:;"
+    )
+    assert out["hami.io/vgpu-node"] == "n1"
+    volcano = ann.grant_annotations(ev.NodeName("n1"), GRANTS, 1700000000.0, "volcano")
+    assert volcano["volcano.sh/devices-to-allocate"] == out["hami.io/vgpu-devices-allocated"]
+    assert "hami.io/vgpu-node" not in ann.grant_annotations(ev.NodeName("n1"), GRANTS, 0.0)
+    assert ann.read_grants({ann.GRANT: "{not json"}) is None
+    assert ann.read_grants({}) is None
