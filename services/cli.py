@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         module = importlib.import_module(f"{SERVICES[argv[0]]}.service")
         from shared.runtime import main_entry
 
-        main_entry(argv[0], module.main, argv[1:])
+        main_entry(argv[0], module.main, argv[1:], getattr(module, "add_arguments", None))
         return
     parser = argparse.ArgumentParser(
         prog="tessera", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

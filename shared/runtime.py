@@ -13,6 +13,7 @@ Every service answers ``tessera.ctl.ping`` with its name, instance and config ha
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -46,10 +47,14 @@ def version() -> str:
 class Runtime:
     """What a service's ``main`` gets: its config, the bus, and a supervised task group."""
 
-    def __init__(self, service: str, cfg: Config, bus: Bus) -> None:
+    def __init__(
+        self, service: str, cfg: Config, bus: Bus, args: argparse.Namespace | None = None
+    ) -> None:
         self.service = service
         self.cfg = cfg
         self.bus = bus
+        self.args = args or argparse.Namespace()
+        """The service's own command-line options (see ``add_arguments``)."""
         self.config_hash = config_hash(cfg)
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.started_at = time.time()
@@ -125,17 +130,29 @@ class Runtime:
 ServiceMain = Callable[[Runtime], Awaitable[None]]
 
 
-async def run_service(service: str, cfg: Config, main: ServiceMain) -> None:
-    """Run one service until SIGTERM/SIGINT or a failure of one of its tasks."""
-    setup_logging(service, cfg.telemetry.log_level)
-    setup_tracing(service, cfg.telemetry)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+async def run_service(
+    service: str,
+    cfg: Config,
+    main: ServiceMain,
+    *,
+    args: argparse.Namespace | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run one service until SIGTERM/SIGINT (or ``stop``) or a failure of one of its tasks.
+
+    Given ``stop``, the service runs inside the caller's process and loop: no signal
+    handlers, no logging or tracing set-up (tests run several services this way).
+    """
+    if stop is None:
+        setup_logging(service, cfg.telemetry.log_level)
+        setup_tracing(service, cfg.telemetry)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
     async with Bus(cfg.nats, name=service) as bus:
-        rt = Runtime(service, cfg, bus)
+        rt = Runtime(service, cfg, bus, args)
         log.info(
             "%s %s starting (config %s, nats %s)", service, version(), rt.config_hash, cfg.nats.url
         )
@@ -144,15 +161,20 @@ async def run_service(service: str, cfg: Config, main: ServiceMain) -> None:
         log.info("%s stopped", service)
 
 
-def main_entry(service: str, main: ServiceMain, argv: list[str] | None = None) -> None:
-    """``python -m services.<name> [--config FILE]``: load the config and run."""
-    import argparse
-
+def main_entry(
+    service: str,
+    main: ServiceMain,
+    argv: list[str] | None = None,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """``python -m services.<name> [--config FILE] [service options]``: load and run."""
     parser = argparse.ArgumentParser(prog=f"tessera {service}")
     parser.add_argument("--config", help="tessera.yaml (default: $TESSERA_CONFIG, else built-in)")
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         cfg = config_module.load(args.config)
     except config_module.ConfigError as exc:
         raise SystemExit(f"tessera {service}: {exc}") from None
-    asyncio.run(run_service(service, cfg, main))
+    asyncio.run(run_service(service, cfg, main, args=args))

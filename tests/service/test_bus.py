@@ -15,6 +15,7 @@ from shared import events as ev
 from shared.bus import Bus, Delivery
 from shared.config import NatsConfig, TelemetryConfig
 from shared.telemetry import setup_tracing, tracer
+from tests.helpers import eventually
 from tests.samples import sample_events
 
 
@@ -196,9 +197,13 @@ async def test_concurrent_handlers_run_together_and_all_are_acked(nats_cfg: Nats
         bus.consume("parallel", [ev.STREAM_SUBJECTS], slow, concurrency=8)
         async with asyncio.timeout(10):
             got = [await done.get() for _ in sent]
+
             # acks follow the handlers' return: wait until the server has them all
-            while (await bus.js.consumer_info(nats_cfg.stream, "parallel")).num_ack_pending:
-                await asyncio.sleep(0.05)
+            async def all_acked() -> bool:
+                info = await bus.js.consumer_info(nats_cfg.stream, "parallel")
+                return info.num_ack_pending == 0
+
+            await eventually(all_acked, timeout_s=10, what="every message acked")
+
     assert sorted(e.event_id for e in got) == sorted(e.event_id for e in sent)
     assert peak == 8
-
