@@ -147,12 +147,18 @@ class Bus:
         await self.js.update_stream(config)
 
     async def _ensure_bucket(self) -> KeyValue:
+        return await self.bucket(self.cfg.inventory_bucket)
+
+    async def bucket(self, name: str, *, ttl_s: float | None = None) -> KeyValue:
+        """A KV bucket, created on first use (``ttl_s``: entries expire unless rewritten)."""
         try:
-            return await self.js.key_value(self.cfg.inventory_bucket)
+            return await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_key_value(
-                KeyValueConfig(bucket=self.cfg.inventory_bucket, history=1)
-            )
+            with contextlib.suppress(nats.js.errors.BadRequestError):
+                return await self.js.create_key_value(
+                    KeyValueConfig(bucket=name, history=1, ttl=ttl_s)
+                )
+            return await self.js.key_value(name)  # another process created it meanwhile
 
     # --- publishing ------------------------------------------------------------------
 
@@ -352,3 +358,59 @@ class Bus:
             if isinstance(event, events.NodeInventory):
                 found[event.node] = event
         return found
+
+
+class LeaseLostError(RuntimeError):
+    """Another holder has the lease (ours expired): stop acting as the leader now."""
+
+
+class Lease:
+    """Leader election on a KV key that expires unless renewed.
+
+    ``acquire`` waits until it creates the key (nobody holds it); ``hold`` renews it
+    every third of ``lease_s`` with a compare-and-set on the revision and raises
+    :class:`LeaseLostError` the moment a renewal fails, so two holders never overlap for
+    longer than one renewal period.
+    """
+
+    def __init__(self, bus: Bus, name: str, identity: str, lease_s: float) -> None:
+        self.bus = bus
+        self.name = name
+        self.identity = identity
+        self.lease_s = lease_s
+        self._revision = 0
+
+    async def _kv(self) -> KeyValue:
+        return await self.bus.bucket("tessera-leases", ttl_s=self.lease_s)
+
+    async def acquire(self) -> None:
+        kv = await self._kv()
+        announced = False
+        while True:
+            try:
+                self._revision = await kv.create(self.name, self.identity.encode())
+                log.info("%s is the active %s", self.identity, self.name)
+                return
+            except nats.js.errors.KeyWrongLastSequenceError:
+                if not announced:
+                    log.info("%s waits as standby %s", self.identity, self.name)
+                    announced = True
+            await asyncio.sleep(self.lease_s / 3)
+
+    async def hold(self) -> None:
+        kv = await self._kv()
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                self._revision = await kv.update(
+                    self.name, self.identity.encode(), last=self._revision
+                )
+            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
+                raise LeaseLostError(f"{self.identity} lost the {self.name} lease") from None
+
+    async def release(self) -> None:
+        kv = await self._kv()
+        with contextlib.suppress(nats.js.errors.KeyValueError, nats.js.errors.KeyNotFoundError):
+            entry = await kv.get(self.name)
+            if entry.value == self.identity.encode():
+                await kv.delete(self.name, last=entry.revision)

@@ -52,8 +52,21 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     memory_larger_than_card: Literal["reject", "clamp"] = "reject"
     """A memory request above every card: ``reject`` (HAMi) tells the user; ``clamp``
     (Volcano vGPU) gives the whole card."""
+    cores_above_100: Literal["reject", "clamp"] = "reject"
+    """A core request above 100 %: ``reject`` tells the user (a typo is likely); ``clamp``
+    makes it 100 as HAMi and Volcano do."""
+    fgd_candidates: PosInt = 64
+    """Nodes that fit which the ``fgd`` policy compares per pod."""
     bind_concurrency: PosInt = 64
     """Binding writes in flight at once (no per-node lock)."""
+    resync_s: Annotated[float, msgspec.Meta(gt=0.0)] = 30.0
+    """The watcher re-announces still-pending pods this often, so no pod is forgotten."""
+    leader_lease_s: Annotated[float, msgspec.Meta(ge=1.0)] = 6.0
+    """The active device-allocator renews its lease at a third of this; a standby takes
+    over this long after the active one stops renewing."""
+    heartbeat_s: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
+    """Node agents refresh their inventory in the KV bucket this often."""
+
     retry_backoff_s: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
     """First delay before an unschedulable pod is retried without a helpful event."""
 

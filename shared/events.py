@@ -341,6 +341,10 @@ def json_schema() -> dict[str, Any]:
 CONTROL_PING_SUBJECT = "tessera.ctl.ping"
 """Every running service answers a request here with its :class:`ServiceHello`."""
 
+CONTROL_RESYNC_SUBJECT = "tessera.ctl.resync"
+"""A request here makes the watcher re-announce every pending pod (a coordinator that
+restarted asks, so it learns the pods it lost)."""
+
 
 class ServiceHello(msgspec.Struct, frozen=True, kw_only=True):
     """A live service's answer to a ping: who it is and which config it runs."""

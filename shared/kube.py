@@ -73,6 +73,11 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def now_rfc3339() -> str:
+    """The time as Kubernetes writes it (seconds, Z)."""
+    return _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 async def post_event(
     api: ApiClient,
     pod: PodRef,
@@ -126,7 +131,7 @@ async def set_pod_condition(
                     "status": status,
                     "reason": reason,
                     "message": message[:1024],
-                    "lastTransitionTime": _now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "lastTransitionTime": now_rfc3339(),
                 }
             ]
         }

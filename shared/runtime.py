@@ -3,9 +3,10 @@
 A service is one coroutine ``main(rt)`` that starts its work with :meth:`Runtime.spawn`
 and returns. The runtime then supervises: every task is named; a task that ends
 unexpectedly (returns or raises) is logged and brings the service down, so a broken
-service restarts (its pod restarts) instead of half-running. SIGTERM or SIGINT stops
-the tasks, gives them a grace period, cancels the rest, drains the bus, then exits; a
-failure is re-raised after the clean-up.
+service restarts (its pod restarts) instead of half-running. SIGTERM or SIGINT cancels
+the tasks, gives them a grace period to unwind, runs the ``on_stop`` steps (close
+clients, give up a lease), drains the bus, then exits; a failure is re-raised after the
+clean-up.
 
 Every service answers ``tessera.ctl.ping`` with its name, instance and config hash
 (``tessera ping`` lists them; the demo uses it to show the services are alive).
@@ -59,12 +60,23 @@ class Runtime:
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.started_at = time.time()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._finite: set[asyncio.Task[Any]] = set()
         self._failed = asyncio.Event()
         self._failure: BaseException | None = None
+        self._on_stop: list[Callable[[], Awaitable[Any]]] = []
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        """Run ``coro`` as a named root task; its unexpected end stops the service."""
+    def on_stop(self, callback: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``callback`` at shutdown, after the tasks have stopped (close clients)."""
+        self._on_stop.append(callback)
+
+    def spawn(
+        self, coro: Coroutine[Any, Any, Any], name: str, *, finite: bool = False
+    ) -> asyncio.Task[Any]:
+        """Run ``coro`` as a named root task. Its failure stops the service; so does its
+        return, unless ``finite`` (a one-off job that is meant to end)."""
         task = asyncio.create_task(coro, name=f"{self.service}:{name}")
+        if finite:
+            self._finite.add(task)
         self._tasks.add(task)
         task.add_done_callback(self._on_done)
         return task
@@ -77,9 +89,13 @@ class Runtime:
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        finite = task in self._finite
+        self._finite.discard(task)
         if task.cancelled():
             return
         exc = task.exception()
+        if exc is None and finite:
+            return
         if exc is not None:
             log.error("task %s failed", task.get_name(), exc_info=exc)
             self._failure = self._failure or exc
@@ -110,6 +126,11 @@ class Runtime:
             failer.cancel()
             await sub.unsubscribe()
             await self._shutdown(grace_s)
+            for callback in reversed(self._on_stop):
+                try:
+                    await callback()
+                except Exception:
+                    log.exception("shutdown step failed")
         if self._failure is not None:
             raise self._failure
 
@@ -119,12 +140,14 @@ class Runtime:
             task.remove_done_callback(self._on_done)
         if not tasks:
             return
-        _, pending = await asyncio.wait(tasks, timeout=grace_s)
-        for task in pending:
+        # Every task is a loop that would never end by itself: cancel them all, then give
+        # them the grace period to unwind. Work cut short is not acked, so it is redelivered.
+        for task in tasks:
             task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        _, stuck = await asyncio.wait(tasks, timeout=grace_s)
+        for task in stuck:
+            log.error("task %s did not stop within %.0fs", task.get_name(), grace_s)
+
 
 
 ServiceMain = Callable[[Runtime], Awaitable[None]]

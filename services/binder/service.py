@@ -1,17 +1,189 @@
-"""The binder service's imperative shell (see the package docstring for its role)."""
+"""The binder: one API write per pod, and the messages people read.
+
+A decision becomes ONE ``pods/binding`` whose metadata carries the grant annotations
+(Tessera's own, plus HAMi's or Volcano's with ``compat.annotations``), so the node and
+the grant land together. Up to ``bind_concurrency`` binds run at once, with no per-node
+lock. Transient API errors (429, 5xx, timeouts) are retried with backoff; a conflict is
+checked against the pod (already bound this way by an earlier try: success); anything
+else is ``BindFailed`` and the allocator releases the reservation.
+
+Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's.
+``AllocationFailed`` becomes a ``FailedScheduling`` Event and ``PodScheduled=False``
+condition on each pod, with the per-node reasons; a message is not repeated to a pod.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, ApiException
+
+from shared import events as ev
+from shared import kube
+from shared.bus import Delivery
+from shared.core import annotations as ann
+from shared.core.model import PodRef, PodUID
 from shared.runtime import Runtime
+from shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
+RETRIES = 5
+TRANSIENT = {429, 500, 502, 503, 504}
+
+
+class Binder:
+    def __init__(self, rt: Runtime, api: ApiClient) -> None:
+        self.rt = rt
+        self.api = api
+        self.told: dict[PodUID, str] = {}
+        self.bound: set[PodUID] = set()
+        """Pods this binder bound: a late failure message must not reach them."""
+
+    async def handle(self, event: ev.AnyEvent, _delivery: Delivery) -> None:
+        match event:
+            case ev.AllocationDecided():
+                await self.bind(event)
+            case ev.AllocationFailed():
+                for pod in event.pods:
+                    await self.tell_unschedulable(pod, event.message)
+            case ev.PodDeleted():
+                self.told.pop(event.pod.uid, None)
+                self.bound.discard(event.pod.uid)
+
+    async def bind(self, decided: ev.AllocationDecided) -> None:
+        annotations = ann.grant_annotations(
+            decided.node, decided.grants, time.time(), self.rt.cfg.compat.annotations
+        )
+        with tracer().start_as_current_span(f"bind {decided.pod}") as span:
+            span.set_attribute("tessera.service", self.rt.service)
+            span.set_attribute("k8s.pod.uid", decided.pod.uid)
+            span.set_attribute("k8s.node.name", decided.node)
+            span.set_attribute(
+                "tessera.devices", ",".join(d.uuid for c in decided.grants for d in c.devices)
+            )
+            error = await self._bind(decided, annotations)
+        if error is None:
+            await self.rt.bus.publish(
+                ev.AllocationBound(
+                    pod=decided.pod,
+                    node=decided.node,
+                    grants=decided.grants,
+                    attempt=decided.attempt,
+                )
+            )
+            devices = ", ".join(
+                f"{d.model or d.uuid}[{d.index}]" for c in decided.grants for d in c.devices
+            )
+            await self._event(
+                decided.pod,
+                "Scheduled",
+                "Normal",
+                f"Successfully assigned {decided.pod} to {decided.node} with {devices}",
+            )
+            return
+        log.warning("bind of %s to %s failed: %s", decided.pod, decided.node, error)
+        await self.rt.bus.publish(
+            ev.BindFailed(
+                pod=decided.pod,
+                node=decided.node,
+                error=error,
+                attempt=decided.attempt,
+            )
+        )
+
+    async def _bind(self, decided: ev.AllocationDecided, annotations: dict[str, str]) -> str | None:
+        """None when the pod is bound as decided; else why not."""
+        delay = 0.1
+        for attempt in range(RETRIES):
+            try:
+                await kube.bind(self.api, decided.pod, decided.node, annotations)
+                return None
+            except ApiException as exc:
+                if exc.status == 404:
+                    return "the pod no longer exists"
+                if exc.status == 409:
+                    return await self._conflict(decided)
+                if exc.status not in TRANSIENT or attempt == RETRIES - 1:
+                    return f"API error {exc.status}: {exc.reason}"
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                if attempt == RETRIES - 1:
+                    return f"API unreachable: {exc}"
+            await asyncio.sleep(delay)
+            delay *= 2
+        return "retries exhausted"
+
+    async def _conflict(self, decided: ev.AllocationDecided) -> str | None:
+        pod = decided.pod
+        try:
+            obj = await kube.request(
+                self.api, "GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+            )
+        except ApiException as exc:
+            return f"conflict, and the pod cannot be read ({exc.status})"
+        if obj["metadata"]["uid"] != pod.uid:
+            return "the pod was replaced by another of the same name"
+        node = obj["spec"].get("nodeName")
+        if (
+            node == decided.node
+            and ann.read_grants(obj["metadata"].get("annotations") or {}) == decided.grants
+        ):
+            return None  # an earlier try of this very bind succeeded
+        return f"the pod is already bound to {node}"
+
+    async def tell_unschedulable(self, pod: PodRef, message: str) -> None:
+        if self.told.get(pod.uid) == message or pod.uid in self.bound:
+            return
+        self.told[pod.uid] = message
+        await self._event(pod, "FailedScheduling", "Warning", message)
+        try:
+            await kube.set_pod_condition(
+                self.api,
+                pod,
+                type_="PodScheduled",
+                status="False",
+                reason="Unschedulable",
+                message=message,
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("cannot set the condition of %s: %s", pod, exc.status)
+
+    async def _event(self, pod: PodRef, reason: str, kind: str, message: str) -> None:
+        try:
+            await kube.post_event(
+                self.api,
+                pod,
+                reason=reason,
+                message=message,
+                kind="Warning" if kind == "Warning" else "Normal",
+                component="tessera-binder",
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("cannot post %s event on %s: %s", reason, pod, exc.status)
+
+
+SUBJECTS = [
+    "tessera.v1.allocation.decided",
+    "tessera.v1.allocation.failed",
+    "tessera.v1.pod.deleted.>",
+]
+
 
 async def main(rt: Runtime) -> None:
-    """Start the service's tasks on ``rt``; the runtime supervises them.
-
-    Until the pipeline is wired, the service connects to the bus and answers pings only.
-    """
-    log.info("binder ready (no handlers wired yet)")
+    api = await kube.connect(rt.cfg.kubernetes)
+    rt.on_stop(api.close)
+    binder = Binder(rt, api)
+    rt.adopt(
+        rt.bus.consume(
+            "binder",
+            SUBJECTS,
+            binder.handle,
+            deliver="new",
+            concurrency=rt.cfg.scheduler.bind_concurrency,
+        )
+    )

@@ -1,17 +1,263 @@
-"""The watcher service's imperative shell (see the package docstring for its role)."""
+"""The watcher: the API server's pods and nodes, turned into typed events.
+
+Pods of our schedulers (one watch per ``scheduler.names`` entry, filtered by the API
+server): a pending pod's request is parsed and validated here, once; a valid one becomes
+``PodPending`` (re-announced every ``resync_s`` so nothing is forgotten, and at once when
+a coordinator asks on ``tessera.ctl.resync``); an invalid one gets a ``FailedScheduling``
+Event and a ``PodScheduled=False`` condition naming the field, and ``PodRejected``. A
+bound pod becomes ``PodUpdated`` with the grant read from its annotations; a deleted or
+finished one ``PodDeleted``. Nodes: cordoned device lists and deletions.
+
+Each pending announcement opens the root span of one scheduling attempt; the bus carries
+it through coordinator, allocator and binder.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import logging
+from typing import Any
 
+from kubernetes_asyncio.client import ApiClient, ApiException
+from nats.aio.msg import Msg
+
+from shared import events as ev
+from shared import kube
+from shared.core import annotations as ann
+from shared.core.model import NodeName, PodRef, PodRequest, PodUID
+from shared.core.request import GROUP_NAME, RequestParser
 from shared.runtime import Runtime
+from shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
+CORDON_ANNOTATIONS = ("hami.io/device-cordon", "volcano.sh/gpu-unhealthy-ids")
+TERMINAL = ("Succeeded", "Failed")
+
+
+def pod_ref(obj: dict[str, Any]) -> PodRef:
+    meta = obj["metadata"]
+    return PodRef(namespace=meta.get("namespace", ""), name=meta["name"], uid=PodUID(meta["uid"]))
+
+
+def _timestamp(text: str | None) -> float:
+    if not text:
+        return 0.0
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class Watcher:
+    def __init__(self, rt: Runtime, api: ApiClient) -> None:
+        self.rt = rt
+        self.api = api
+        self.parser = RequestParser(
+            rt.cfg.devices, clamp_cores=rt.cfg.scheduler.cores_above_100 == "clamp"
+        )
+        self.pending: dict[PodUID, ev.PodPending] = {}
+        self.bound: dict[PodUID, NodeName] = {}
+        self.rejected: dict[PodUID, str] = {}
+        self.known: dict[str, set[PodUID]] = {}
+        """Pods seen per scheduler-name watch, to notice deletions missed while relisting."""
+        self.refs: dict[PodUID, PodRef] = {}
+        self.node_cordons: dict[str, ev.NodeUpdated] = {}
+
+    # --- pods -------------------------------------------------------------------------
+
+    async def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        ref = pod_ref(obj)
+        meta = obj["metadata"]
+        spec = obj.get("spec") or {}
+        phase = (obj.get("status") or {}).get("phase", "Pending")
+        node = spec.get("nodeName") or None
+        grants = ann.read_grants(meta.get("annotations") or {}) or ()
+        if kind == "DELETED" or phase in TERMINAL:
+            await self._gone(ref, node, grants)
+            return
+        self.refs[ref.uid] = ref
+        if node:
+            self.pending.pop(ref.uid, None)
+            if self.bound.get(ref.uid) != node:
+                self.bound[ref.uid] = NodeName(node)
+                await self.rt.bus.publish(
+                    ev.PodUpdated(
+                        pod=ref,
+                        node=NodeName(node),
+                        phase=phase,
+                        grants=grants,
+                        resource_version=meta.get("resourceVersion", ""),
+                    )
+                )
+            return
+        if meta.get("deletionTimestamp"):
+            return
+        parsed = self.parser.parse(obj)
+        if not isinstance(parsed, PodRequest):
+            await self._reject(ref, parsed)
+            return
+        self.rejected.pop(ref.uid, None)
+        if not parsed.wants_devices:
+            return  # ours by schedulerName but asks no devices: nothing to share
+        annotations = meta.get("annotations") or {}
+        pending = ev.PodPending(
+            pod=ref,
+            request=parsed,
+            scheduler_name=spec.get("schedulerName", ""),
+            group=annotations.get(GROUP_NAME) or None,
+            priority=int(spec.get("priority") or 0),
+            created_at=_timestamp(meta.get("creationTimestamp")),
+            resource_version=meta.get("resourceVersion", ""),
+        )
+        previous = self.pending.get(ref.uid)
+        self.pending[ref.uid] = pending
+        if (
+            previous is None
+            or previous.request != pending.request
+            or previous.group != (pending.group)
+        ):
+            await self._announce(pending)
+
+    async def _announce(self, pending: ev.PodPending) -> None:
+        with tracer().start_as_current_span(f"schedule {pending.pod}") as span:
+            span.set_attribute("tessera.service", self.rt.service)
+            span.set_attribute("k8s.pod.name", pending.pod.name)
+            span.set_attribute("k8s.namespace.name", pending.pod.namespace)
+            span.set_attribute("k8s.pod.uid", pending.pod.uid)
+            await self.rt.bus.publish(pending)
+
+    async def _gone(self, ref: PodRef, node: str | None, grants: tuple[Any, ...]) -> None:
+        known = ref.uid in self.refs or ref.uid in self.pending or ref.uid in self.bound
+        self.pending.pop(ref.uid, None)
+        self.rejected.pop(ref.uid, None)
+        self.refs.pop(ref.uid, None)
+        was_bound = self.bound.pop(ref.uid, None)
+        if known or node:
+            await self.rt.bus.publish(
+                ev.PodDeleted(pod=ref, node=NodeName(node) if node else was_bound, grants=grants)
+            )
+
+    async def _reject(self, ref: PodRef, errors: tuple[Any, ...]) -> None:
+        message = "; ".join(f"{e.field}: {e.message}" for e in errors)
+        self.pending.pop(ref.uid, None)
+        if self.rejected.get(ref.uid) == message:
+            return
+        self.rejected[ref.uid] = message
+        log.warning("pod %s rejected: %s", ref, message)
+        await self.rt.bus.publish(ev.PodRejected(pod=ref, errors=errors))
+        try:
+            await kube.post_event(
+                self.api,
+                ref,
+                reason="FailedScheduling",
+                kind="Warning",
+                message=f"invalid device request: {message}",
+                component="tessera-watcher",
+            )
+            await kube.set_pod_condition(
+                self.api,
+                ref,
+                type_="PodScheduled",
+                status="False",
+                reason="InvalidRequest",
+                message=message,
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # a pod deleted meanwhile needs no message
+                raise
+
+    def relister(self, scheduler: str) -> kube.RelistHandler:
+        async def relist(items: list[dict[str, Any]]) -> None:
+            present = {PodUID(o["metadata"]["uid"]) for o in items}
+            for uid in self.known.get(scheduler, set()) - present:
+                ref = self.refs.get(uid)
+                if ref is not None:
+                    await self._gone(ref, self.bound.get(uid), ())
+            self.known[scheduler] = present
+            for obj in items:
+                await self.on_pod("ADDED", obj)
+
+        return relist
+
+    def pod_handler(self, scheduler: str) -> kube.EventHandler:
+        async def handle(kind: str, obj: dict[str, Any]) -> None:
+            uid = PodUID(obj["metadata"]["uid"])
+            seen = self.known.setdefault(scheduler, set())
+            if kind == "DELETED":
+                seen.discard(uid)
+            else:
+                seen.add(uid)
+            await self.on_pod(kind, obj)
+
+        return handle
+
+    async def resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.rt.cfg.scheduler.resync_s)
+            await self.resync()
+
+    async def resync(self) -> None:
+        """Re-announce every pending pod (a coordinator that restarted learns them)."""
+        if self.pending:
+            await self.rt.bus.publish_many(list(self.pending.values()))
+
+    async def on_resync_request(self, msg: Msg) -> None:
+        await self.resync()
+        if msg.reply:
+            await msg.respond(str(len(self.pending)).encode())
+
+    # --- nodes ------------------------------------------------------------------------
+
+    async def on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = NodeName(obj["metadata"]["name"])
+        if kind == "DELETED":
+            self.node_cordons.pop(name, None)
+            await self.rt.bus.publish(ev.NodeDeleted(node=name))
+            return
+        annotations = obj["metadata"].get("annotations") or {}
+        cordoned: list[str] = []
+        for key in CORDON_ANNOTATIONS:
+            cordoned += [u.strip() for u in annotations.get(key, "").split(",") if u.strip()]
+        update = ev.NodeUpdated(
+            node=name,
+            cordoned_devices=tuple(sorted(set(cordoned))),
+            unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
+        )
+        previous = self.node_cordons.get(name)
+        if previous is None or (previous.cordoned_devices, previous.unschedulable) != (
+            update.cordoned_devices,
+            update.unschedulable,
+        ):
+            self.node_cordons[name] = update
+            if previous is not None or update.cordoned_devices or update.unschedulable:
+                await self.rt.bus.publish(update)
+
+    async def on_node_relist(self, items: list[dict[str, Any]]) -> None:
+        present = {o["metadata"]["name"] for o in items}
+        for name in set(self.node_cordons) - present:
+            await self.on_node("DELETED", {"metadata": {"name": name}})
+        for obj in items:
+            await self.on_node("ADDED", obj)
+
 
 async def main(rt: Runtime) -> None:
-    """Start the service's tasks on ``rt``; the runtime supervises them.
-
-    Until the pipeline is wired, the service connects to the bus and answers pings only.
-    """
-    log.info("watcher ready (no handlers wired yet)")
+    api = await kube.connect(rt.cfg.kubernetes)
+    watcher = Watcher(rt, api)
+    for name in rt.cfg.scheduler.names:
+        rt.spawn(
+            kube.list_watch(
+                api,
+                "/api/v1/pods",
+                watcher.pod_handler(name),
+                on_relist=watcher.relister(name),
+                query={"fieldSelector": f"spec.schedulerName={name}"},
+            ),
+            f"watch-pods-{name}",
+        )
+    rt.spawn(
+        kube.list_watch(api, "/api/v1/nodes", watcher.on_node, on_relist=watcher.on_node_relist),
+        "watch-nodes",
+    )
+    rt.spawn(watcher.resync_loop(), "resync")
+    await rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=watcher.on_resync_request)
+    rt.on_stop(api.close)
+    log.info("watching pods of schedulers %s", ", ".join(rt.cfg.scheduler.names))

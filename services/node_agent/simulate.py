@@ -1,0 +1,244 @@
+"""Simulated nodes: an inventory file stands in for NVML / DCMI (demos, tests, benchmarks).
+
+One agent process may play many nodes. For each it creates or updates the Node object
+with the capacity a device-plugin registration would advertise (every configured count,
+memory and core resource), marks it Ready, and publishes its inventory with the config
+hash to the bus and the inventory KV; the KV entry is refreshed every ``heartbeat_s``.
+
+Inventory file::
+
+    nodes:
+      - name: a100-{i}          # {i} numbers the replicas
+        replicas: 2
+        labels: {gpu: a100}
+        devices:
+          - {vendor: nvidia, model: NVIDIA-A100-SXM4-80GB, memory: 81920, count: 8, numa: 2}
+          - {vendor: ascend, model: Ascend910B3, chip: 910B3, memory: 65536, count: 8}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import yaml
+from kubernetes_asyncio.client import ApiClient, ApiException
+
+from shared import events as ev
+from shared import kube
+from shared.config import Config
+from shared.core.model import DeviceInfo, DeviceUUID, NodeName, SharingMode, Vendor
+from shared.core.spec import names
+from shared.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class _Inv(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    pass
+
+
+class SimDevices(_Inv, frozen=True, kw_only=True):
+    vendor: Vendor = "nvidia"
+    model: str
+    memory: Annotated[int, msgspec.Meta(ge=1)]
+    """MiB per device."""
+    count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    mode: SharingMode = "hami-core"
+    numa: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """NUMA nodes the devices are spread over."""
+    chip: str | None = None
+    cores: Annotated[int, msgspec.Meta(ge=1)] = 100
+    sm_count: int = 0
+    unhealthy: list[int] = msgspec.field(default_factory=list)
+    """Indexes of devices to report unhealthy."""
+
+
+class SimNode(_Inv, frozen=True, kw_only=True):
+    name: str
+    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    devices: list[SimDevices]
+
+
+class Inventory(_Inv, frozen=True, kw_only=True):
+    nodes: list[SimNode]
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read and validate an inventory file; errors name the key."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        return msgspec.convert(data, Inventory)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"inventory {path}: {exc}") from None
+
+
+def _uuid(node: str, vendor: str, index: int) -> DeviceUUID:
+    digest = hashlib.sha1(f"{node}/{vendor}/{index}".encode()).hexdigest()
+    prefix = "GPU" if vendor == "nvidia" else vendor.upper()
+    return DeviceUUID(f"{prefix}-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:28]}")
+
+
+def expand(inventory: Inventory) -> dict[NodeName, tuple[SimNode, tuple[DeviceInfo, ...]]]:
+    """Every simulated node with its devices (UUIDs stable across restarts)."""
+    out: dict[NodeName, tuple[SimNode, tuple[DeviceInfo, ...]]] = {}
+    for spec in inventory.nodes:
+        for i in range(spec.replicas):
+            name = NodeName(spec.name.format(i=i))
+            devices: list[DeviceInfo] = []
+            per_vendor: dict[str, int] = {}
+            for group in spec.devices:
+                for n in range(group.count):
+                    index = per_vendor.get(group.vendor, 0)
+                    per_vendor[group.vendor] = index + 1
+                    devices.append(
+                        DeviceInfo(
+                            uuid=_uuid(name, group.vendor, index),
+                            index=index,
+                            vendor=group.vendor,
+                            model=group.model,
+                            memory_mib=group.memory,
+                            cores=group.cores,
+                            sm_count=group.sm_count,
+                            numa=n * group.numa // group.count,
+                            mode=group.mode,
+                            healthy=n not in group.unhealthy,
+                            chip=group.chip,
+                        )
+                    )
+            out[name] = (spec, tuple(devices))
+    return out
+
+
+def capacity(cfg: Config, devices: tuple[DeviceInfo, ...]) -> dict[str, str]:
+    """The extended resources a device-plugin registration advertises for these devices."""
+    totals: dict[str, int] = {}
+
+    def add(resource_names: tuple[str, ...], amount: int) -> None:
+        for name in resource_names:
+            totals[name] = totals.get(name, 0) + amount
+
+    specs = cfg.devices
+    for d in devices:
+        if d.vendor == "ascend":
+            chip = next((c for c in specs.vnpus if c.chip_name == d.chip), None)
+            if chip is not None:
+                add((chip.resource_name,), 1)
+                add((chip.resource_memory_name,), d.memory_mib)
+                add(names(chip.resource_core_name), 100)
+            if specs.mindcluster.enabled and d.chip == specs.mindcluster.chip_name:
+                add((specs.mindcluster.resource_name,), chip.ai_core if chip else 8)
+            continue
+        spec = specs.vendor(d.vendor)
+        if spec is None or not spec.enabled:
+            continue
+        add(names(spec.resource_count_name), spec.device_split_count)
+        add(names(spec.resource_whole_count_name), 1)
+        add(names(spec.resource_memory_name), int(d.memory_mib * spec.device_memory_scaling))
+        add(names(spec.resource_memory_percentage_name), 100)
+        add(names(spec.resource_core_name), int(d.cores * spec.device_core_scaling))
+        if d.vendor == "nvidia":
+            add(names(specs.nvidia.gpu_share_memory_name), d.memory_mib)
+    return {k: str(v) for k, v in sorted(totals.items())}
+
+
+class Simulator:
+    def __init__(self, rt: Runtime, api: ApiClient, inventory: Inventory) -> None:
+        self.rt = rt
+        self.api = api
+        self.nodes = expand(inventory)
+        self.seq = 0
+        self.agent = f"{socket.gethostname()}/simulated"
+
+    async def register(
+        self, name: NodeName, spec: SimNode, devices: tuple[DeviceInfo, ...]
+    ) -> None:
+        labels = {"kubernetes.io/hostname": name, "tessera.io/simulated": "true", **spec.labels}
+        if any(d.vendor == "nvidia" for d in devices):
+            labels.setdefault("volcano.sh/vgpu.enabled", "true")
+        try:
+            await kube.request(
+                self.api,
+                "POST",
+                "/api/v1/nodes",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": name, "labels": labels},
+                },
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            await kube.request(
+                self.api,
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"metadata": {"labels": labels}},
+                content_type="application/strategic-merge-patch+json",
+            )
+        resources: dict[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "250"}
+        resources.update(capacity(self.rt.cfg, devices))
+        now = kube.now_rfc3339()
+        status: dict[str, Any] = {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "simulated by tessera node-agent",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        }
+        await kube.request(
+            self.api,
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            status,
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    def inventory(self, name: NodeName, devices: tuple[DeviceInfo, ...]) -> ev.NodeInventory:
+        self.seq += 1
+        return ev.NodeInventory(
+            node=name,
+            devices=devices,
+            config_hash=self.rt.config_hash,
+            agent=self.agent,
+            seq=self.seq,
+        )
+
+    async def start(self) -> None:
+        semaphore = asyncio.Semaphore(32)
+
+        async def one(name: NodeName, spec: SimNode, devices: tuple[DeviceInfo, ...]) -> None:
+            async with semaphore:
+                await self.register(name, spec, devices)
+                report = self.inventory(name, devices)
+                await self.rt.bus.put_inventory(report)
+                await self.rt.bus.publish(report)
+
+        await asyncio.gather(*(one(n, s, d) for n, (s, d) in self.nodes.items()))
+        log.info(
+            "simulating %d nodes with %d devices",
+            len(self.nodes),
+            sum(len(d) for _, d in self.nodes.values()),
+        )
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
+            for name, (_, devices) in self.nodes.items():
+                await self.rt.bus.put_inventory(self.inventory(name, devices))
