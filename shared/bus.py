@@ -216,9 +216,20 @@ class Bus:
         self._consumers.append(task)
         return task
 
-    async def _subscribe(
-        self, durable: str, subjects: list[str], deliver: str, ack_wait_s: float | None
-    ) -> JetStreamContext.PullSubscription:
+    async def ensure_consumer(
+        self,
+        durable: str,
+        subjects: Sequence[str],
+        *,
+        deliver: Literal["all", "new"] = "all",
+        ack_wait_s: float | None = None,
+    ) -> None:
+        """Create the durable consumer now if it does not exist.
+
+        Call it before reading the state a consumer will keep up to date (a KV bucket,
+        the API server): every event from this moment on is then kept for the consumer,
+        none falls between the read and the first fetch.
+        """
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
@@ -230,11 +241,18 @@ class Bus:
         if len(subjects) == 1:
             config.filter_subject = subjects[0]
         else:
-            config.filter_subjects = subjects
+            config.filter_subjects = list(subjects)
         try:
             await self.js.consumer_info(self.cfg.stream, durable)
         except nats.js.errors.NotFoundError:
             await self.js.add_consumer(self.cfg.stream, config)
+
+    async def _subscribe(
+        self, durable: str, subjects: list[str], deliver: str, ack_wait_s: float | None
+    ) -> JetStreamContext.PullSubscription:
+        await self.ensure_consumer(
+            durable, subjects, deliver="all" if deliver == "all" else "new", ack_wait_s=ack_wait_s
+        )
         return await self.js.pull_subscribe_bind(durable=durable, stream=self.cfg.stream)
 
     async def _consume(

@@ -149,7 +149,6 @@ class Runtime:
             log.error("task %s did not stop within %.0fs", task.get_name(), grace_s)
 
 
-
 ServiceMain = Callable[[Runtime], Awaitable[None]]
 
 

@@ -178,6 +178,7 @@ async def main(rt: Runtime) -> None:
     api = await kube.connect(rt.cfg.kubernetes)
     rt.on_stop(api.close)
     binder = Binder(rt, api)
+    await rt.bus.ensure_consumer("binder", SUBJECTS, deliver="new")
     rt.adopt(
         rt.bus.consume(
             "binder",

@@ -172,6 +172,8 @@ SUBJECTS = [
 
 async def main(rt: Runtime) -> None:
     coordinator = Coordinator(rt)
+    # The consumer first, so the pods the watcher re-announces for us are all kept.
+    await rt.bus.ensure_consumer("gang-coordinator", SUBJECTS, deliver="new")
     rt.adopt(rt.bus.consume("gang-coordinator", SUBJECTS, coordinator.handle, deliver="new"))
     rt.spawn(coordinator.retry_loop(), "retry")
     rt.spawn(coordinator.request_resync(), "resync-once", finite=True)

@@ -52,7 +52,7 @@ async def _create_pod(api: ApiClient, ns: str, name: str) -> PodRef:
             "kind": "Pod",
             "metadata": {"name": name},
             "spec": {
-                "schedulerName": "tessera",
+                "schedulerName": "tessera-test-unserved",
                 "containers": [
                     {
                         "name": "main",

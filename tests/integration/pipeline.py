@@ -1,0 +1,178 @@
+"""All five services as separate processes on the real API server and NATS, for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.js.errors
+import yaml
+from kubernetes_asyncio.client import ApiClient, ApiException
+
+from services.cli import SERVICES, _ping
+from shared import kube
+from shared.config import KubernetesConfig
+from tests.helpers import eventually
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def reset_stream(nats_url: str) -> None:
+    """Start from an empty stream, KV buckets and consumers."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await js.delete_stream("TESSERA")
+    for bucket in ("tessera-inventory", "tessera-reservations", "tessera-leases"):
+        with contextlib.suppress(nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
+            await js.delete_key_value(bucket)
+    await nc.close()
+
+
+@dataclass
+class Pipeline:
+    workdir: Path
+    config: Path
+    inventory: Path
+    nats_url: str
+    api: ApiClient
+    procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+
+    async def start(self, service: str) -> None:
+        args = [sys.executable, "-m", SERVICES[service], "--config", str(self.config)]
+        if service == "node-agent":
+            args += ["--simulate", str(self.inventory)]
+        log = (self.workdir / f"{service}.log").open("ab")
+        self.procs[service] = await asyncio.create_subprocess_exec(
+            *args, stdout=log, stderr=asyncio.subprocess.STDOUT
+        )
+
+    async def stop(self, service: str, sig: int = signal.SIGTERM) -> None:
+        proc = self.procs.pop(service)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        async with asyncio.timeout(30):
+            await proc.wait()
+
+    async def alive(self) -> set[str]:
+        return {str(h["service"]) for h in await _ping(self.nats_url, 0.3)}
+
+    def log(self, service: str) -> str:
+        return (self.workdir / f"{service}.log").read_text(errors="replace")
+
+    async def namespace(self) -> str:
+        name = f"t-{uuid.uuid4().hex[:8]}"
+        await kube.request(
+            self.api,
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
+        return name
+
+    async def create(self, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await kube.request(
+            self.api, "POST", f"/api/v1/namespaces/{ns}/pods", pod
+        )
+        return result
+
+    async def get(self, ns: str, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = await kube.request(
+            self.api, "GET", f"/api/v1/namespaces/{ns}/pods/{name}"
+        )
+        return result
+
+    async def delete(self, ns: str, name: str) -> None:
+        """Delete at once: no kubelet would ever confirm a graceful deletion."""
+        with contextlib.suppress(ApiException):
+            await kube.request(
+                self.api,
+                "DELETE",
+                f"/api/v1/namespaces/{ns}/pods/{name}",
+                {"gracePeriodSeconds": 0},
+            )
+
+    async def bound(self, ns: str, name: str, timeout_s: float = 30) -> dict[str, Any]:
+        async def probe() -> dict[str, Any] | None:
+            pod = await self.get(ns, name)
+            return pod if pod["spec"].get("nodeName") else None
+
+        return await eventually(probe, timeout_s=timeout_s, what=f"{ns}/{name} bound")
+
+    async def events(self, ns: str, name: str) -> list[dict[str, Any]]:
+        found = await kube.request(
+            self.api,
+            "GET",
+            f"/api/v1/namespaces/{ns}/events",
+            query={"fieldSelector": f"involvedObject.name={name}"},
+        )
+        items: list[dict[str, Any]] = found["items"]
+        return items
+
+    async def close(self) -> None:
+        for service in list(self.procs):
+            await self.stop(service)
+        await self.api.close()
+
+
+def pod(
+    name: str,
+    limits: dict[str, Any],
+    *,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    scheduler: str = "tessera",
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}},
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+        },
+    }
+
+
+async def start_pipeline(
+    workdir: Path,
+    kubeconfig: Path,
+    nats_url: str,
+    inventory: dict[str, Any],
+    settings: dict[str, Any] | None = None,
+) -> Pipeline:
+    await reset_stream(nats_url)
+    config = workdir / "tessera.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "scheduler": {
+                    "names": ["tessera", "volcano"],
+                    "leaderLeaseS": 3.0,
+                    "resyncS": 5.0,
+                    **(settings or {}),
+                },
+                "nats": {"url": nats_url},
+                "kubernetes": {"kubeconfig": str(kubeconfig)},
+            }
+        )
+    )
+    inv = workdir / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(inventory))
+    api = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    p = Pipeline(workdir, config, inv, nats_url, api)
+    for service in SERVICES:
+        await p.start(service)
+
+    async def all_alive() -> bool:
+        return await p.alive() >= set(SERVICES)
+
+    await eventually(all_alive, timeout_s=60, what="all five services answering pings")
+    return p

@@ -1,0 +1,305 @@
+"""End to end: the five services as processes on a real API server and NATS.
+
+Pods written as HAMi and Volcano users write them are bound with the right grants;
+unschedulable and invalid pods are told why; deletions free devices; an allocator killed
+mid-stream double-books nothing; external tools read the allocation events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import nats
+from nats.aio.msg import Msg
+import pytest
+import yaml
+
+from shared import events as ev
+from shared import kube
+from shared.core import annotations as ann
+from tests.helpers import eventually
+from tests.integration.pipeline import REPO, Pipeline, pod, start_pipeline
+
+pytestmark = pytest.mark.integration
+
+INVENTORY = {
+    "nodes": [
+        {
+            "name": "pl-a100-{i}",
+            "replicas": 2,
+            "devices": [
+                {
+                    "vendor": "nvidia",
+                    "model": "NVIDIA-A100-SXM4-80GB",
+                    "memory": 81920,
+                    "count": 4,
+                    "numa": 2,
+                }
+            ],
+        },
+        {
+            "name": "pl-h100",
+            "devices": [
+                {"vendor": "nvidia", "model": "NVIDIA-H100-80GB-HBM3", "memory": 81559, "count": 2}
+            ],
+        },
+        {
+            "name": "pl-mig",
+            "devices": [
+                {
+                    "vendor": "nvidia",
+                    "model": "NVIDIA-A100-SXM4-40GB",
+                    "memory": 40960,
+                    "count": 2,
+                    "mode": "mig",
+                }
+            ],
+        },
+        {
+            "name": "pl-910b3",
+            "devices": [
+                {
+                    "vendor": "ascend",
+                    "model": "Ascend910B3",
+                    "chip": "910B3",
+                    "memory": 65536,
+                    "count": 2,
+                }
+            ],
+        },
+        {
+            "name": "pl-310p",
+            "devices": [
+                {
+                    "vendor": "ascend",
+                    "model": "Ascend310P3",
+                    "chip": "310P3",
+                    "memory": 21527,
+                    "count": 2,
+                }
+            ],
+        },
+    ]
+}
+CAPACITY = {"pl-a100-0": 81920, "pl-a100-1": 81920, "pl-h100": 81559, "pl-mig": 40960}
+
+
+@pytest.fixture(scope="module")
+async def pipeline(
+    kubeconfig: Path, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Pipeline]:
+    p = await start_pipeline(tmp_path_factory.mktemp("pipeline"), kubeconfig, nats_url, INVENTORY)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def ns(pipeline: Pipeline) -> AsyncIterator[str]:
+    name = await pipeline.namespace()
+    yield name
+    for item in (await kube.request(pipeline.api, "GET", f"/api/v1/namespaces/{name}/pods"))[
+        "items"
+    ]:
+        await pipeline.delete(name, item["metadata"]["name"])
+
+
+def grants_of(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    text = obj["metadata"]["annotations"][ann.GRANT]
+    return [d for c in json.loads(text) for d in c["devices"]]
+
+
+async def test_every_request_kind_is_bound_with_the_right_grant(
+    pipeline: Pipeline, ns: str
+) -> None:
+    docs = [
+        d
+        for d in yaml.safe_load_all((REPO / "examples/workloads/demo.yaml").read_text())
+        if d["metadata"]["name"] not in ("too-big", "invalid-cores")
+    ]
+    for doc in docs:
+        await pipeline.create(ns, doc)
+    bound = {d["metadata"]["name"]: await pipeline.bound(ns, d["metadata"]["name"]) for d in docs}
+
+    def one(name: str) -> dict[str, Any]:
+        [grant] = grants_of(bound[name])
+        return grant
+
+    assert (one("hami-vgpu")["memory_mib"], one("hami-vgpu")["cores"]) == (20000, 30)
+    two = grants_of(bound["hami-two-cards"])
+    assert bound["hami-two-cards"]["spec"]["nodeName"] == "pl-h100"
+    assert len({g["uuid"] for g in two}) == 2
+    assert {g["memory_mib"] for g in two} == {81559 // 2}
+    assert (one("volcano-vgpu")["memory_mib"], one("volcano-vgpu")["cores"]) == (8192, 25)
+    assert one("volcano-gpu-share")["memory_mib"] == 4096
+    assert "cores" not in one("volcano-gpu-share")
+    whole = grants_of(bound["volcano-gpu-number"])
+    assert len(whole) == 2 and all(g["exclusive"] for g in whole)
+    assert bound["mig-small"]["spec"]["nodeName"] == "pl-mig"
+    assert one("mig-small")["mig_profile"] == "2g.10gb"
+    assert bound["ascend-template"]["spec"]["nodeName"] == "pl-910b3"
+    assert one("ascend-template")["vnpu_template"] == "vir05_1c_16g"
+    assert bound["mindcluster-vnpu"]["spec"]["nodeName"] == "pl-310p"
+    assert one("mindcluster-vnpu")["vnpu_template"] == "vir04"
+    scheduled = [e for e in await pipeline.events(ns, "hami-vgpu") if e["reason"] == "Scheduled"]
+    assert scheduled and "Successfully assigned" in scheduled[0]["message"]
+    # Volcano's scheduler name is served too (configured), with the same result
+    await pipeline.create(
+        ns, pod("volcano-named", {"volcano.sh/vgpu-memory": 1024}, scheduler="volcano")
+    )
+    await pipeline.bound(ns, "volcano-named")
+
+
+async def test_unfittable_pod_waits_with_reasons_then_binds_when_capacity_frees(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await pipeline.create(ns, pod("blocker", {"huawei.com/npu-core": 16}))
+    await pipeline.bound(ns, "blocker")
+    await pipeline.create(ns, pod("waiter", {"huawei.com/npu-core": 8}))
+
+    async def told() -> str | None:
+        for e in await pipeline.events(ns, "waiter"):
+            if e["reason"] == "FailedScheduling":
+                return str(e["message"])
+        return None
+
+    message = await eventually(told, what="FailedScheduling on the waiter")
+    assert message.startswith("0/6 nodes fit: ")
+    assert "no idle device for an exclusive request" in message
+    waiting = await pipeline.get(ns, "waiter")
+    assert not waiting["spec"].get("nodeName")
+    [cond] = [c for c in waiting["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+    await pipeline.delete(ns, "blocker")
+    placed = await pipeline.bound(ns, "waiter")
+    assert placed["spec"]["nodeName"] == "pl-310p"
+
+
+async def test_invalid_pod_gets_an_event_and_a_condition(pipeline: Pipeline, ns: str) -> None:
+    await pipeline.create(ns, pod("typo", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}))
+
+    async def condition() -> dict[str, Any] | None:
+        obj = await pipeline.get(ns, "typo")
+        found = [c for c in obj["status"].get("conditions", []) if c["type"] == "PodScheduled"]
+        return found[0] if found else None
+
+    cond = await eventually(condition, what="the PodScheduled condition")
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidRequest")
+    assert "nvidia.com/gpucores (container main): 150 exceeds 100" in cond["message"]
+    [event] = [e for e in await pipeline.events(ns, "typo") if e["reason"] == "FailedScheduling"]
+    assert event["type"] == "Warning" and "ask for at most 100" in event["message"]
+    big = pod("huge", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 300000})
+    await pipeline.create(ns, big)
+
+    async def told() -> str | None:
+        found = [e["message"] for e in await pipeline.events(ns, "huge")]
+        return found[0] if found else None
+
+    assert "larger than any nvidia card in the cluster" in await eventually(told, what="event")
+    assert "typo" not in pipeline.log("watcher").lower() or "Traceback" not in pipeline.log(
+        "watcher"
+    )
+
+
+async def test_deleting_a_pod_frees_its_grant(pipeline: Pipeline, ns: str) -> None:
+    nc = await nats.connect(pipeline.nats_url)
+    sub = await nc.subscribe("tessera.v1.allocation.released")
+    try:
+        await pipeline.create(ns, pod("all-910b3", {"huawei.com/Ascend910B3": 2}))
+        first = await pipeline.bound(ns, "all-910b3")
+        await pipeline.create(ns, pod("next", {"huawei.com/Ascend910B3": 2}))
+        await asyncio.sleep(1.0)
+        assert not (await pipeline.get(ns, "next"))["spec"].get("nodeName")
+        await pipeline.delete(ns, "all-910b3")
+        event = ev.decode((await sub.next_msg(timeout=20)).data)
+        assert isinstance(event, ev.AllocationReleased)
+        assert event.pod.uid == first["metadata"]["uid"]
+        assert event.reason == "pod deleted"
+        await pipeline.bound(ns, "next")
+    finally:
+        await sub.unsubscribe()
+        await nc.close()
+
+
+async def test_external_subscriber_sees_decided_then_bound_and_the_schema_validates(
+    pipeline: Pipeline, ns: str
+) -> None:
+    schema = json.loads((REPO / "docs/events.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    seen: list[tuple[str, dict[str, Any]]] = []
+    nc = await nats.connect(pipeline.nats_url)
+
+    async def record(msg: Msg) -> None:
+        seen.append((msg.subject, json.loads(msg.data)))
+
+    sub = await nc.subscribe("tessera.v1.allocation.>", cb=record)
+    try:
+        names = [f"ext-{i}" for i in range(3)]
+        for name in names:
+            await pipeline.create(ns, pod(name, {"nvidia.com/gpumem": 2048}))
+        uids = {(await pipeline.bound(ns, n))["metadata"]["uid"] for n in names}
+
+        async def both() -> bool:
+            kinds = Counter(s for s, d in seen if d.get("pod", {}).get("uid") in uids)
+            return (
+                kinds["tessera.v1.allocation.decided"] >= 3
+                and kinds["tessera.v1.allocation.bound"] >= 3
+            )
+
+        await eventually(both, what="decided and bound for each pod")
+    finally:
+        await sub.unsubscribe()
+        await nc.close()
+    mine = [(s, d) for s, d in seen if d.get("pod", {}).get("uid") in uids]
+    assert Counter(s for s, _ in mine) == {
+        "tessera.v1.allocation.decided": 3,
+        "tessera.v1.allocation.bound": 3,
+    }
+    for _, data in mine:
+        validator.validate(data)
+        assert data["type"] in ("allocation.decided", "allocation.bound")
+
+
+async def test_killing_the_allocator_mid_stream_double_books_nothing(
+    pipeline: Pipeline, ns: str
+) -> None:
+    names = [f"burst-{i}" for i in range(24)]
+    creating = asyncio.gather(
+        *(pipeline.create(ns, pod(n, {"nvidia.com/gpumem": 30000})) for n in names)
+    )
+    await asyncio.sleep(0.3)
+    await pipeline.stop("device-allocator", signal.SIGKILL)  # no clean-up at all
+    await creating
+    await pipeline.start("device-allocator")
+
+    async def settled() -> bool:
+        done = 0
+        for n in names:
+            obj = await pipeline.get(ns, n)
+            told = any(e["reason"] == "FailedScheduling" for e in await pipeline.events(ns, n))
+            done += bool(obj["spec"].get("nodeName")) or told
+        return done == len(names)
+
+    await eventually(settled, timeout_s=60, what="every burst pod bound or told why not")
+    # sum every grant of every bound pod in the cluster, per device
+    used: Counter[str] = Counter()
+    where: dict[str, str] = {}
+    for item in (await kube.request(pipeline.api, "GET", "/api/v1/pods"))["items"]:
+        node = item["spec"].get("nodeName")
+        if not node or ann.GRANT not in item["metadata"].get("annotations", {}):
+            continue
+        for g in grants_of(item):
+            used[g["uuid"]] += g["memory_mib"]
+            where[g["uuid"]] = node
+    for uuid, total in used.items():
+        if where[uuid] in CAPACITY:
+            assert total <= CAPACITY[where[uuid]], (uuid, total)
+    bound = [n for n in names if (await pipeline.get(ns, n))["spec"].get("nodeName")]
+    # 2 x 30 GiB fit per 80 GiB card: 8 A100 + 2 H100 cards hold 20; MIG takes 2 more
+    assert len(bound) >= 20
