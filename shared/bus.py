@@ -78,6 +78,7 @@ class Bus:
         self._js: JetStreamContext | None = None
         self._kv: KeyValue | None = None
         self._consumers: list[asyncio.Task[None]] = []
+        self._attributes = {"tessera.service": name}
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -170,14 +171,18 @@ class Bus:
     async def publish(self, event: events.Event) -> None:
         """Publish one event and wait until JetStream has stored it."""
         subject = event.subject()
-        with tracer().start_as_current_span(f"send {event.SUBJECT}", kind=SpanKind.PRODUCER):
+        with tracer().start_as_current_span(
+            f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes
+        ):
             await self.js.publish(subject, events.encode(event), headers=self._headers(event))
 
     async def publish_many(self, batch: Iterable[events.Event]) -> None:
         """Publish many events pipelined (acks awaited together): the hot-path form."""
         futures = []
         for event in batch:
-            with tracer().start_as_current_span(f"send {event.SUBJECT}", kind=SpanKind.PRODUCER):
+            with tracer().start_as_current_span(
+                f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes
+            ):
                 futures.append(
                     await self.js.publish_async(
                         event.subject(), events.encode(event), headers=self._headers(event)
@@ -322,6 +327,7 @@ class Bus:
             span_name, context=context, kind=SpanKind.CONSUMER
         ) as span:
             span.set_attribute("messaging.destination", msg.subject)
+            span.set_attribute("tessera.service", self.name)
             span.set_attribute("messaging.delivery_attempt", delivery.attempt)
             try:
                 await handler(event, delivery)

@@ -142,11 +142,23 @@ class Runtime:
             return
         # Every task is a loop that would never end by itself: cancel them all, then give
         # them the grace period to unwind. Work cut short is not acked, so it is redelivered.
-        for task in tasks:
-            task.cancel()
-        _, stuck = await asyncio.wait(tasks, timeout=grace_s)
+        # A library may swallow a cancellation that races its own timers, so the request
+        # is repeated until the task ends or the grace period is over.
+        stuck = set(tasks)
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while stuck and (left := deadline - asyncio.get_running_loop().time()) > 0:
+            for task in stuck:
+                task.cancel()
+            _, stuck = await asyncio.wait(stuck, timeout=min(left, 0.5))
+
         for task in stuck:
-            log.error("task %s did not stop within %.0fs", task.get_name(), grace_s)
+            where = "".join(
+                f"\n  {f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+                for f in task.get_stack()
+            )
+            log.error(
+                "task %s did not stop within %.0fs; it waits at:%s", task.get_name(), grace_s, where
+            )
 
 
 ServiceMain = Callable[[Runtime], Awaitable[None]]

@@ -1,0 +1,164 @@
+"""Each service runs as its own process, answers pings with its config hash, stops cleanly;
+and one scheduling attempt is one trace across watcher, coordinator, allocator, binder."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from services.binder import service as binder
+from services.cli import SERVICES, _ping
+from services.device_allocator import service as allocator
+from services.gang_coordinator import service as coordinator
+from services.watcher import service as watcher
+from shared.config import config_hash, load
+from shared.runtime import run_service
+from shared.telemetry import setup_tracing
+from tests.helpers import eventually
+from tests.integration.pipeline import Pipeline, pod, reset_stream, start_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def write_config(tmp_path: Path, nats_url: str, kubeconfig: Path) -> Path:
+    cfg = tmp_path / "tessera.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "nats": {"url": nats_url},
+                "kubernetes": {"kubeconfig": str(kubeconfig)},
+                "scheduler": {"leaderLeaseS": 3.0},
+            }
+        )
+    )
+    return cfg
+
+
+@pytest.mark.parametrize("service", list(SERVICES))
+async def test_service_process_answers_ping_and_stops_on_sigterm(
+    service: str, nats_url: str, kubeconfig: Path, tmp_path: Path
+) -> None:
+    await reset_stream(nats_url)
+    cfg = write_config(tmp_path, nats_url, kubeconfig)
+    args = [sys.executable, "-m", SERVICES[service], "--config", str(cfg)]
+    if service == "node-agent":
+        empty = tmp_path / "inventory.yaml"
+        empty.write_text("nodes: []\n")
+        args += ["--simulate", str(empty)]
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        hellos: list[dict[str, object]] = []
+        async with asyncio.timeout(30):
+            while not hellos:
+                hellos = [h for h in await _ping(nats_url, 0.5) if h["service"] == service]
+        assert hellos[0]["config_hash"] == config_hash(load(cfg))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(20):
+            out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode()
+    assert f"{service} stopped" in out.decode()
+
+
+@pytest.fixture
+async def traced(
+    kubeconfig: Path, nats_url: str, tmp_path: Path
+) -> AsyncIterator[tuple[InMemorySpanExporter, Pipeline]]:
+    """Four services in this process (sharing one in-memory span exporter) and a
+    simulated node agent beside them."""
+    memory = InMemorySpanExporter()
+    setup_tracing("tests", load().telemetry, processor=SimpleSpanProcessor(memory))
+    p = await start_pipeline(
+        tmp_path,
+        kubeconfig,
+        nats_url,
+        {
+            "nodes": [
+                {
+                    "name": "tr-a100",
+                    "devices": [
+                        {"vendor": "nvidia", "model": "NVIDIA-A100-SXM4-80GB", "memory": 81920}
+                    ],
+                },
+            ]
+        },
+    )
+    for service in ("watcher", "gang-coordinator", "device-allocator", "binder"):
+        await p.stop(service)
+    cfg = load(p.config)
+    stop = asyncio.Event()
+    mains = {
+        "watcher": watcher.main,
+        "gang-coordinator": coordinator.main,
+        "device-allocator": allocator.main,
+        "binder": binder.main,
+    }
+    tasks = [
+        asyncio.create_task(run_service(name, cfg, main, stop=stop), name=f"in-proc:{name}")
+        for name, main in mains.items()
+    ]
+    try:
+
+        async def all_alive() -> bool:
+            return await p.alive() >= set(SERVICES)
+
+        await eventually(all_alive, what="the in-process services answering pings")
+        yield memory, p
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await p.close()
+
+
+async def test_one_trace_spans_the_four_services_for_one_pod(
+    traced: tuple[InMemorySpanExporter, Pipeline],
+) -> None:
+    memory, p = traced
+    ns = await p.namespace()
+    created = await p.create(ns, pod("traced", {"nvidia.com/gpumem": 4096}))
+    await p.bound(ns, "traced")
+    uid = created["metadata"]["uid"]
+
+    def trace_of_pod() -> set[str] | None:
+        spans = memory.get_finished_spans()
+        roots = [
+            s
+            for s in spans
+            if (s.attributes or {}).get("k8s.pod.uid") == uid and s.name.startswith("schedule ")
+        ]
+        if not roots or roots[0].context is None:
+            return None
+        trace_id = roots[0].context.trace_id
+        return {
+            str((s.attributes or {}).get("tessera.service"))
+            for s in spans
+            if s.context is not None and s.context.trace_id == trace_id
+        }
+
+    wanted = {"watcher", "gang-coordinator", "device-allocator", "binder"}
+
+    async def spans_of_all_four() -> bool:
+        found = trace_of_pod()
+        return found is not None and found >= wanted
+
+    await eventually(spans_of_all_four, timeout_s=10, what="one trace with all four services")
+    bind = [
+        s
+        for s in memory.get_finished_spans()
+        if s.name.startswith("bind ") and (s.attributes or {}).get("k8s.pod.uid") == uid
+    ]
+    assert bind[0].attributes is not None
+    assert bind[0].attributes["k8s.node.name"] == "tr-a100"
+    assert bind[0].attributes["tessera.devices"]
+    await p.delete(ns, "traced")
