@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
@@ -33,6 +34,7 @@ SERVICES = {
 }
 DEFAULT_SCHEMA = Path("docs/events.schema.json")
 DEV_DIR = Path(".tessera-dev")
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _schema_text() -> str:
@@ -151,7 +153,65 @@ def cmd_ping(args: argparse.Namespace) -> int:
     return 0 if hellos else 1
 
 
+def _grant_text(pod: dict[str, object]) -> str:
+    from shared.core import annotations as ann
+
+    meta = pod["metadata"]
+    assert isinstance(meta, dict)
+    grants = ann.read_grants(meta.get("annotations") or {}) or ()
+    parts = []
+    for c in grants:
+        for d in c.devices:
+            what = (
+                d.mig_profile
+                or d.vnpu_template
+                or ("whole" if d.exclusive else f"{d.memory_mib} MiB {d.cores}%")
+            )
+            parts.append(f"{d.model}[{d.index}] {what}")
+    return ", ".join(parts)
+
+
+async def _demo_workloads(
+    kubeconfig: Path, docs: list[dict[str, Any]]
+) -> list[tuple[str, str, str]]:
+    """Create the example pods, wait for each to be bound or told why not; the table rows."""
+    from shared import kube
+    from shared.config import KubernetesConfig
+
+    api = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    async with api:
+        for doc in docs:
+            await kube.request(api, "POST", "/api/v1/namespaces/default/pods", doc)
+        rows: dict[str, tuple[str, str, str]] = {}
+        deadline = time.monotonic() + 30
+        while len(rows) < len(docs) and time.monotonic() < deadline:
+            for doc in docs:
+                name = doc["metadata"]["name"]
+                if name in rows:
+                    continue
+                pod = await kube.request(api, "GET", f"/api/v1/namespaces/default/pods/{name}")
+                node = pod["spec"].get("nodeName")
+                if node:
+                    rows[name] = (name, node, _grant_text(pod))
+                    continue
+                events = await kube.request(
+                    api,
+                    "GET",
+                    "/api/v1/namespaces/default/events",
+                    query={"fieldSelector": f"involvedObject.name={name}"},
+                )
+                told = [e["message"] for e in events["items"] if e["reason"] == "FailedScheduling"]
+                if told:
+                    rows[name] = (name, "(pending)", told[-1])
+            await asyncio.sleep(0.3)
+        return [
+            rows.get(d["metadata"]["name"], (d["metadata"]["name"], "?", "no answer")) for d in docs
+        ]
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The local control plane, NATS, the five services, a simulated cluster, example
+    workloads from HAMi's and Volcano's vocabulary, and what became of each pod."""
     from tools import localcluster
 
     workdir = Path(args.dir).resolve()
@@ -160,14 +220,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cluster = localcluster.LocalCluster(workdir=workdir, detach=True)
     cluster.start()
     state = json.loads((workdir / "state.json").read_text())
-    cfg = _dev_config(state, workdir / "tessera.yaml")
+    cfg = workdir / "tessera.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "scheduler": {"names": ["tessera", "volcano", "hami-scheduler"]},
+                "nats": {"url": state["nats_url"]},
+                "kubernetes": {"kubeconfig": state["kubeconfig"]},
+            }
+        )
+    )
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for service, module in SERVICES.items():
+            extra = (
+                ["--simulate", str(Path(args.inventory).resolve())]
+                if (service == "node-agent")
+                else []
+            )
             log = (workdir / f"{service}.log").open("ab")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", module, "--config", str(cfg)],
+                    [sys.executable, "-m", module, "--config", str(cfg), *extra],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -179,41 +253,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
             hellos = asyncio.run(_ping(cluster.nats_url, 1.0))
             if {h["service"] for h in hellos} >= set(SERVICES):
                 break
-        version = subprocess.run(
-            [
-                localcluster.kubectl(),
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "version",
-                "-o",
-                "json",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        server_version = "?"
-        if version.returncode == 0:
-            server_version = json.loads(version.stdout)["serverVersion"]["gitVersion"]
-        print(f"\nTessera local cluster up in {time.monotonic() - started:.1f}s\n")
-        print(f"{'component':<18} {'where':<34} state")
-        print(f"{'kube-apiserver':<18} {cluster.server:<34} ready ({server_version})")
-        print(f"{'nats-server':<18} {cluster.nats_url:<34} ready (JetStream)")
         alive = {str(h["service"]): h for h in hellos}
-        for service in SERVICES:
-            h = alive.get(service)
-            state_text = f"alive (config {h['config_hash']})" if h else "NOT ANSWERING"
-            where = str(h["instance"]) if h else "-"
-            print(f"{service:<18} {where:<34} {state_text}")
-        ok = set(alive) >= set(SERVICES)
+        print(
+            f"\nTessera local cluster up in {time.monotonic() - started:.1f}s: "
+            f"kube-apiserver {cluster.server}, nats {cluster.nats_url}"
+        )
+        print(
+            "services: "
+            + ", ".join(f"{s} {'alive' if s in alive else 'NOT ANSWERING'}" for s in SERVICES)
+        )
+        if set(alive) < set(SERVICES):
+            return 1
+        time.sleep(1.0)  # the simulated nodes register and report
+        docs = [d for d in yaml.safe_load_all(Path(args.workloads).read_text()) if d]
+        rows = asyncio.run(_demo_workloads(cluster.kubeconfig, docs))
+        width = max(len(r[0]) for r in rows)
+        print(f"\n{'POD':<{width}}  {'NODE':<14}  GRANT (or why it waits)")
+        for name, node, text in rows:
+            print(f"{name:<{width}}  {node:<14}  {text}")
+        kubectl = localcluster.kubectl()
+        print(f"\nkubectl: {kubectl} --kubeconfig {cluster.kubeconfig} get pods -o wide")
         if args.keep:
-            print(
-                f"\nleft running; kubeconfig {cluster.kubeconfig}; stop with `tessera dev down"
-                f" --dir {workdir}` (services: kill the pids in {workdir}/services.pids)"
-            )
             (workdir / "services.pids").write_text("\n".join(str(p.pid) for p in procs))
+            print(f"left running; stop with: tessera dev down --dir {workdir}")
             procs.clear()
-        return 0 if ok else 1
+        bound = sum(1 for r in rows if r[1] not in ("(pending)", "?"))
+        return 0 if bound >= len(rows) - 2 else 1
     finally:
         for proc in procs:
             proc.terminate()
@@ -258,8 +323,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--config", default=None)
     p.add_argument("--wait", type=float, default=1.0)
     p.set_defaults(func=cmd_ping)
-    p = sub.add_parser("demo", help="start everything locally and show it alive")
+    p = sub.add_parser("demo", help="schedule example workloads on a local simulated cluster")
     p.add_argument("--keep", action="store_true", help="leave it running")
+    p.add_argument("--inventory", default=str(EXAMPLES / "inventory/demo.yaml"))
+    p.add_argument("--workloads", default=str(EXAMPLES / "workloads/demo.yaml"))
     p.add_argument("--dir", default=os.environ.get("TESSERA_DEV_DIR", str(DEV_DIR)))
     p.set_defaults(func=cmd_demo)
     args = parser.parse_args(argv)

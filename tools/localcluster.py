@@ -523,8 +523,13 @@ def stop_detached(workdir: Path) -> bool:
     if not state_file.exists():
         return False
     state = json.loads(state_file.read_text())
+    services = workdir / "services.pids"  # left by `tessera demo --keep`
+    if services.exists():
+        for pid in services.read_text().split():
+            _terminate(int(pid))
     for pid in reversed(list(state["pids"].values())):
         _terminate(int(pid))
+
     shutil.rmtree(workdir, ignore_errors=True)
     return True
 

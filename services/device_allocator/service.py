@@ -203,11 +203,13 @@ class Allocator:
                 if invalid:
                     m, errs = invalid[0]
                     text = "; ".join(f"{e.field}: {e.message}" for e in errs)
+                    if len(members) > 1:
+                        text = f"{m.pod}: {text}"
                     failed.append(
                         self._failed(
                             gang,
                             [x.pod for x in members],
-                            f"{m.pod}: {text}",
+                            text,
                             (),
                             unresolvable=True,
                         )
