@@ -35,6 +35,10 @@ from shared.runtime import Runtime
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
+INFLIGHT_TIMEOUT_S = 20.0
+"""A gang the allocator has not answered in this time is sent again (it may have been
+published before the allocator's consumer existed); the allocator answers a pod it
+already placed by repeating its decision, so a resend never places twice."""
 
 
 @dataclass
@@ -43,6 +47,7 @@ class PodState:
     attempt: int = 0
     state: str = "pending"  # pending | inflight | placed | parked
     retry_at: float = 0.0
+    sent_at: float = 0.0
     unresolvable: bool = False
 
 
@@ -117,6 +122,13 @@ class Coordinator:
         for st in self.pods.values():
             if st.state == "parked" and st.retry_at <= now:
                 st.state = "pending"
+            elif st.state == "inflight" and now - st.sent_at > INFLIGHT_TIMEOUT_S:
+                log.info(
+                    "no answer for %s in %.0fs; sending it again",
+                    st.pending.pod,
+                    INFLIGHT_TIMEOUT_S,
+                )
+                st.state = "pending"
             if st.state != "pending":
                 continue
             p = st.pending
@@ -131,7 +143,7 @@ class Coordinator:
             members.sort(key=lambda s: (-s.pending.priority, s.pending.created_at))
             attempt = max(s.attempt for s in members) + 1
             for st in members:
-                st.state, st.attempt = "inflight", attempt
+                st.state, st.attempt, st.sent_at = "inflight", attempt, now
             gang = ev.GangRef(namespace=namespace, name=name.removeprefix("pod:"))
             ready.append(
                 ev.GangReady(

@@ -40,7 +40,20 @@ def test_manifests_apply_on_the_real_api_server(overlay: str, kube: LocalCluster
     assert {d["spec"]["template"]["spec"]["containers"][0]["args"][0] for d in workloads} == set(
         SERVICES
     )
-    [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+    if overlay == "overlays/dev":  # simulated nodes, from an inventory the agent can read
+        [sim] = [d for d in workloads if d["metadata"]["name"] == "tessera-simulated-nodes"]
+        assert "--simulate" in sim["spec"]["template"]["spec"]["containers"][0]["args"]
+        inventory = next(
+            d
+            for d in docs
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("tessera-inventory")
+        )
+        assert yaml.safe_load(inventory["data"]["inventory.yaml"])["nodes"]
+    [cm] = [
+        d
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("tessera-config")
+    ]
     config.parse(yaml.safe_load(cm["data"]["tessera.yaml"]))  # raises if invalid
 
     kubectl = [localcluster.kubectl(), "--kubeconfig", str(kube.kubeconfig)]
