@@ -22,7 +22,7 @@ import msgspec
 import yaml
 
 from shared.core.model import Policy
-from shared.core.spec import DeviceSpecs, NodeOverride, PosInt, names
+from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, NodeOverride, PosInt, names
 
 ENV_CONFIG = "TESSERA_CONFIG"
 """Environment variable naming the config file when no path is given."""
@@ -202,18 +202,7 @@ def _check(cfg: Config) -> None:
         raise ConfigError("`$.scheduler.names` is empty: name at least one schedulerName")
     owners: dict[str, str] = {}
     specs: list[tuple[str, tuple[str, ...]]] = []
-    for vendor in (
-        "nvidia",
-        "cambricon",
-        "hygon",
-        "metax",
-        "mthreads",
-        "enflame",
-        "kunlunxin",
-        "iluvatar",
-        "amd",
-        "awsneuron",
-    ):
+    for vendor in GENERIC_VENDORS:
         spec = getattr(cfg.devices, vendor)
         if spec.enabled:
             specs.append((f"devices.{vendor}", spec.all_names()))

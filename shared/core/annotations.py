@@ -23,6 +23,26 @@ BIND_TIME = "tessera.io/bind-time"
 
 Compat = Literal["none", "hami", "volcano"]
 
+# Upstream's assignment annotations (COMPAT.md section 5), by role.
+COMPAT_KEYS: dict[str, dict[str, str]] = {
+    "hami": {
+        "node": "hami.io/vgpu-node",
+        "time": "hami.io/vgpu-time",
+        "allocated": "hami.io/vgpu-devices-allocated",
+        "to-allocate": "hami.io/vgpu-devices-to-allocate",
+        "phase": "hami.io/bind-phase",
+        "bind-time": "hami.io/bind-time",
+    },
+    "volcano": {
+        "node": "volcano.sh/vgpu-node",
+        "time": "volcano.sh/vgpu-time",
+        "allocated": "volcano.sh/vgpu-ids-new",
+        "to-allocate": "volcano.sh/devices-to-allocate",
+        "phase": "volcano.sh/bind-phase",
+        "bind-time": "volcano.sh/bind-time",
+    },
+}
+
 _grants_encoder = msgspec.json.Encoder()
 _grants_decoder = msgspec.json.Decoder(tuple[ContainerGrant, ...])
 
@@ -49,30 +69,19 @@ def grant_annotations(
 ) -> dict[str, str]:
     """Every annotation the Binding carries for this grant."""
     out = {GRANT: encode_grants(grants), NODE: node, BIND_TIME: str(int(now))}
-    if compat == "hami":
+    keys = COMPAT_KEYS.get(compat)
+    if keys is not None:
         devices = device_list(grants)
-        out.update(
-            {
-                "hami.io/vgpu-node": node,
-                "hami.io/vgpu-time": str(int(now)),
-                "hami.io/vgpu-devices-allocated": devices,
-                "hami.io/vgpu-devices-to-allocate": devices,
-                "hami.io/bind-phase": "allocating",
-                "hami.io/bind-time": str(int(now)),
-            }
-        )
-    elif compat == "volcano":
-        devices = device_list(grants)
-        out.update(
-            {
-                "volcano.sh/vgpu-node": node,
-                "volcano.sh/vgpu-time": str(int(now)),
-                "volcano.sh/vgpu-ids-new": devices,
-                "volcano.sh/devices-to-allocate": devices,
-                "volcano.sh/bind-phase": "allocating",
-                "volcano.sh/bind-time": str(int(now)),
-            }
-        )
+        when = str(int(now))
+        values = {
+            "node": node,
+            "time": when,
+            "allocated": devices,
+            "to-allocate": devices,
+            "phase": "allocating",
+            "bind-time": when,
+        }
+        out.update({key: values[role] for role, key in keys.items()})
     return out
 
 

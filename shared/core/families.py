@@ -235,11 +235,7 @@ class SlicedFamily:
             return min(need, d.phys_mem) if ctx.clamp_memory else need
 
         def grant(d: Dev) -> DeviceGrant:
-            return DeviceGrant(
-                uuid=d.uuid,
-                index=d.index,
-                vendor=d.vendor,
-                model=d.model,
+            return d.grant(
                 memory_mib=need_of(d),
                 cores=cores,
                 exclusive=exclusive,
@@ -393,11 +389,7 @@ class MigFamily:
             picks.append(
                 (
                     d,
-                    DeviceGrant(
-                        uuid=d.uuid,
-                        index=d.index,
-                        vendor=d.vendor,
-                        model=d.model,
+                    d.grant(
                         memory_mib=slot.memory_mib,
                         mig_profile=slot.profile,
                         mig_placement=slot.placement,
@@ -484,11 +476,7 @@ def _template_picks(
         return [
             (
                 d,
-                DeviceGrant(
-                    uuid=d.uuid,
-                    index=d.index,
-                    vendor=d.vendor,
-                    model=d.model,
+                d.grant(
                     memory_mib=d.phys_mem,
                     ai_cores=d.ai_cores,
                     ai_cpus=d.ai_cpus,
@@ -517,11 +505,7 @@ def _template_picks(
         return [
             (
                 d,
-                DeviceGrant(
-                    uuid=d.uuid,
-                    index=d.index,
-                    vendor=d.vendor,
-                    model=d.model,
+                d.grant(
                     memory_mib=t.memory,
                     vnpu_template=t.name,
                     ai_cores=t.ai_core,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -222,6 +223,12 @@ class Dev:
             mem = min(mem, cores)
         return max(0.0, min(1.0, mem))
 
+    def grant(self, **fields: Any) -> DeviceGrant:
+        """A grant on this device: its identity plus ``fields`` (memory, cores, ...)."""
+        return DeviceGrant(
+            uuid=self.uuid, index=self.index, vendor=self.vendor, model=self.model, **fields
+        )
+
     def apply(self, grant: DeviceGrant, sign: int) -> None:
         """Add (``sign=1``) or remove (``-1``) one grant's usage: the only place usage moves.
 
@@ -300,14 +307,7 @@ class PoolIndex:
 
     def put(self, dev: Dev) -> None:
         """(Re)place ``dev`` by its current free capacity; it goes last in its cell."""
-        old = self.where.pop(dev, None)
-        if old is not None:
-            cell = self.cells[old[0]]
-            del cell[dev]
-            if not cell:
-                del self.cells[old[0]]
-                row, col = divmod(old[0], CORE_BUCKETS)
-                self.masks[col] &= ~(1 << row)
+        self.remove(dev)
         mem = dev.mem_key()
         if mem < 0:
             return

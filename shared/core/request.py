@@ -34,7 +34,7 @@ from shared.core.model import (
     Vendor,
 )
 from shared.core.quantity import parse_whole
-from shared.core.spec import DeviceSpecs, VendorSpec, VnpuChip, names
+from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, VendorSpec, VnpuChip, names
 
 # --- annotation and label keys (COMPAT.md section 2) -------------------------------------
 
@@ -93,19 +93,7 @@ class ResourceTable:
     def build(cls, specs: DeviceSpecs) -> ResourceTable:
         by_name: dict[str, Resource] = {}
         vendors: dict[Vendor, VendorSpec] = {}
-        generic: tuple[Vendor, ...] = (
-            "nvidia",
-            "cambricon",
-            "hygon",
-            "metax",
-            "mthreads",
-            "enflame",
-            "kunlunxin",
-            "iluvatar",
-            "amd",
-            "awsneuron",
-        )
-        for vendor in generic:
+        for vendor in GENERIC_VENDORS:
             spec = specs.vendor(vendor)
             if spec is None or not spec.enabled:
                 continue

@@ -11,11 +11,14 @@ Defaults live here, as data, so that the core, the config and the docs agree.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import msgspec
 
 from shared.core.model import SharingMode, Vendor
+
+GENERIC_VENDORS: tuple[Vendor, ...] = tuple(v for v in get_args(Vendor) if v != "ascend")
+"""Vendors sliced by count, memory and cores (Ascend has chips and templates instead)."""
 
 Names = str | list[str]
 """One resource name or several; see :func:`names`."""
