@@ -44,6 +44,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from shared import events
+from shared.aio import raise_if_cancelling
 from shared.config import NatsConfig
 from shared.core.model import NodeName
 from shared.telemetry import tracer
@@ -285,6 +286,7 @@ class Bus:
                 try:
                     msgs = await sub.fetch(batch, timeout=1.0)
                 except (TimeoutError, nats.errors.TimeoutError):
+                    raise_if_cancelling()
                     continue
                 except nats.errors.ConnectionClosedError:
                     return
@@ -423,14 +425,25 @@ class Lease:
 
     async def hold(self) -> None:
         kv = await self._kv()
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
                 self._revision = await kv.update(
                     self.name, self.identity.encode(), last=self._revision
                 )
+                renewed = loop.time()
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
                 raise LeaseLostError(f"{self.identity} lost the {self.name} lease") from None
+            except (nats.errors.TimeoutError, nats.errors.ConnectionReconnectingError) as exc:
+                # A slow or reconnecting server: keep trying while the lease still holds.
+                raise_if_cancelling()
+                if loop.time() - renewed >= self.lease_s:
+                    raise LeaseLostError(
+                        f"{self.identity} could not renew the {self.name} lease: {exc}"
+                    ) from None
+                log.warning("renewing the %s lease failed (%s); retrying", self.name, exc)
 
     async def release(self) -> None:
         kv = await self._kv()

@@ -44,8 +44,16 @@ class Pipeline:
     nats_url: str
     api: ApiClient
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    keepers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    restarts: list[str] = field(default_factory=list)
 
     async def start(self, service: str) -> None:
+        """Start a service and keep it running: like the kubelet, restart it if it exits
+        unasked (a lost lease, a crash), and note it in ``restarts``."""
+        await self._spawn(service)
+        self.keepers[service] = asyncio.create_task(self._keep(service), name=f"keep:{service}")
+
+    async def _spawn(self, service: str) -> None:
         args = [sys.executable, "-m", SERVICES[service], "--config", str(self.config)]
         if service == "node-agent":
             args += ["--simulate", str(self.inventory)]
@@ -54,7 +62,23 @@ class Pipeline:
             *args, stdout=log, stderr=asyncio.subprocess.STDOUT
         )
 
+    async def _keep(self, service: str) -> None:
+        while True:
+            code = await self.procs[service].wait()
+            self.restarts.append(f"{service} exited with {code}")
+            await asyncio.sleep(0.5)
+            await self._spawn(service)
+
+    def kill(self, service: str) -> None:
+        """SIGKILL a service (no clean-up at all); its keeper starts it again."""
+        with contextlib.suppress(ProcessLookupError):
+            self.procs[service].send_signal(signal.SIGKILL)
+
     async def stop(self, service: str, sig: int = signal.SIGTERM) -> None:
+        keeper = self.keepers.pop(service)
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
         proc = self.procs.pop(service)
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
