@@ -20,6 +20,7 @@ import msgspec
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient, ApiException
 
+from shared.aio import raise_if_cancelling
 from shared.config import KubernetesConfig
 from shared.core.model import NodeName, PodRef
 
@@ -305,6 +306,7 @@ async def list_watch(
             log.info("watch of %s expired (410 Gone); listing again", path)
             version = ""
         except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as exc:
+            raise_if_cancelling()
             log.warning("watch of %s failed (%s); retrying in %.1fs", path, exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_s)
