@@ -238,6 +238,10 @@ class Allocator:
                                 unresolvable=first.unresolvable,
                             )
                         )
+        for f in failed:
+            assert isinstance(f, ev.AllocationFailed)
+            log.info("not placed (%s): %s: %s", "unresolvable" if f.unresolvable else "waits",
+                     ", ".join(str(p) for p in f.pods), f.message)
         await self.rt.bus.publish_many(decided + failed)
 
     def _decided(self, grant: PodGrant, gang: ev.GangReady, attempt: int) -> ev.Event:
