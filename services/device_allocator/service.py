@@ -191,7 +191,7 @@ class Allocator:
             else:
                 members.append(GangMember(pod=p.pod, request=p.request, group=p.group))
         decided: list[ev.Event] = [self._decided(g, gang, gang.attempt) for g in replay]
-        failed: list[ev.Event] = []
+        failed: list[ev.AllocationFailed] = []
         if members:
             with tracer().start_as_current_span(
                 f"place {gang.gang.namespace}/{gang.gang.name}"
@@ -238,11 +238,14 @@ class Allocator:
                                 unresolvable=first.unresolvable,
                             )
                         )
-        for f in failed:
-            assert isinstance(f, ev.AllocationFailed)
-            log.info("not placed (%s): %s: %s", "unresolvable" if f.unresolvable else "waits",
-                     ", ".join(str(p) for p in f.pods), f.message)
-        await self.rt.bus.publish_many(decided + failed)
+        for no in failed:
+            log.info(
+                "not placed (%s): %s: %s",
+                "unresolvable" if no.unresolvable else "waits",
+                ", ".join(str(p) for p in no.pods),
+                no.message,
+            )
+        await self.rt.bus.publish_many([*decided, *failed])
 
     def _decided(self, grant: PodGrant, gang: ev.GangReady, attempt: int) -> ev.Event:
         lone = gang.min_member <= 1 and len(gang.members) == 1
@@ -254,7 +257,7 @@ class Allocator:
             attempt=attempt,
         )
 
-    def _failure(self, gang: ev.GangReady, pods: list[PodRef], f: Failure) -> ev.Event:
+    def _failure(self, gang: ev.GangReady, pods: list[PodRef], f: Failure) -> ev.AllocationFailed:
         return self._failed(gang, pods, f.message, f.reasons, unresolvable=f.unresolvable)
 
     def _failed(
@@ -265,7 +268,7 @@ class Allocator:
         reasons: tuple[tuple[str, int], ...],
         *,
         unresolvable: bool,
-    ) -> ev.Event:
+    ) -> ev.AllocationFailed:
         refused = len(self.refused)
         if refused:
             message += f" ({refused} node(s) refused: they run another config)"
