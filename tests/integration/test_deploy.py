@@ -68,3 +68,66 @@ def test_manifests_apply_on_the_real_api_server(overlay: str, kube: LocalCluster
     )
     assert proc.returncode == 0, proc.stderr
     assert "deployment.apps/tessera-binder created (server dry run)" in proc.stdout
+
+
+def test_crds_are_installed_and_accept_volcano_objects(kube: LocalCluster) -> None:
+    kubectl = [localcluster.kubectl(), "--kubeconfig", str(kube.kubeconfig)]
+    queue = subprocess.run(
+        [*kubectl, "get", "queue", "default", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert '"weight": 1' in queue
+    podgroup = {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": "pg-crd-check", "namespace": "default"},
+        "spec": {
+            "minMember": 2,
+            "minTaskMember": {"worker": 2},
+            "queue": "default",
+            "minResources": {"nvidia.com/gpu": "2"},
+            "priorityClassName": "high",
+        },
+    }
+    job = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "job-crd-check", "namespace": "default"},
+        "spec": {
+            "minAvailable": 2,
+            "schedulerName": "tessera",
+            "queue": "default",
+            "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
+            "plugins": {"env": [], "svc": []},
+            "tasks": [
+                {
+                    "replicas": 2,
+                    "name": "worker",
+                    "template": {"spec": {"containers": [{"name": "w", "image": "busybox"}]}},
+                }
+            ],
+        },
+    }
+    for doc in (podgroup, job):
+        subprocess.run(
+            [*kubectl, "apply", "-f", "-"],
+            input=yaml.safe_dump(doc),
+            text=True,
+            capture_output=True,
+            check=True,
+        )
+    names = subprocess.run(
+        [*kubectl, "get", "podgroups,vcjob", "-o", "name"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "podgroup.scheduling.volcano.sh/pg-crd-check" in names
+    assert "job.batch.volcano.sh/job-crd-check" in names
+    subprocess.run(
+        [*kubectl, "delete", "podgroup/pg-crd-check", "vcjob/job-crd-check"],
+        capture_output=True,
+        check=True,
+    )
