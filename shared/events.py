@@ -51,7 +51,8 @@ def _now() -> float:
     return time.time()
 
 
-def _new_id() -> str:
+def new_id() -> str:
+    """A fresh event id (a re-announcement needs one, or de-duplication drops it)."""
     return uuid.uuid4().hex
 
 
@@ -59,7 +60,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
     """Base of every event: a unique id and the wall-clock time it was emitted."""
 
     SUBJECT: ClassVar[str] = ""
-    event_id: str = msgspec.field(default_factory=_new_id)
+    event_id: str = msgspec.field(default_factory=new_id)
     emitted_at: float = msgspec.field(default_factory=_now)
 
     def subject(self) -> str:
@@ -98,6 +99,8 @@ class PodPending(Event, frozen=True, kw_only=True, tag="pod.pending"):
     scheduler_name: str
     group: str | None = None
     """PodGroup name from ``scheduling.k8s.io/group-name``, or None for a lone pod."""
+    task: str | None = None
+    """The pod's task role in its Volcano Job (``volcano.sh/task-spec``), for minTaskMember."""
     priority: int = 0
     created_at: float = 0.0
     resource_version: str = ""
@@ -184,6 +187,53 @@ class NodeDeleted(Event, frozen=True, kw_only=True, tag="node.deleted"):
 
     def subject(self) -> str:
         return f"{self.SUBJECT}.{subject_token(self.node)}"
+
+
+# --- Volcano batch objects -----------------------------------------------------------
+
+
+class PodGroupUpdated(Event, frozen=True, kw_only=True, tag="podgroup.updated"):
+    """A Volcano PodGroup as the watcher read it: who belongs together and how many."""
+
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.podgroup.updated"
+    namespace: str
+    name: str
+    uid: str = ""
+    min_member: int = 1
+    min_task_member: dict[str, int] = msgspec.field(default_factory=dict)
+    queue: str = "default"
+    priority_class: str = ""
+    min_resources: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def subject(self) -> str:
+        return f"{self.SUBJECT}.{subject_token(self.namespace)}"
+
+
+class PodGroupDeleted(Event, frozen=True, kw_only=True, tag="podgroup.deleted"):
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.podgroup.deleted"
+    namespace: str
+    name: str
+
+    def subject(self) -> str:
+        return f"{self.SUBJECT}.{subject_token(self.namespace)}"
+
+
+class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
+    """A Volcano Queue: weight, capability, guarantee, reclaimable, priority, state."""
+
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.queue.updated"
+    name: str
+    weight: int = 1
+    capability: dict[str, str] = msgspec.field(default_factory=dict)
+    guarantee: dict[str, str] = msgspec.field(default_factory=dict)
+    reclaimable: bool = True
+    priority: int = 0
+    state: str = "Open"
+
+
+class QueueDeleted(Event, frozen=True, kw_only=True, tag="queue.deleted"):
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.queue.deleted"
+    name: str
 
 
 # --- gangs --------------------------------------------------------------------------
@@ -282,6 +332,10 @@ AnyEvent = (
     | NodeInventory
     | NodeUpdated
     | NodeDeleted
+    | PodGroupUpdated
+    | PodGroupDeleted
+    | QueueUpdated
+    | QueueDeleted
     | GangReady
     | AllocationDecided
     | AllocationFailed
@@ -299,6 +353,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     NodeInventory,
     NodeUpdated,
     NodeDeleted,
+    PodGroupUpdated,
+    PodGroupDeleted,
+    QueueUpdated,
+    QueueDeleted,
     GangReady,
     AllocationDecided,
     AllocationFailed,

@@ -1,22 +1,27 @@
 """The gang-coordinator: decides which pods go to the allocator, and when again.
 
-A pod is pending until the allocator decides; a lone pod is a gang of one and goes at
-once. Pods of a PodGroup (``scheduling.k8s.io/group-name``) go together once
-``min_member`` of them are pending (the PodGroup's value when known, else 1).
+A lone pod is a gang of one. Pods of a PodGroup (``scheduling.k8s.io/group-name``) go
+together once ``minMember`` of them (and ``minTaskMember`` per task role) are pending or
+already placed; until the PodGroup is known they wait.
 
-A pod the allocator could not place is parked. It is retried when something that could
-help happens (a node's inventory or cordons changed, a grant was released, a bind
-failed) and otherwise after a backoff that doubles up to a minute. An unresolvable
-failure (no node could ever fit as the cluster is built) waits for a node change only.
+Queues (Volcano's): a gang of a Closed queue waits, and its pods are told why. With
+queues known, each queue gets its deserved share of the cluster's devices by weighted
+water-filling (shared/core/queues.py); a queue whose allocated + in-flight + next gang
+would exceed it waits while the others are served. Gangs are taken from the queue
+furthest below its share first, then by priority, then by age.
 
-State is rebuilt at start from the watcher (``tessera.ctl.resync``), so a restarted
-coordinator forgets nothing.
+A gang the allocator could not place is parked and retried when something could help
+(a node changed, a grant was released) or after a backoff doubling to a minute; an
+unresolvable one waits for a node change. An unanswered gang is sent again.
+
+The coordinator owns PodGroup status: Pending, Inqueue once sent, Running once
+``minMember`` are bound, and the ``Unschedulable`` condition with the reason.
 
 Per pod::
 
-    pending --GangReady--> in flight --decided--> placed --bound / deleted--> (gone)
-       ^                      |  failed                 |  bind failed
-       +------ retry ------ parked <--------------------+
+    pending --GangReady--> inflight --decided--> placed --bound--> bound --deleted--> (gone)
+       ^                      |  failed             |  bind failed
+       +------ retry ------ parked <----------------+
 """
 
 from __future__ import annotations
@@ -26,10 +31,17 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, ApiException
 
 from shared import events as ev
+from shared import kube
 from shared.bus import Delivery
-from shared.core.model import PodUID
+from shared.core.model import ContainerGrant, PodUID
+from shared.core.queues import QueueShare, Resources, add, deserved, request_vector, within
+from shared.core.queues import resource_vector as queue_vector
+from shared.core.request import ResourceTable
 from shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -39,24 +51,59 @@ INFLIGHT_TIMEOUT_S = 20.0
 """A gang the allocator has not answered in this time is sent again (it may have been
 published before the allocator's consumer existed); the allocator answers a pod it
 already placed by repeating its decision, so a resend never places twice."""
+VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
+
+
+def grant_vector(grants: tuple[ContainerGrant, ...]) -> Resources:
+    """What a placed pod holds, from its grant (exact, where a request is an estimate)."""
+    out: Resources = {}
+    for c in grants:
+        for d in c.devices:
+            out = add(
+                out,
+                {
+                    f"{d.vendor}.count": 1,
+                    f"{d.vendor}.memory": d.memory_mib,
+                    f"{d.vendor}.cores": 100 if d.exclusive else d.cores,
+                },
+            )
+    return out
 
 
 @dataclass
 class PodState:
     pending: ev.PodPending
     attempt: int = 0
-    state: str = "pending"  # pending | inflight | placed | parked
+    state: str = "pending"  # pending | inflight | placed | bound | parked
     retry_at: float = 0.0
     sent_at: float = 0.0
     unresolvable: bool = False
+    queue: str = "default"
+    vector: Resources = field(default_factory=dict)
+    told: str = ""
+    """What this pod was last told by the coordinator (queue closed, ...)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        p = self.pending
+        return p.pod.namespace, p.group or f"pod:{p.pod.name}"
 
 
 @dataclass
 class Coordinator:
     rt: Runtime
+    api: ApiClient | None = None
     pods: dict[PodUID, PodState] = field(default_factory=dict)
-    min_members: dict[tuple[str, str], int] = field(default_factory=dict)
+    podgroups: dict[tuple[str, str], ev.PodGroupUpdated] = field(default_factory=dict)
+    queues: dict[str, ev.QueueUpdated] = field(default_factory=dict)
+    inventory: dict[str, ev.NodeInventory] = field(default_factory=dict)
+    group_phase: dict[tuple[str, str], str] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.table = ResourceTable.build(self.rt.cfg.devices)
+
+    # --- events -----------------------------------------------------------------------
 
     async def handle(self, event: ev.AnyEvent, _delivery: Delivery) -> None:
         match event:
@@ -64,18 +111,40 @@ class Coordinator:
                 self._pending(event)
             case ev.AllocationDecided():
                 st = self.pods.get(event.pod.uid)
-                if st is not None:
+                if st is not None and st.state in ("inflight", "pending"):
                     st.state = "placed"
+                    st.vector = grant_vector(event.grants)  # what it really holds
             case ev.AllocationFailed():
-                self._failed(event)
+                await self._failed(event)
             case ev.BindFailed():
                 st = self.pods.get(event.pod.uid)
                 if st is not None:
                     self._park(st, unresolvable=False, delay=0.0)
-            case ev.PodUpdated() | ev.PodDeleted() | ev.PodRejected():
+            case ev.PodUpdated():
+                st = self.pods.get(event.pod.uid)
+                if st is not None:
+                    st.state = "bound"
+                    await self._group_progress(st.key)
+            case ev.PodDeleted() | ev.PodRejected():
                 self.pods.pop(event.pod.uid, None)
-            case ev.NodeInventory() | ev.NodeUpdated() | ev.AllocationReleased():
-                self._helpful(node_changed=not isinstance(event, ev.AllocationReleased))
+            case ev.PodGroupUpdated():
+                self.podgroups[(event.namespace, event.name)] = event
+            case ev.PodGroupDeleted():
+                self.podgroups.pop((event.namespace, event.name), None)
+            case ev.QueueUpdated():
+                self.queues[event.name] = event
+            case ev.QueueDeleted():
+                self.queues.pop(event.name, None)
+            case ev.NodeInventory():
+                self.inventory[event.node] = event
+                self._helpful(node_changed=True)
+            case ev.NodeDeleted():
+                self.inventory.pop(event.node, None)
+                self._helpful(node_changed=True)
+            case ev.NodeUpdated():
+                self._helpful(node_changed=True)
+            case ev.AllocationReleased():
+                self._helpful(node_changed=False)
             case _:
                 return
         await self.dispatch()
@@ -90,15 +159,19 @@ class Coordinator:
         if changed and st.state == "parked":
             st.state, st.unresolvable = "pending", False
 
-    def _failed(self, event: ev.AllocationFailed) -> None:
+    async def _failed(self, event: ev.AllocationFailed) -> None:
         for ref in event.pods:
             st = self.pods.get(ref.uid)
-            if st is None or st.attempt != event.attempt:
+            if st is None or st.attempt != event.attempt or st.state == "bound":
                 continue  # a stale answer to an earlier attempt
             backoff = min(
                 self.rt.cfg.scheduler.retry_backoff_s * 2 ** (st.attempt - 1), MAX_BACKOFF_S
             )
             self._park(st, unresolvable=event.unresolvable, delay=backoff)
+        if event.gang is not None:
+            await self._group_status(
+                (event.gang.namespace, event.gang.name), "Pending", unschedulable=event.message
+            )
 
     def _park(self, st: PodState, *, unresolvable: bool, delay: float) -> None:
         st.state = "parked"
@@ -115,10 +188,58 @@ class Coordinator:
                 st.retry_at = 0.0
         self.wake.set()
 
+    # --- shares -----------------------------------------------------------------------
+
+    def _card_memory(self) -> dict[str, int]:
+        largest: dict[str, int] = {}
+        for inv in self.inventory.values():
+            for d in inv.devices:
+                largest[d.vendor] = max(largest.get(d.vendor, 0), d.memory_mib)
+        return largest
+
+    def _total(self) -> Resources:
+        total: Resources = {}
+        for inv in self.inventory.values():
+            for d in inv.devices:
+                total = add(
+                    total,
+                    {
+                        f"{d.vendor}.count": 1,
+                        f"{d.vendor}.memory": d.memory_mib,
+                        f"{d.vendor}.cores": d.cores,
+                    },
+                )
+        return total
+
+    def _shares(self) -> tuple[dict[str, Resources], dict[str, Resources]]:
+        """Each queue's (allocated + in flight) and deserved share, by the demand now."""
+        used: dict[str, Resources] = {}
+        demand: dict[str, Resources] = {}
+        for st in self.pods.values():
+            if st.state in ("inflight", "placed", "bound"):
+                used[st.queue] = add(used.get(st.queue, {}), st.vector)
+            demand[st.queue] = add(demand.get(st.queue, {}), st.vector)
+        shares = [
+            QueueShare(
+                name=q.name,
+                weight=q.weight,
+                demand=demand.get(q.name, {}),
+                capability=queue_vector(self.table, q.capability) if q.capability else None,
+                guarantee=queue_vector(self.table, q.guarantee),
+            )
+            for q in self.queues.values()
+            if q.state == "Open"
+        ]
+        return used, deserved(self._total(), shares)
+
+    # --- dispatch ---------------------------------------------------------------------
+
     async def dispatch(self) -> None:
-        """Send every gang that is ready to the allocator."""
+        """Send every gang that is ready, and allowed by its queue, to the allocator."""
         now = time.monotonic()
+        cards = self._card_memory()
         groups: dict[tuple[str, str], list[PodState]] = {}
+        settled: dict[tuple[str, str], list[PodState]] = {}
         for st in self.pods.values():
             if st.state == "parked" and st.retry_at <= now:
                 st.state = "pending"
@@ -129,32 +250,160 @@ class Coordinator:
                     INFLIGHT_TIMEOUT_S,
                 )
                 st.state = "pending"
-            if st.state != "pending":
+            pg = self.podgroups.get(st.key) if st.pending.group else None
+            st.queue = pg.queue if pg is not None else "default"
+            if st.state == "pending":
+                st.vector = request_vector(st.pending.request, cards)
+                groups.setdefault(st.key, []).append(st)
+            elif st.state in ("placed", "bound"):
+                settled.setdefault(st.key, []).append(st)
+        used, share = self._shares()
+        ready: list[tuple[tuple[float, int, float], ev.GangReady, list[PodState]]] = []
+        told: list[ev.Event] = []
+        for key, members in groups.items():
+            gang = self._gang(key, members, settled.get(key, []), told)
+            if gang is None:
                 continue
-            p = st.pending
-            key = (p.pod.namespace, p.group or f"pod:{p.pod.name}")
-            groups.setdefault(key, []).append(st)
-        ready = []
-        for (namespace, name), members in groups.items():
-            lone = name.startswith("pod:")
-            min_member = 1 if lone else self.min_members.get((namespace, name), 1)
-            if len(members) < min_member:
-                continue
-            members.sort(key=lambda s: (-s.pending.priority, s.pending.created_at))
-            attempt = max(s.attempt for s in members) + 1
+            queue = members[0].queue
+            need: Resources = {}
             for st in members:
-                st.state, st.attempt, st.sent_at = "inflight", attempt, now
-            gang = ev.GangRef(namespace=namespace, name=name.removeprefix("pod:"))
-            ready.append(
-                ev.GangReady(
-                    gang=gang,
-                    min_member=min_member,
-                    attempt=attempt,
-                    members=tuple(s.pending for s in members),
+                need = add(need, st.vector)
+            rank = 0.0
+            others_wait = any(m[0].queue != queue for k, m in groups.items() if k != key)
+            if self.queues:
+                mine = share.get(queue, {})
+                if others_wait and not within(add(used.get(queue, {}), need), mine):
+                    continue  # over its share while others wait: not now
+                rank = max(
+                    (used.get(queue, {}).get(k, 0.0) / v for k, v in mine.items() if v), default=0.0
                 )
+            first = members[0].pending
+            ready.append(((rank, -first.priority, first.created_at), gang, members))
+            used[queue] = add(used.get(queue, {}), need)
+        ready.sort(key=lambda r: r[0])
+        sent: list[ev.Event] = []
+        for _, gang, members in ready:
+            for st in members:
+                st.state, st.attempt, st.sent_at = "inflight", gang.attempt, now
+            sent.append(gang)
+            if members[0].pending.group:
+                await self._group_status((gang.gang.namespace, gang.gang.name), "Inqueue")
+        if sent or told:
+            await self.rt.bus.publish_many([*sent, *told])
+
+    def _gang(
+        self,
+        key: tuple[str, str],
+        members: list[PodState],
+        settled: list[PodState],
+        told: list[ev.Event],
+    ) -> ev.GangReady | None:
+        """The GangReady for these pending members, or None while they must wait."""
+        namespace, name = key
+        lone = name.startswith("pod:")
+        queue_name = members[0].queue
+        min_member = 1
+        if not lone:
+            pg = self.podgroups.get(key)
+            if pg is None:
+                return None  # the PodGroup is not known (yet): Volcano waits as well
+            for task, needed in pg.min_task_member.items():
+                have = sum(1 for s in [*members, *settled] if s.pending.task == task)
+                if have < needed:
+                    return None
+            min_member = max(pg.min_member - len(settled), 1)
+            if len(members) < min_member:
+                return None
+        if self.queues:
+            queue = self.queues.get(queue_name)
+            reason = ""
+            if queue is None:
+                reason = f'queue "{queue_name}" does not exist; create it or name another'
+            elif queue.state != "Open":
+                reason = f'queue "{queue_name}" is {queue.state}: it accepts no new pods'
+            if reason:
+                for st in members:
+                    if st.told != reason:
+                        st.told = reason
+                        told.append(
+                            ev.AllocationFailed(
+                                pods=(st.pending.pod,),
+                                message=reason,
+                                attempt=st.attempt,
+                                unresolvable=True,
+                            )
+                        )
+                return None
+        members.sort(key=lambda s: (-s.pending.priority, s.pending.created_at))
+        attempt = max(s.attempt for s in members) + 1
+        return ev.GangReady(
+            gang=ev.GangRef(namespace=namespace, name=name.removeprefix("pod:"), queue=queue_name),
+            min_member=min_member,
+            attempt=attempt,
+            members=tuple(s.pending for s in members),
+        )
+
+    # --- PodGroup status --------------------------------------------------------------
+
+    async def _group_progress(self, key: tuple[str, str]) -> None:
+        pg = self.podgroups.get(key)
+        if pg is None:
+            return
+        bound = sum(1 for s in self.pods.values() if s.key == key and s.state == "bound")
+        if bound >= pg.min_member:
+            await self._group_status(key, "Running", running=bound)
+
+    async def _group_status(
+        self,
+        key: tuple[str, str],
+        phase: str,
+        *,
+        unschedulable: str | None = None,
+        running: int | None = None,
+    ) -> None:
+        if self.api is None or key not in self.podgroups:
+            return
+        if self.group_phase.get(key) == phase and unschedulable is None and running is None:
+            return
+        self.group_phase[key] = phase
+        now = kube.now_rfc3339()
+        status: dict[str, Any] = {"phase": phase}
+        if unschedulable is not None:
+            status["conditions"] = [
+                {
+                    "type": "Unschedulable",
+                    "status": "True",
+                    "reason": "NotEnoughResources",
+                    "message": unschedulable[:1024],
+                    "transitionID": now,
+                    "lastTransitionTime": now,
+                }
+            ]
+        elif phase == "Running":
+            status["conditions"] = [
+                {
+                    "type": "Scheduled",
+                    "status": "True",
+                    "reason": "tasks in gang are ready",
+                    "lastTransitionTime": now,
+                }
+            ]
+        if running is not None:
+            status["running"] = running
+        namespace, name = key
+        try:
+            await kube.request(
+                self.api,
+                "PATCH",
+                f"{VOLCANO}/namespaces/{namespace}/podgroups/{name}/status",
+                {"status": status},
+                content_type="application/merge-patch+json",
             )
-        if ready:
-            await self.rt.bus.publish_many(ready)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("cannot update PodGroup %s/%s status: %s", namespace, name, exc.status)
+
+    # --- loops ------------------------------------------------------------------------
 
     async def retry_loop(self) -> None:
         while True:
@@ -162,12 +411,11 @@ class Coordinator:
             delay = max(0.05, min(parked, default=1.0) - time.monotonic())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=min(delay, 1.0))
-
             self.wake.clear()
             await self.dispatch()
 
     async def request_resync(self) -> None:
-        """Ask the watcher to re-announce pending pods (it answers once it has)."""
+        """Ask the watcher to re-announce queues, PodGroups and pending pods."""
         try:
             await self.rt.bus.nc.request(ev.CONTROL_RESYNC_SUBJECT, b"", timeout=5)
         except Exception as exc:  # the watcher may not be up yet; its resync loop covers it
@@ -176,14 +424,17 @@ class Coordinator:
 
 SUBJECTS = [
     "tessera.v1.pod.>",
-    "tessera.v1.gang.>",
+    "tessera.v1.podgroup.>",
+    "tessera.v1.queue.>",
     "tessera.v1.allocation.>",
     "tessera.v1.node.>",
 ]
 
 
 async def main(rt: Runtime) -> None:
-    coordinator = Coordinator(rt)
+    api = await kube.connect(rt.cfg.kubernetes)
+    rt.on_stop(api.close)
+    coordinator = Coordinator(rt, api)
     # The consumer first, so the pods the watcher re-announces for us are all kept.
     await rt.bus.ensure_consumer("gang-coordinator", SUBJECTS, deliver="new")
     rt.adopt(rt.bus.consume("gang-coordinator", SUBJECTS, coordinator.handle, deliver="new"))

@@ -19,6 +19,7 @@ import datetime as dt
 import logging
 from typing import Any
 
+import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException
 from nats.aio.msg import Msg
 
@@ -33,7 +34,18 @@ from shared.telemetry import tracer
 log = logging.getLogger(__name__)
 
 CORDON_ANNOTATIONS = ("hami.io/device-cordon", "volcano.sh/gpu-unhealthy-ids")
+VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
+TASK_SPEC = "volcano.sh/task-spec"
+DISCOVERY_RETRY_S = 30.0
 TERMINAL = ("Succeeded", "Failed")
+
+
+def _changed(old: ev.Event | None, new: ev.Event) -> bool:
+    """Did anything but the event's identity and time change?"""
+    if old is None:
+        return True
+    same = msgspec.structs.replace(old, event_id=new.event_id, emitted_at=new.emitted_at)
+    return same != new
 
 
 def pod_ref(obj: dict[str, Any]) -> PodRef:
@@ -61,6 +73,8 @@ class Watcher:
         """Pods seen per scheduler-name watch, to notice deletions missed while relisting."""
         self.refs: dict[PodUID, PodRef] = {}
         self.node_cordons: dict[str, ev.NodeUpdated] = {}
+        self.podgroups: dict[tuple[str, str], ev.PodGroupUpdated] = {}
+        self.queues: dict[str, ev.QueueUpdated] = {}
 
     # --- pods -------------------------------------------------------------------------
 
@@ -104,6 +118,7 @@ class Watcher:
             request=parsed,
             scheduler_name=spec.get("schedulerName", ""),
             group=annotations.get(GROUP_NAME) or None,
+            task=annotations.get(TASK_SPEC) or None,
             priority=int(spec.get("priority") or 0),
             created_at=_timestamp(meta.get("creationTimestamp")),
             resource_version=meta.get("resourceVersion", ""),
@@ -196,14 +211,105 @@ class Watcher:
             await self.resync()
 
     async def resync(self) -> None:
-        """Re-announce every pending pod (a coordinator that restarted learns them)."""
-        if self.pending:
-            await self.rt.bus.publish_many(list(self.pending.values()))
+        """Re-announce queues, PodGroups and every pending pod (a coordinator that
+        restarted learns them all)."""
+        known: list[ev.Event] = [*self.queues.values(), *self.podgroups.values()]
+        known += [msgspec.structs.replace(p, event_id=ev.new_id()) for p in self.pending.values()]
+        if known:
+            await self.rt.bus.publish_many(known)
 
     async def on_resync_request(self, msg: Msg) -> None:
         await self.resync()
         if msg.reply:
             await msg.respond(str(len(self.pending)).encode())
+
+    # --- Volcano PodGroups and Queues -----------------------------------------------
+
+    async def watch_volcano(self) -> None:
+        """Watch PodGroups and Queues once their API is served (the CRDs may come later)."""
+        while True:
+            try:
+                await kube.request(self.api, "GET", VOLCANO)
+                break
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+            await asyncio.sleep(DISCOVERY_RETRY_S)
+        self.rt.spawn(
+            kube.list_watch(
+                self.api,
+                f"{VOLCANO}/podgroups",
+                self.on_podgroup,
+                on_relist=self.on_podgroup_relist,
+            ),
+            "watch-podgroups",
+        )
+        self.rt.spawn(
+            kube.list_watch(
+                self.api, f"{VOLCANO}/queues", self.on_queue, on_relist=self.on_queue_relist
+            ),
+            "watch-queues",
+        )
+        log.info("watching Volcano PodGroups and Queues")
+
+    async def on_podgroup(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
+        if kind == "DELETED":
+            if self.podgroups.pop(key, None) is not None:
+                await self.rt.bus.publish(ev.PodGroupDeleted(namespace=key[0], name=key[1]))
+            return
+        spec = obj.get("spec") or {}
+        update = ev.PodGroupUpdated(
+            namespace=key[0],
+            name=key[1],
+            uid=meta.get("uid", ""),
+            min_member=max(int(spec.get("minMember") or 1), 1),
+            min_task_member={str(k): int(v) for k, v in (spec.get("minTaskMember") or {}).items()},
+            queue=spec.get("queue") or "default",
+            priority_class=spec.get("priorityClassName") or "",
+            min_resources={str(k): str(v) for k, v in (spec.get("minResources") or {}).items()},
+        )
+        if _changed(self.podgroups.get(key), update):
+            self.podgroups[key] = update
+            await self.rt.bus.publish(update)
+
+    async def on_podgroup_relist(self, items: list[dict[str, Any]]) -> None:
+        present = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in items}
+        for ns, name in set(self.podgroups) - present:
+            await self.on_podgroup("DELETED", {"metadata": {"namespace": ns, "name": name}})
+        for obj in items:
+            await self.on_podgroup("ADDED", obj)
+
+    async def on_queue(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            if self.queues.pop(name, None) is not None:
+                await self.rt.bus.publish(ev.QueueDeleted(name=name))
+            return
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        guarantee = (spec.get("guarantee") or {}).get("resource") or {}
+        state = status.get("state") or spec.get("state") or "Open"
+        update = ev.QueueUpdated(
+            name=name,
+            weight=max(int(spec.get("weight") or 1), 0),
+            capability={str(k): str(v) for k, v in (spec.get("capability") or {}).items()},
+            guarantee={str(k): str(v) for k, v in guarantee.items()},
+            reclaimable=bool(spec.get("reclaimable", True)),
+            priority=int(spec.get("priority") or 0),
+            state=str(state),
+        )
+        if _changed(self.queues.get(name), update):
+            self.queues[name] = update
+            await self.rt.bus.publish(update)
+
+    async def on_queue_relist(self, items: list[dict[str, Any]]) -> None:
+        present = {o["metadata"]["name"] for o in items}
+        for name in set(self.queues) - present:
+            await self.on_queue("DELETED", {"metadata": {"name": name}})
+        for obj in items:
+            await self.on_queue("ADDED", obj)
 
     # --- nodes ------------------------------------------------------------------------
 
@@ -258,6 +364,7 @@ async def main(rt: Runtime) -> None:
         "watch-nodes",
     )
     rt.spawn(watcher.resync_loop(), "resync")
+    rt.spawn(watcher.watch_volcano(), "discover-volcano", finite=True)
     await rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=watcher.on_resync_request)
     rt.on_stop(api.close)
     log.info("watching pods of schedulers %s", ", ".join(rt.cfg.scheduler.names))

@@ -367,13 +367,14 @@ class Placer:
             if i < required:
                 for p in reversed(placed):
                     self.ledger.release(p.pod.uid)
-                failing = len(members) - len(placed)
+                # As Volcano counts it: minMember less the tasks ready (none, after rollback).
                 return GangResult(
                     ok=False,
                     failures=failures,
-                    message=f"{failing}/{len(members)} tasks in gang unschedulable: "
+                    message=f"{required}/{len(members)} tasks in gang unschedulable: "
                     f"{result.message}",
                 )
+
         return GangResult(ok=True, placed=placed, failures=failures)
 
 

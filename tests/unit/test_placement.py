@@ -505,7 +505,7 @@ def test_gang_is_all_or_nothing_and_a_failed_gang_changes_nothing() -> None:
     result = pl.place_gang([member(whole) for _ in range(4)], min_member=4)
     assert not result.ok
     assert result.placed == []
-    assert result.message.startswith("1/4 tasks in gang unschedulable: 0/2 nodes fit")
+    assert result.message.startswith("4/4 tasks in gang unschedulable: 0/2 nodes fit")
     assert pl.ledger.snapshot() == before
     ok = pl.place_gang([member(whole) for _ in range(3)], min_member=3)
     assert ok.ok

@@ -1,0 +1,148 @@
+"""Fair share across queues, as Volcano's proportion plugin computes it.
+
+Resources are vectors over canonical dimensions (``nvidia.memory`` in MiB,
+``nvidia.cores`` in percent, ``nvidia.count`` in devices, and the same per vendor), so
+a queue's capability written with HAMi's names and a pod written with Volcano's name the
+same thing.
+
+``deserved``: weighted water-filling of the cluster total. Every round gives each queue
+still wanting more a share of what is left in proportion to its weight; a queue's
+deserved never exceeds its demand (allocated + pending) nor its capability, and is never
+below its guarantee. A queue may start a gang while allocated + in flight + the gang stays
+within its deserved share, so a queue over its share waits while others are served, and
+an idle cluster still gives one queue everything (the others want nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from shared.core.model import PodRequest
+from shared.core.quantity import parse_quantity
+from shared.core.request import ResourceTable, Role
+
+Resources = dict[str, float]
+EPS = 1e-6
+
+
+def add(a: Mapping[str, float], b: Mapping[str, float], sign: float = 1.0) -> Resources:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0.0) + sign * v
+    return out
+
+
+def within(need: Mapping[str, float], limit: Mapping[str, float]) -> bool:
+    """Every dimension of ``need`` fits in ``limit`` (dimensions absent from limit: 0)."""
+    return all(v <= limit.get(k, 0.0) + EPS for k, v in need.items() if v > EPS)
+
+
+def request_vector(request: PodRequest, card_memory: Mapping[str, int]) -> Resources:
+    """What a pod takes: count, memory and cores per vendor (percentages resolved against
+    the vendor's typical card, ``card_memory``)."""
+    out: Resources = {}
+    for c in request.containers:
+        for r in c.devices:
+            memory = r.memory_mib
+            if memory is None:
+                memory = card_memory.get(r.vendor, 0) * (r.memory_percent or 100) // 100
+            cores = 100 if r.exclusive else r.cores
+            for key, value in (
+                ("count", r.count),
+                ("memory", r.count * memory),
+                ("cores", r.count * cores),
+            ):
+                if value:
+                    out[f"{r.vendor}.{key}"] = out.get(f"{r.vendor}.{key}", 0.0) + value
+    return out
+
+
+_ROLE_DIMENSION = {
+    Role.COUNT: "count",
+    Role.WHOLE: "count",
+    Role.NPU_COUNT: "count",
+    Role.MEMORY: "memory",
+    Role.SHARE_MEMORY: "memory",
+    Role.NPU_MEMORY: "memory",
+    Role.CORES: "cores",
+    Role.NPU_CORES: "cores",
+}
+
+
+def resource_vector(table: ResourceTable, resources: Mapping[str, object]) -> Resources:
+    """A Queue's capability or guarantee, written with any configured resource names."""
+    out: Resources = {}
+    for name, raw in resources.items():
+        res = table.by_name.get(name)
+        dim = _ROLE_DIMENSION.get(res.role) if res is not None else None
+        if res is None or dim is None:
+            continue  # cpu, memory and other host resources are not Tessera's to share
+        try:
+            value = float(parse_quantity(raw))
+        except ValueError:
+            continue
+        key = f"{res.vendor}.{dim}"
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+@dataclass
+class QueueShare:
+    name: str
+    weight: float = 1.0
+    demand: Resources = field(default_factory=dict)
+    """Allocated + pending."""
+    capability: Resources | None = None
+    guarantee: Resources = field(default_factory=dict)
+
+
+def deserved(total: Mapping[str, float], queues: Iterable[QueueShare]) -> dict[str, Resources]:
+    """Each queue's deserved share of ``total`` (see the module docstring)."""
+    shares = list(queues)
+    result: dict[str, Resources] = {q.name: {} for q in shares}
+
+    def cap(q: QueueShare) -> Resources:
+        limit = dict(q.demand)
+        if q.capability is not None:
+            limit = {k: min(v, q.capability.get(k, 0.0)) for k, v in limit.items()}
+        return limit
+
+    caps = {q.name: cap(q) for q in shares}
+    remaining = dict(total)
+    active = [q for q in shares if any(v > EPS for v in caps[q.name].values())]
+    for _ in range(64):
+        if not active:
+            break
+        weights = sum(max(q.weight, 0.0) for q in active) or 1.0
+        progressed = False
+        for q in list(active):
+            mine = result[q.name]
+            for dim, left in remaining.items():
+                want = caps[q.name].get(dim, 0.0) - mine.get(dim, 0.0)
+                if want <= EPS or left <= EPS:
+                    continue
+                give = min(want, left * max(q.weight, 0.0) / weights)
+                if give > EPS:
+                    mine[dim] = mine.get(dim, 0.0) + give
+                    progressed = True
+        used: Resources = {}
+        for mine in result.values():
+            used = add(used, mine)
+        remaining = {k: max(0.0, v - used.get(k, 0.0)) for k, v in total.items()}
+        active = [
+            q
+            for q in active
+            if any(
+                caps[q.name].get(d, 0.0) - result[q.name].get(d, 0.0) > EPS
+                and remaining.get(d, 0.0) > EPS
+                for d in caps[q.name]
+            )
+        ]
+        if not progressed:
+            break
+    for q in shares:
+        for dim, floor in q.guarantee.items():
+            if result[q.name].get(dim, 0.0) < floor:
+                result[q.name][dim] = floor
+    return result
