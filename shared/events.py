@@ -12,6 +12,7 @@ old service reads a newer event.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from typing import Any, ClassVar
@@ -249,7 +250,10 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     attempt: int = 1
 
     def dedup_id(self) -> str:
-        return f"{self.gang.namespace}/{self.gang.name}:{self.attempt}"
+        # A group may be sent in parts (a queue's share admits some members now): the
+        # members are part of the identity, or JetStream would drop the second part.
+        members = hashlib.sha1(",".join(sorted(m.pod.uid for m in self.members)).encode())
+        return f"{self.gang.namespace}/{self.gang.name}:{self.attempt}:{members.hexdigest()[:12]}"
 
 
 # --- allocations (the public API) ----------------------------------------------------

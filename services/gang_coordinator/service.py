@@ -29,16 +29,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException
 
 from shared import events as ev
 from shared import kube
 from shared.bus import Delivery
-from shared.core.model import ContainerGrant, PodUID
+from shared.core.model import ContainerGrant, NodeName, PodUID
 from shared.core.queues import QueueShare, Resources, add, deserved, request_vector, within
 from shared.core.queues import resource_vector as queue_vector
 from shared.core.request import ResourceTable
@@ -96,7 +98,7 @@ class Coordinator:
     pods: dict[PodUID, PodState] = field(default_factory=dict)
     podgroups: dict[tuple[str, str], ev.PodGroupUpdated] = field(default_factory=dict)
     queues: dict[str, ev.QueueUpdated] = field(default_factory=dict)
-    inventory: dict[str, ev.NodeInventory] = field(default_factory=dict)
+    inventory: dict[NodeName, ev.NodeInventory] = field(default_factory=dict)
     group_phase: dict[tuple[str, str], str] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -129,12 +131,15 @@ class Coordinator:
                 self.pods.pop(event.pod.uid, None)
             case ev.PodGroupUpdated():
                 self.podgroups[(event.namespace, event.name)] = event
+                self._helpful(node_changed=True)  # a changed group may be ready now
             case ev.PodGroupDeleted():
                 self.podgroups.pop((event.namespace, event.name), None)
             case ev.QueueUpdated():
                 self.queues[event.name] = event
+                self._helpful(node_changed=True)  # an opened queue, a new weight or cap
             case ev.QueueDeleted():
                 self.queues.pop(event.name, None)
+                self._helpful(node_changed=True)
             case ev.NodeInventory():
                 self.inventory[event.node] = event
                 self._helpful(node_changed=True)
@@ -198,13 +203,17 @@ class Coordinator:
         return largest
 
     def _total(self) -> Resources:
+        """The cluster's devices as queues share them: a card counts as its vGPU slots
+        (``deviceSplitCount``, as a device plugin advertises it), its memory and cores."""
         total: Resources = {}
         for inv in self.inventory.values():
             for d in inv.devices:
+                spec = self.rt.cfg.devices.vendor(d.vendor)
+                slots = spec.device_split_count if spec is not None else 1
                 total = add(
                     total,
                     {
-                        f"{d.vendor}.count": 1,
+                        f"{d.vendor}.count": slots,
                         f"{d.vendor}.memory": d.memory_mib,
                         f"{d.vendor}.cores": d.cores,
                     },
@@ -260,26 +269,39 @@ class Coordinator:
         used, share = self._shares()
         ready: list[tuple[tuple[float, int, float], ev.GangReady, list[PodState]]] = []
         told: list[ev.Event] = []
+        caps = {
+            q.name: queue_vector(self.table, q.capability)
+            for q in self.queues.values()
+            if q.capability
+        }
         for key, members in groups.items():
             gang = self._gang(key, members, settled.get(key, []), told)
             if gang is None:
                 continue
             queue = members[0].queue
-            need: Resources = {}
-            for st in members:
-                need = add(need, st.vector)
-            rank = 0.0
             others_wait = any(m[0].queue != queue for k, m in groups.items() if k != key)
-            if self.queues:
-                mine = share.get(queue, {})
-                if others_wait and not within(add(used.get(queue, {}), need), mine):
-                    continue  # over its share while others wait: not now
-                rank = max(
-                    (used.get(queue, {}).get(k, 0.0) / v for k, v in mine.items() if v), default=0.0
-                )
-            first = members[0].pending
-            ready.append(((rank, -first.priority, first.created_at), gang, members))
-            used[queue] = add(used.get(queue, {}), need)
+            limits: list[tuple[Resources, float]] = []
+            if queue in caps:  # capability: a hard cap, always; unnamed dimensions are free
+                limits.append((caps[queue], math.inf))
+            if self.queues and others_wait:  # deserved: while others wait
+                limits.append((share.get(queue, {}), 0.0))
+            taken: list[PodState] = []
+            need: Resources = {}
+            base = used.get(queue, {})
+            for st in members:  # members are in priority order; take what the limits allow
+                more = add(need, st.vector)
+                if all(within(add(base, more), lim, absent=a) for lim, a in limits):
+                    taken.append(st)
+                    need = more
+            if len(taken) < gang.min_member:
+                continue  # over its share or capability: not now
+            if len(taken) < len(members):
+                gang = msgspec.structs.replace(gang, members=tuple(t.pending for t in taken))
+            mine = share.get(queue, {})
+            rank = max((base.get(k, 0.0) / v for k, v in mine.items() if v), default=0.0)
+            first = taken[0].pending
+            ready.append(((rank, -first.priority, first.created_at), gang, taken))
+            used[queue] = add(base, need)
         ready.sort(key=lambda r: r[0])
         sent: list[ev.Event] = []
         for _, gang, members in ready:
@@ -437,6 +459,8 @@ async def main(rt: Runtime) -> None:
     coordinator = Coordinator(rt, api)
     # The consumer first, so the pods the watcher re-announces for us are all kept.
     await rt.bus.ensure_consumer("gang-coordinator", SUBJECTS, deliver="new")
+    # Inventories published before the consumer existed: the KV has every node's latest.
+    coordinator.inventory.update(await rt.bus.inventories())
     rt.adopt(rt.bus.consume("gang-coordinator", SUBJECTS, coordinator.handle, deliver="new"))
     rt.spawn(coordinator.retry_loop(), "retry")
     rt.spawn(coordinator.request_resync(), "resync-once", finite=True)

@@ -33,9 +33,10 @@ def add(a: Mapping[str, float], b: Mapping[str, float], sign: float = 1.0) -> Re
     return out
 
 
-def within(need: Mapping[str, float], limit: Mapping[str, float]) -> bool:
-    """Every dimension of ``need`` fits in ``limit`` (dimensions absent from limit: 0)."""
-    return all(v <= limit.get(k, 0.0) + EPS for k, v in need.items() if v > EPS)
+def within(need: Mapping[str, float], limit: Mapping[str, float], *, absent: float = 0.0) -> bool:
+    """Every dimension of ``need`` fits in ``limit``; a dimension ``limit`` does not name
+    counts as ``absent`` (0 for a share, ``math.inf`` for a capability)."""
+    return all(v <= limit.get(k, absent) + EPS for k, v in need.items() if v > EPS)
 
 
 def request_vector(request: PodRequest, card_memory: Mapping[str, int]) -> Resources:
@@ -104,8 +105,8 @@ def deserved(total: Mapping[str, float], queues: Iterable[QueueShare]) -> dict[s
 
     def cap(q: QueueShare) -> Resources:
         limit = dict(q.demand)
-        if q.capability is not None:
-            limit = {k: min(v, q.capability.get(k, 0.0)) for k, v in limit.items()}
+        if q.capability is not None:  # a dimension it does not name is not limited
+            limit = {k: min(v, q.capability.get(k, v)) for k, v in limit.items()}
         return limit
 
     caps = {q.name: cap(q) for q in shares}

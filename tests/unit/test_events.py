@@ -94,3 +94,17 @@ def test_grant_annotations_round_trip_and_upstream_encodings() -> None:
     assert "hami.io/vgpu-node" not in ann.grant_annotations(ev.NodeName("n1"), GRANTS, 0.0)
     assert ann.read_grants({ann.GRANT: "{not json"}) is None
     assert ann.read_grants({}) is None
+
+
+def test_gangs_sent_in_parts_have_distinct_dedup_ids() -> None:
+    from tests.samples import pod
+
+    gang = next(e for e in sample_events() if isinstance(e, ev.GangReady))
+    first = msgspec.structs.replace(
+        gang, members=(msgspec.structs.replace(gang.members[0], pod=pod("a")),)
+    )
+    second = msgspec.structs.replace(
+        gang, members=(msgspec.structs.replace(gang.members[0], pod=pod("b")),)
+    )
+    assert first.dedup_id() != second.dedup_id()
+    assert first.dedup_id() == msgspec.structs.replace(first, event_id="x").dedup_id()

@@ -68,3 +68,6 @@ def test_vectors_from_pods_and_from_queue_resources_share_dimensions() -> None:
     assert whole == {"nvidia.count": 1, "nvidia.memory": 81920, "nvidia.cores": 100}
     assert within(pod, add(pod, hami))
     assert not within(add(pod, pod), pod)
+    cap = {"nvidia.memory": 10000.0}  # names memory only: count is not capped
+    assert within(pod, cap, absent=float("inf"))
+    assert not within(pod, cap)
