@@ -237,6 +237,29 @@ class QueueDeleted(Event, frozen=True, kw_only=True, tag="queue.deleted"):
     name: str
 
 
+class JobUpdated(Event, frozen=True, kw_only=True, tag="job.updated"):
+    """A Volcano Job (``batch.volcano.sh/v1alpha1``); ``spec`` is the object's spec as is."""
+
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.job.updated"
+    namespace: str
+    name: str
+    uid: str
+    spec: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def subject(self) -> str:
+        return f"{self.SUBJECT}.{subject_token(self.namespace)}"
+
+
+class JobDeleted(Event, frozen=True, kw_only=True, tag="job.deleted"):
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.job.deleted"
+    namespace: str
+    name: str
+    uid: str = ""
+
+    def subject(self) -> str:
+        return f"{self.SUBJECT}.{subject_token(self.namespace)}"
+
+
 # --- gangs --------------------------------------------------------------------------
 
 
@@ -340,6 +363,8 @@ AnyEvent = (
     | PodGroupDeleted
     | QueueUpdated
     | QueueDeleted
+    | JobUpdated
+    | JobDeleted
     | GangReady
     | AllocationDecided
     | AllocationFailed
@@ -361,6 +386,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PodGroupDeleted,
     QueueUpdated,
     QueueDeleted,
+    JobUpdated,
+    JobDeleted,
     GangReady,
     AllocationDecided,
     AllocationFailed,

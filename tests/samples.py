@@ -163,6 +163,17 @@ def sample_events() -> list[ev.Event]:
             state="Closed",
         ),
         ev.QueueDeleted(name="research"),
+        ev.JobUpdated(
+            namespace="ml",
+            name="mnist",
+            uid="job-1",
+            spec={
+                "minAvailable": 2,
+                "queue": "research",
+                "tasks": [{"name": "worker", "replicas": 2, "template": {"spec": {}}}],
+            },
+        ),
+        ev.JobDeleted(namespace="ml", name="mnist", uid="job-1"),
         ev.GangReady(gang=GANG, min_member=1, members=(pending,), attempt=2),
         ev.AllocationDecided(pod=pod(), node=node, grants=GRANTS, gang=GANG, attempt=2),
         ev.AllocationFailed(

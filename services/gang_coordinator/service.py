@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException
 
+from services.gang_coordinator.jobs import JobController
 from shared import events as ev
 from shared import kube
 from shared.bus import Delivery
@@ -101,13 +102,26 @@ class Coordinator:
     inventory: dict[NodeName, ev.NodeInventory] = field(default_factory=dict)
     group_phase: dict[tuple[str, str], str] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    jobs: JobController | None = None
 
     def __post_init__(self) -> None:
         self.table = ResourceTable.build(self.rt.cfg.devices)
+        if self.api is not None and self.jobs is None:
+            self.jobs = JobController(self.api)
 
     # --- events -----------------------------------------------------------------------
 
     async def handle(self, event: ev.AnyEvent, _delivery: Delivery) -> None:
+        if self.jobs is not None:
+            match event:
+                case ev.JobUpdated():
+                    await self.jobs.on_job(event)
+                    return
+                case ev.JobDeleted():
+                    await self.jobs.on_job_deleted(event.namespace, event.name)
+                    return
+                case ev.PodPending() | ev.PodUpdated() | ev.PodDeleted():
+                    await self.jobs.on_pod(event)
         match event:
             case ev.PodPending():
                 self._pending(event)
@@ -448,6 +462,7 @@ SUBJECTS = [
     "tessera.v1.pod.>",
     "tessera.v1.podgroup.>",
     "tessera.v1.queue.>",
+    "tessera.v1.job.>",
     "tessera.v1.allocation.>",
     "tessera.v1.node.>",
 ]

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CORDON_ANNOTATIONS = ("hami.io/device-cordon", "volcano.sh/gpu-unhealthy-ids")
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
+VOLCANO_BATCH = "/apis/batch.volcano.sh/v1alpha1"
 TASK_SPEC = "volcano.sh/task-spec"
 DISCOVERY_RETRY_S = 30.0
 TERMINAL = ("Succeeded", "Failed")
@@ -75,6 +76,7 @@ class Watcher:
         self.node_cordons: dict[str, ev.NodeUpdated] = {}
         self.podgroups: dict[tuple[str, str], ev.PodGroupUpdated] = {}
         self.queues: dict[str, ev.QueueUpdated] = {}
+        self.jobs: dict[tuple[str, str], ev.JobUpdated] = {}
 
     # --- pods -------------------------------------------------------------------------
 
@@ -213,7 +215,11 @@ class Watcher:
     async def resync(self) -> None:
         """Re-announce queues, PodGroups and every pending pod (a coordinator that
         restarted learns them all)."""
-        known: list[ev.Event] = [*self.queues.values(), *self.podgroups.values()]
+        known: list[ev.Event] = [
+            *self.queues.values(),
+            *self.podgroups.values(),
+            *self.jobs.values(),
+        ]
         known += [msgspec.structs.replace(p, event_id=ev.new_id()) for p in self.pending.values()]
         if known:
             await self.rt.bus.publish_many(known)
@@ -250,7 +256,36 @@ class Watcher:
             ),
             "watch-queues",
         )
-        log.info("watching Volcano PodGroups and Queues")
+        self.rt.spawn(
+            kube.list_watch(
+                self.api, f"{VOLCANO_BATCH}/jobs", self.on_job, on_relist=self.on_job_relist
+            ),
+            "watch-jobs",
+        )
+        log.info("watching Volcano PodGroups, Queues and Jobs")
+
+    async def on_job(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
+        if kind == "DELETED":
+            if self.jobs.pop(key, None) is not None:
+                await self.rt.bus.publish(
+                    ev.JobDeleted(namespace=key[0], name=key[1], uid=meta.get("uid", ""))
+                )
+            return
+        update = ev.JobUpdated(
+            namespace=key[0], name=key[1], uid=meta.get("uid", ""), spec=obj.get("spec") or {}
+        )
+        if _changed(self.jobs.get(key), update):
+            self.jobs[key] = update
+            await self.rt.bus.publish(update)
+
+    async def on_job_relist(self, items: list[dict[str, Any]]) -> None:
+        present = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in items}
+        for ns, name in set(self.jobs) - present:
+            await self.on_job("DELETED", {"metadata": {"namespace": ns, "name": name}})
+        for obj in items:
+            await self.on_job("ADDED", obj)
 
     async def on_podgroup(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]

@@ -125,7 +125,12 @@ class Pipeline:
 
     async def bound(self, ns: str, name: str, timeout_s: float = 30) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
-            pod = await self.get(ns, name)
+            try:
+                pod = await self.get(ns, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None  # not created yet (a controller makes it)
+                raise
             return pod if pod["spec"].get("nodeName") else None
 
         return await eventually(probe, timeout_s=timeout_s, what=f"{ns}/{name} bound")

@@ -1,0 +1,261 @@
+"""A Volcano Job controller (``batch.volcano.sh/v1alpha1``), inside the gang-coordinator.
+
+For each Job it keeps: a PodGroup of the Job's name (``minMember`` = ``minAvailable``,
+the Job's queue and priority class), and one pod per task replica, named
+``<job>-<task>-<index>``, from the task's template, with the Job's scheduler name and the
+group annotation, so the coordinator places them as one gang. Plugins: ``env`` sets
+``VC_TASK_INDEX``/``VK_TASK_INDEX``; ``svc`` creates a headless Service of the Job's name
+and gives each pod its hostname and subdomain. Policies: ``PodEvicted`` with
+``RestartJob`` deletes every pod of the Job and creates them anew when one is evicted or
+deleted; without it a missing pod is created again.
+
+Deleting the Job deletes its pods, PodGroup and Service (no garbage collector is assumed;
+owner references are set too, for clusters that run one). Job status: ``state.phase``
+Pending until ``minAvailable`` pods are bound, then Running; counts of pending and
+running pods.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, ApiException
+
+from shared import events as ev
+from shared import kube
+from shared.core.request import GROUP_NAME
+
+log = logging.getLogger(__name__)
+
+BATCH = "/apis/batch.volcano.sh/v1alpha1"
+SCHEDULING = "/apis/scheduling.volcano.sh/v1beta1"
+JOB_NAME = "volcano.sh/job-name"
+TASK_SPEC = "volcano.sh/task-spec"
+
+
+@dataclass
+class JobState:
+    job: ev.JobUpdated
+    pods: dict[str, str] = field(default_factory=dict)
+    """Pod name -> phase as known here: Pending or Running (bound)."""
+    phase: str = ""
+    restarting: bool = False
+
+
+class JobController:
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+        self.jobs: dict[tuple[str, str], JobState] = {}
+
+    def _pod_names(self, job: ev.JobUpdated) -> list[tuple[str, str, int, dict[str, Any]]]:
+        out = []
+        for task in job.spec.get("tasks") or []:
+            name = task.get("name") or "task"
+            for i in range(int(task.get("replicas") or 1)):
+                out.append((f"{job.name}-{name}-{i}", name, i, task))
+        return out
+
+    async def on_job(self, job: ev.JobUpdated) -> None:
+        key = (job.namespace, job.name)
+        state = self.jobs.get(key)
+        if state is None:
+            state = self.jobs[key] = JobState(job=job)
+        state.job = job
+        await self._podgroup(job)
+        await self._service(job)
+        for name, task, index, spec in self._pod_names(job):
+            if name not in state.pods:
+                await self._create_pod(job, name, task, index, spec)
+                state.pods[name] = "Pending"
+        await self._status(state)
+
+    async def on_job_deleted(self, namespace: str, name: str) -> None:
+        state = self.jobs.pop((namespace, name), None)
+        selector = {"labelSelector": f"{JOB_NAME}={name}"}
+        pods = await kube.request(
+            self.api, "GET", f"/api/v1/namespaces/{namespace}/pods", query=selector
+        )
+        for pod in pods["items"]:
+            await self._delete(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}")
+        await self._delete(f"{SCHEDULING}/namespaces/{namespace}/podgroups/{name}")
+        await self._delete(f"/api/v1/namespaces/{namespace}/services/{name}")
+        if state is not None:
+            log.info("job %s/%s deleted with its %d pods", namespace, name, len(pods["items"]))
+
+    async def on_pod(self, event: ev.AnyEvent) -> None:
+        """Follow the Job's pods: bound ones count as running; a deleted one is replaced
+        (or, with ``PodEvicted: RestartJob``, the whole Job restarts)."""
+        match event:
+            case ev.PodPending(pod=pod) | ev.PodUpdated(pod=pod) | ev.PodDeleted(pod=pod):
+                pass
+            case _:
+                return
+        state = self._owner(pod.namespace, pod.name)
+        if state is None:
+            return
+        if isinstance(event, ev.PodUpdated) and event.node:
+            state.pods[pod.name] = "Running"
+            await self._status(state)
+        elif isinstance(event, ev.PodDeleted):
+            state.pods.pop(pod.name, None)
+            if state.restarting:
+                if not state.pods:
+                    state.restarting = False
+                    await self.on_job(state.job)
+                return
+            if self._restarts_on_eviction(state.job):
+                state.restarting = True
+                log.info(
+                    "job %s/%s: pod %s evicted; restarting the job (policy RestartJob)",
+                    pod.namespace,
+                    state.job.name,
+                    pod.name,
+                )
+                for other in list(state.pods):
+                    await self._delete(f"/api/v1/namespaces/{pod.namespace}/pods/{other}")
+                if not state.pods:
+                    state.restarting = False
+                    await self.on_job(state.job)
+                return
+            await self.on_job(state.job)  # recreate what is missing
+
+    def _owner(self, namespace: str, pod: str) -> JobState | None:
+        for (ns, _), state in self.jobs.items():
+            if ns == namespace and pod in {n for n, *_ in self._pod_names(state.job)}:
+                return state
+        return None
+
+    @staticmethod
+    def _restarts_on_eviction(job: ev.JobUpdated) -> bool:
+        return any(
+            p.get("event") == "PodEvicted" and p.get("action") == "RestartJob"
+            for p in job.spec.get("policies") or []
+        )
+
+    # --- objects ----------------------------------------------------------------------
+
+    def _owner_ref(self, job: ev.JobUpdated) -> list[dict[str, Any]]:
+        return [
+            {
+                "apiVersion": "batch.volcano.sh/v1alpha1",
+                "kind": "Job",
+                "name": job.name,
+                "uid": job.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+
+    async def _podgroup(self, job: ev.JobUpdated) -> None:
+        body = {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": job.name, "ownerReferences": self._owner_ref(job)},
+            "spec": {
+                "minMember": int(job.spec.get("minAvailable") or 1),
+                "queue": job.spec.get("queue") or "default",
+                "priorityClassName": job.spec.get("priorityClassName") or "",
+                "minTaskMember": {
+                    t["name"]: int(t["minAvailable"])
+                    for t in job.spec.get("tasks") or []
+                    if t.get("name") and t.get("minAvailable") is not None
+                },
+            },
+        }
+        await self._create(f"{SCHEDULING}/namespaces/{job.namespace}/podgroups", body)
+
+    async def _service(self, job: ev.JobUpdated) -> None:
+        if "svc" not in (job.spec.get("plugins") or {}):
+            return
+        body = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": job.name, "ownerReferences": self._owner_ref(job)},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {JOB_NAME: job.name},
+                "publishNotReadyAddresses": True,
+            },
+        }
+        await self._create(f"/api/v1/namespaces/{job.namespace}/services", body)
+
+    async def _create_pod(
+        self, job: ev.JobUpdated, name: str, task: str, index: int, spec: dict[str, Any]
+    ) -> None:
+        template = copy.deepcopy(spec.get("template") or {})
+        meta = template.get("metadata") or {}
+        pod_spec = template.get("spec") or {}
+        labels = {**(meta.get("labels") or {}), JOB_NAME: job.name, TASK_SPEC: task}
+        annotations = {
+            **(meta.get("annotations") or {}),
+            GROUP_NAME: job.name,
+            TASK_SPEC: task,
+            JOB_NAME: job.name,
+        }
+        pod_spec.setdefault("schedulerName", job.spec.get("schedulerName") or "volcano")
+        plugins = job.spec.get("plugins") or {}
+        if "env" in plugins:
+            for c in pod_spec.get("containers") or []:
+                env = c.setdefault("env", [])
+                env += [
+                    {"name": "VC_TASK_INDEX", "value": str(index)},
+                    {"name": "VK_TASK_INDEX", "value": str(index)},
+                ]
+        if "svc" in plugins:
+            pod_spec["hostname"] = name
+            pod_spec["subdomain"] = job.name
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": self._owner_ref(job),
+            },
+            "spec": pod_spec,
+        }
+        await self._create(f"/api/v1/namespaces/{job.namespace}/pods", body)
+
+    async def _status(self, state: JobState) -> None:
+        job = state.job
+        running = sum(1 for p in state.pods.values() if p == "Running")
+        minimum = int(job.spec.get("minAvailable") or 1)
+        phase = "Running" if running >= minimum else "Pending"
+        status = {
+            "state": {"phase": phase},
+            "minAvailable": minimum,
+            "running": running,
+            "pending": len(state.pods) - running,
+        }
+        try:
+            await kube.request(
+                self.api,
+                "PATCH",
+                f"{BATCH}/namespaces/{job.namespace}/jobs/{job.name}/status",
+                {"status": status},
+                content_type="application/merge-patch+json",
+            )
+            state.phase = phase
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning(
+                    "cannot update job %s/%s status: %s", job.namespace, job.name, exc.status
+                )
+
+    async def _create(self, path: str, body: dict[str, Any]) -> None:
+        try:
+            await kube.request(self.api, "POST", path, body)
+        except ApiException as exc:
+            if exc.status != 409:  # already there
+                raise
+
+    async def _delete(self, path: str) -> None:
+        try:
+            await kube.request(self.api, "DELETE", path, {"gracePeriodSeconds": 0})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
