@@ -36,6 +36,7 @@ from typing import Any
 
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException
+from opentelemetry import context as otel_context
 
 from services.gang_coordinator.jobs import JobController
 from shared import events as ev
@@ -85,6 +86,9 @@ class PodState:
     vector: Resources = field(default_factory=dict)
     told: str = ""
     """What this pod was last told by the coordinator (queue closed, ...)."""
+    context: otel_context.Context | None = None
+    """The trace the pod arrived in: its gang is published inside it, so one trace
+    spans watcher, coordinator, allocator and binder."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -103,6 +107,8 @@ class Coordinator:
     group_phase: dict[tuple[str, str], str] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     jobs: JobController | None = None
+    status_due: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    status_wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.table = ResourceTable.build(self.rt.cfg.devices)
@@ -166,12 +172,12 @@ class Coordinator:
                 self._helpful(node_changed=False)
             case _:
                 return
-        await self.dispatch()
+        self.wake.set()  # the dispatch loop runs once for a whole batch of events
 
     def _pending(self, event: ev.PodPending) -> None:
         st = self.pods.get(event.pod.uid)
         if st is None:
-            self.pods[event.pod.uid] = PodState(pending=event)
+            self.pods[event.pod.uid] = PodState(pending=event, context=otel_context.get_current())
             return
         changed = st.pending.request != event.request
         st.pending = event
@@ -317,15 +323,18 @@ class Coordinator:
             ready.append(((rank, -first.priority, first.created_at), gang, taken))
             used[queue] = add(base, need)
         ready.sort(key=lambda r: r[0])
-        sent: list[ev.Event] = []
         for _, gang, members in ready:
             for st in members:
                 st.state, st.attempt, st.sent_at = "inflight", gang.attempt, now
-            sent.append(gang)
             if members[0].pending.group:
                 await self._group_status((gang.gang.namespace, gang.gang.name), "Inqueue")
-        if sent or told:
-            await self.rt.bus.publish_many([*sent, *told])
+            token = otel_context.attach(members[0].context or otel_context.get_current())
+            try:
+                await self.rt.bus.publish(gang)
+            finally:
+                otel_context.detach(token)
+        if told:
+            await self.rt.bus.publish_many(told)
 
     def _gang(
         self,
@@ -426,18 +435,30 @@ class Coordinator:
             ]
         if running is not None:
             status["running"] = running
-        namespace, name = key
-        try:
-            await kube.request(
-                self.api,
-                "PATCH",
-                f"{VOLCANO}/namespaces/{namespace}/podgroups/{name}/status",
-                {"status": status},
-                content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("cannot update PodGroup %s/%s status: %s", namespace, name, exc.status)
+        self.status_due[key] = status
+        self.status_wake.set()
+
+    async def status_writer(self) -> None:
+        """Write PodGroup status off the dispatch path; only the latest per group."""
+        while True:
+            await self.status_wake.wait()
+            self.status_wake.clear()
+            due, self.status_due = self.status_due, {}
+            for (namespace, name), status in due.items():
+                assert self.api is not None
+                try:
+                    await kube.request(
+                        self.api,
+                        "PATCH",
+                        f"{VOLCANO}/namespaces/{namespace}/podgroups/{name}/status",
+                        {"status": status},
+                        content_type="application/merge-patch+json",
+                    )
+                except ApiException as exc:
+                    if exc.status != 404:
+                        log.warning(
+                            "cannot update PodGroup %s/%s status: %s", namespace, name, exc.status
+                        )
 
     # --- loops ------------------------------------------------------------------------
 
@@ -478,4 +499,5 @@ async def main(rt: Runtime) -> None:
     coordinator.inventory.update(await rt.bus.inventories())
     rt.adopt(rt.bus.consume("gang-coordinator", SUBJECTS, coordinator.handle, deliver="new"))
     rt.spawn(coordinator.retry_loop(), "retry")
+    rt.spawn(coordinator.status_writer(), "podgroup-status")
     rt.spawn(coordinator.request_resync(), "resync-once", finite=True)

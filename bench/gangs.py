@@ -1,0 +1,248 @@
+"""Gang scheduling end to end: PodGroups of 8 vGPU pods on simulated nodes.
+
+    python bench/gangs.py [--gangs 500] [--size 8] [--nodes 1000]
+
+Starts the local control plane (etcd, kube-apiserver), NATS and the five services as
+processes, simulates ``--nodes`` nodes of 8 x A100-80GB, then creates ``--gangs``
+PodGroups (``minMember`` = ``--size``) and their pods (1 vGPU, 20 GiB, 25 % cores
+each) as fast as the API server takes them. It prints gangs per second (first create to
+last bind) and the p50/p99/max time from a gang's last member being created to all of
+its members bound, measured on this process's clock from the API server's watch events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.cli import SERVICES, _ping
+from shared import kube
+from shared.config import KubernetesConfig
+from tools.localcluster import LocalCluster
+
+VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
+
+
+def start_services(
+    workdir: Path, cluster: LocalCluster, nodes: int
+) -> list[subprocess.Popen[bytes]]:
+    cfg = workdir / "tessera.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "scheduler": {"names": ["tessera"]},
+                "nats": {"url": cluster.nats_url},
+                "kubernetes": {"kubeconfig": str(cluster.kubeconfig), "qps": 5000, "burst": 5000},
+                "telemetry": {"logLevel": "WARNING"},
+            }
+        )
+    )
+    inventory = workdir / "inventory.yaml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {
+                        "name": "bench-{i}",
+                        "replicas": nodes,
+                        "devices": [
+                            {
+                                "vendor": "nvidia",
+                                "model": "NVIDIA-A100-SXM4-80GB",
+                                "memory": 81920,
+                                "count": 8,
+                                "numa": 2,
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    procs = []
+    for service, module in SERVICES.items():
+        extra = ["--simulate", str(inventory)] if service == "node-agent" else []
+        log = (workdir / f"{service}.log").open("ab")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, "--config", str(cfg), *extra],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    return procs
+
+
+def member(gang: str, i: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{gang}-{i}", "annotations": {"scheduling.k8s.io/group-name": gang}},
+        "spec": {
+            "schedulerName": "tessera",
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "pytorch/pytorch",
+                    "resources": {
+                        "limits": {
+                            "nvidia.com/gpu": 1,
+                            "nvidia.com/gpumem": 20480,
+                            "nvidia.com/gpucores": 25,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+async def run(args: argparse.Namespace, cluster: LocalCluster) -> dict[str, Any]:
+    api = await kube.connect(
+        KubernetesConfig(kubeconfig=str(cluster.kubeconfig), qps=5000, burst=5000)
+    )
+    async with api:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            nodes, _ = await kube.list_all(api, "/api/v1/nodes")
+            if len(nodes) >= args.nodes:
+                break
+            await asyncio.sleep(0.5)
+        await kube.request(
+            api,
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}},
+        )
+        bound_at: dict[str, float] = {}
+        done = asyncio.Event()
+        total = args.gangs * args.size
+
+        async def on_pod(kind: str, obj: dict[str, Any]) -> None:
+            name = obj["metadata"]["name"]
+            if obj["spec"].get("nodeName") and name not in bound_at:
+                bound_at[name] = time.monotonic()
+                if len(bound_at) >= total:
+                    done.set()
+
+        async def relist(items: list[dict[str, Any]]) -> None:
+            for obj in items:
+                await on_pod("ADDED", obj)
+
+        watch = asyncio.create_task(
+            kube.list_watch(api, "/api/v1/namespaces/bench/pods", on_pod, on_relist=relist)
+        )
+        last_created: dict[str, float] = {}
+        slots = asyncio.Semaphore(16)
+
+        async def create_gang(g: int) -> None:
+            gang = f"gang-{g:04d}"
+            async with slots:
+                await kube.request(
+                    api,
+                    "POST",
+                    f"{VOLCANO}/namespaces/bench/podgroups",
+                    {
+                        "apiVersion": "scheduling.volcano.sh/v1beta1",
+                        "kind": "PodGroup",
+                        "metadata": {"name": gang},
+                        "spec": {"minMember": args.size},
+                    },
+                )
+                for i in range(args.size):
+                    await kube.request(
+                        api, "POST", "/api/v1/namespaces/bench/pods", member(gang, i)
+                    )
+                last_created[gang] = time.monotonic()
+
+        start = time.monotonic()
+        await asyncio.gather(*(create_gang(g) for g in range(args.gangs)))
+        created = time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout=args.timeout)
+        watch.cancel()
+        end = max(bound_at.values(), default=time.monotonic())
+        latencies = []
+        for gang, t in last_created.items():
+            members = [bound_at.get(f"{gang}-{i}") for i in range(args.size)]
+            if all(m is not None for m in members):
+                latencies.append(max(m for m in members if m is not None) - t)
+        latencies.sort()
+
+        def pct(p: float) -> float:
+            return latencies[min(len(latencies) - 1, int(p * len(latencies)))] if latencies else 0
+
+        return {
+            "gangs": args.gangs,
+            "size": args.size,
+            "nodes": args.nodes,
+            "pods_bound": len(bound_at),
+            "gangs_complete": len(latencies),
+            "create_s": created - start,
+            "total_s": end - start,
+            "gangs_per_s": len(latencies) / (end - start) if latencies else 0.0,
+            "p50_s": pct(0.50),
+            "p99_s": pct(0.99),
+            "max_s": latencies[-1] if latencies else 0,
+            "mean_s": statistics.fmean(latencies) if latencies else 0.0,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gangs", type=int, default=500)
+    parser.add_argument("--size", type=int, default=8)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="tessera-bench-gangs-"))
+    with LocalCluster(workdir=workdir / "cluster") as cluster:
+        procs = start_services(workdir, cluster, args.nodes)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if {h["service"] for h in asyncio.run(_ping(cluster.nats_url, 0.5))} >= set(
+                    SERVICES
+                ):
+                    break
+            result = asyncio.run(run(args, cluster))
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(timeout=30)
+    print(
+        f"gang scheduling, end to end: {args.gangs} PodGroups x {args.size} pods "
+        f"(1 vGPU, 20 GiB, 25% cores) on {args.nodes} simulated nodes x 8 A100-80GB"
+    )
+    print(
+        f"  pods bound: {result['pods_bound']}/{args.gangs * args.size}, gangs complete: "
+        f"{result['gangs_complete']}/{args.gangs}"
+    )
+    print(
+        f"  creating every object took {result['create_s']:.1f}s; "
+        f"first create to last bind {result['total_s']:.1f}s"
+    )
+    print(
+        f"  gangs/s: {result['gangs_per_s']:.1f} ({result['gangs_per_s'] * args.size:.0f} pods/s)"
+    )
+    print(
+        f"  last member created -> all bound: p50 {result['p50_s'] * 1000:.0f} ms, "
+        f"p99 {result['p99_s'] * 1000:.0f} ms, max {result['max_s'] * 1000:.0f} ms"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
