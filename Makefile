@@ -45,6 +45,11 @@ demo: controlplane
 down: install
 	$(BIN)/tessera dev down
 
+# Benchmarks; figures go to bench/RESULTS.md with the command that printed them.
+bench: controlplane
+	$(BIN)/python bench/core.py
+	$(BIN)/python bench/gangs.py
+
 schema: install
 	$(BIN)/tessera schema
 
