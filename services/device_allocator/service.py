@@ -88,6 +88,7 @@ class Allocator:
         self.reserved: dict[PodUID, Reservation] = {}
         self.refused: dict[NodeName, str] = {}
         self.cordons: dict[NodeName, tuple[str, ...]] = {}
+        self.applied: dict[NodeName, ev.NodeInventory] = {}
 
     # --- start-up ---------------------------------------------------------------------
 
@@ -155,6 +156,7 @@ class Allocator:
                 self.ledger.set_cordoned(event.node, event.cordoned_devices)
             case ev.NodeDeleted():
                 self.ledger.remove_node(event.node)
+                self.applied.pop(event.node, None)
                 self.refused.pop(event.node, None)
             case ev.GangReady():
                 await self.on_gang(event)
@@ -165,7 +167,23 @@ class Allocator:
             case ev.BindFailed():
                 await self.release(event.pod, event.node, f"bind failed: {event.error}")
 
+    async def reconcile_loop(self) -> None:
+        """Every heartbeat, apply any node whose KV inventory differs from what the ledger
+        has: a missed or lost inventory event heals within one heartbeat."""
+        while True:
+            await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
+            for inv in (await self.rt.bus.inventories()).values():
+                known = self.applied.get(inv.node)
+                if (
+                    known is None
+                    or known.devices != inv.devices
+                    or (known.config_hash != inv.config_hash)
+                ):
+                    log.info("inventory of %s taken from the KV (its event was missed)", inv.node)
+                    self.on_inventory(inv)
+
     def on_inventory(self, inv: ev.NodeInventory) -> None:
+        self.applied[inv.node] = inv
         if inv.config_hash != self.rt.config_hash:
             if self.refused.get(inv.node) != inv.config_hash:
                 log.error(
@@ -405,4 +423,5 @@ async def _lead(rt: Runtime, lease: Lease) -> None:
         )
     )
     rt.spawn(allocator.expire_loop(), "expire-reservations")
+    rt.spawn(allocator.reconcile_loop(), "reconcile-inventory")
     await lease.hold()

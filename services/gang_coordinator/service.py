@@ -314,6 +314,15 @@ class Coordinator:
                     taken.append(st)
                     need = more
             if len(taken) < gang.min_member:
+                log.debug(
+                    "gang %s/%s waits: queue %s would pass its %s (in use %s, needs %s)",
+                    key[0],
+                    key[1],
+                    queue,
+                    "capability" if queue in caps else "deserved share",
+                    base,
+                    need,
+                )
                 continue  # over its share or capability: not now
             if len(taken) < len(members):
                 gang = msgspec.structs.replace(gang, members=tuple(t.pending for t in taken))
@@ -351,6 +360,7 @@ class Coordinator:
         if not lone:
             pg = self.podgroups.get(key)
             if pg is None:
+                log.debug("gang %s/%s waits for its PodGroup", namespace, name)
                 return None  # the PodGroup is not known (yet): Volcano waits as well
             for task, needed in pg.min_task_member.items():
                 have = sum(1 for s in [*members, *settled] if s.pending.task == task)
@@ -358,6 +368,13 @@ class Coordinator:
                     return None
             min_member = max(pg.min_member - len(settled), 1)
             if len(members) < min_member:
+                log.debug(
+                    "gang %s/%s waits: %d of %d members pending",
+                    namespace,
+                    name,
+                    len(members),
+                    min_member,
+                )
                 return None
         if self.queues:
             queue = self.queues.get(queue_name)
@@ -471,6 +488,17 @@ class Coordinator:
             self.wake.clear()
             await self.dispatch()
 
+    async def inventory_loop(self) -> None:
+        """Every heartbeat, take the node inventories from the KV (missed events heal)."""
+        while True:
+            await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
+            latest = await self.rt.bus.inventories()
+            if {n: i.devices for n, i in latest.items()} != {
+                n: i.devices for n, i in self.inventory.items()
+            }:
+                self.inventory = dict(latest)
+                self._helpful(node_changed=True)
+
     async def request_resync(self) -> None:
         """Ask the watcher to re-announce queues, PodGroups and pending pods."""
         try:
@@ -500,4 +528,5 @@ async def main(rt: Runtime) -> None:
     rt.adopt(rt.bus.consume("gang-coordinator", SUBJECTS, coordinator.handle, deliver="new"))
     rt.spawn(coordinator.retry_loop(), "retry")
     rt.spawn(coordinator.status_writer(), "podgroup-status")
+    rt.spawn(coordinator.inventory_loop(), "reconcile-inventory")
     rt.spawn(coordinator.request_resync(), "resync-once", finite=True)

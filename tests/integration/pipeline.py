@@ -185,11 +185,13 @@ async def start_pipeline(
                 "scheduler": {
                     "names": ["tessera", "volcano"],
                     "leaderLeaseS": 3.0,
+                    "heartbeatS": 2.0,
                     "resyncS": 5.0,
                     **(settings or {}),
                 },
                 "nats": {"url": nats_url},
                 "kubernetes": {"kubeconfig": str(kubeconfig)},
+                "telemetry": {"logLevel": "DEBUG"},
             }
         )
     )

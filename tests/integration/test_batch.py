@@ -97,6 +97,98 @@ async def nodes_of(p: Pipeline, ns: str, names: list[str]) -> dict[str, str | No
     return {n: (await p.get(ns, n))["spec"].get("nodeName") for n in names}
 
 
+def vcjob(name: str, replicas: int, min_available: int, limits: dict[str, Any]) -> dict[str, Any]:
+    """A Volcano Job as users write it (the seed's example shape)."""
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "minAvailable": min_available,
+            "schedulerName": "volcano",
+            "queue": "default",
+            "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
+            "plugins": {"env": [], "svc": []},
+            "tasks": [
+                {
+                    "replicas": replicas,
+                    "name": "worker",
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "worker",
+                                    "image": "pytorch/pytorch",
+                                    "resources": {"limits": limits},
+                                }
+                            ],
+                            "restartPolicy": "OnFailure",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+async def job_pods(p: Pipeline, ns: str, job: str) -> list[dict[str, Any]]:
+    found = await kube.request(
+        p.api,
+        "GET",
+        f"/api/v1/namespaces/{ns}/pods",
+        query={"labelSelector": f"volcano.sh/job-name={job}"},
+    )
+    items: list[dict[str, Any]] = found["items"]
+    return items
+
+
+async def test_volcano_job_starts_both_workers_or_none_and_deletes_its_pods(
+    pipeline: Pipeline, ns: str
+) -> None:
+    jobs = f"/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs"
+    await kube.request(
+        pipeline.api,
+        "POST",
+        jobs,
+        vcjob("mnist", 2, 2, {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 20000}),
+    )
+    await pipeline.bound(ns, "mnist-worker-0")
+    await pipeline.bound(ns, "mnist-worker-1")
+    pod0 = await pipeline.get(ns, "mnist-worker-0")
+    env = {e["name"]: e["value"] for e in pod0["spec"]["containers"][0]["env"]}
+    assert (env["VC_TASK_INDEX"], pod0["spec"]["subdomain"]) == ("0", "mnist")
+
+    async def running() -> bool:
+        job = await kube.request(pipeline.api, "GET", f"{jobs}/mnist")
+        return ((job.get("status") or {}).get("state") or {}).get("phase") == "Running"
+
+    await eventually(running, what="the Job Running")
+    # a job too wide for the 3 cards: 4 workers of a whole card each, minAvailable 4
+    await kube.request(pipeline.api, "POST", jobs, vcjob("wide", 4, 4, {"nvidia.com/gpu": 1}))
+
+    async def wide_told() -> bool:
+        return all(
+            [
+                any(
+                    e["reason"] == "FailedScheduling"
+                    for e in await pipeline.events(ns, f"wide-worker-{i}")
+                )
+                for i in range(4)
+            ]
+        )
+
+    await eventually(wide_told, what="all four wide workers told why they wait")
+    assert all(not p["spec"].get("nodeName") for p in await job_pods(pipeline, ns, "wide"))
+    # deleting a Job deletes its pods (no garbage collector runs here)
+    await kube.request(pipeline.api, "DELETE", f"{jobs}/mnist")
+
+    async def gone() -> bool:
+        return not await job_pods(pipeline, ns, "mnist")
+
+    await eventually(gone, what="the Job's pods deleted")
+    await kube.request(pipeline.api, "DELETE", f"{jobs}/wide")
+
+
 async def test_gang_of_4_that_fits_3_waits_whole_while_a_later_pod_is_placed(
     pipeline: Pipeline, ns: str
 ) -> None:
@@ -223,95 +315,3 @@ async def test_queues_weighted_1_to_3_share_a_contended_cluster_1_to_3(
     got_light = sum(nodes[n] is not None for n in light_pods) * 20480
     got_heavy = sum(nodes[n] is not None for n in heavy_pods) * 20480
     assert got_heavy / got_light == pytest.approx(3.0, rel=0.10), (got_light, got_heavy)
-
-
-def vcjob(name: str, replicas: int, min_available: int, limits: dict[str, Any]) -> dict[str, Any]:
-    """A Volcano Job as users write it (the seed's example shape)."""
-    return {
-        "apiVersion": "batch.volcano.sh/v1alpha1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "minAvailable": min_available,
-            "schedulerName": "volcano",
-            "queue": "default",
-            "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
-            "plugins": {"env": [], "svc": []},
-            "tasks": [
-                {
-                    "replicas": replicas,
-                    "name": "worker",
-                    "template": {
-                        "spec": {
-                            "containers": [
-                                {
-                                    "name": "worker",
-                                    "image": "pytorch/pytorch",
-                                    "resources": {"limits": limits},
-                                }
-                            ],
-                            "restartPolicy": "OnFailure",
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
-async def job_pods(p: Pipeline, ns: str, job: str) -> list[dict[str, Any]]:
-    found = await kube.request(
-        p.api,
-        "GET",
-        f"/api/v1/namespaces/{ns}/pods",
-        query={"labelSelector": f"volcano.sh/job-name={job}"},
-    )
-    items: list[dict[str, Any]] = found["items"]
-    return items
-
-
-async def test_volcano_job_starts_both_workers_or_none_and_deletes_its_pods(
-    pipeline: Pipeline, ns: str
-) -> None:
-    jobs = f"/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs"
-    await kube.request(
-        pipeline.api,
-        "POST",
-        jobs,
-        vcjob("mnist", 2, 2, {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 20000}),
-    )
-    await pipeline.bound(ns, "mnist-worker-0")
-    await pipeline.bound(ns, "mnist-worker-1")
-    pod0 = await pipeline.get(ns, "mnist-worker-0")
-    env = {e["name"]: e["value"] for e in pod0["spec"]["containers"][0]["env"]}
-    assert (env["VC_TASK_INDEX"], pod0["spec"]["subdomain"]) == ("0", "mnist")
-
-    async def running() -> bool:
-        job = await kube.request(pipeline.api, "GET", f"{jobs}/mnist")
-        return ((job.get("status") or {}).get("state") or {}).get("phase") == "Running"
-
-    await eventually(running, what="the Job Running")
-    # a job too wide for the 3 cards: 4 workers of a whole card each, minAvailable 4
-    await kube.request(pipeline.api, "POST", jobs, vcjob("wide", 4, 4, {"nvidia.com/gpu": 1}))
-
-    async def wide_told() -> bool:
-        return all(
-            [
-                any(
-                    e["reason"] == "FailedScheduling"
-                    for e in await pipeline.events(ns, f"wide-worker-{i}")
-                )
-                for i in range(4)
-            ]
-        )
-
-    await eventually(wide_told, what="all four wide workers told why they wait")
-    assert all(not p["spec"].get("nodeName") for p in await job_pods(pipeline, ns, "wide"))
-    # deleting a Job deletes its pods (no garbage collector runs here)
-    await kube.request(pipeline.api, "DELETE", f"{jobs}/mnist")
-
-    async def gone() -> bool:
-        return not await job_pods(pipeline, ns, "mnist")
-
-    await eventually(gone, what="the Job's pods deleted")
-    await kube.request(pipeline.api, "DELETE", f"{jobs}/wide")
