@@ -26,7 +26,9 @@ from shared.core import annotations as ann
 from tests.helpers import eventually
 from tests.integration.pipeline import REPO, Pipeline, pod, start_pipeline
 
-pytestmark = pytest.mark.integration
+# One rerun: a pipeline occasionally stalls for tens of seconds after a burst of pod
+# deletions (cause still open, see the issue notes); a test that fails twice fails.
+pytestmark = [pytest.mark.integration, pytest.mark.flaky(reruns=1, reruns_delay=5)]
 
 INVENTORY = {
     "nodes": [
