@@ -40,16 +40,6 @@ async def pipeline(
     await p.close()
 
 
-@pytest.fixture
-async def ns(pipeline: Pipeline) -> AsyncIterator[str]:
-    name = await pipeline.namespace()
-    yield name
-    for item in (await kube.request(pipeline.api, "GET", f"/api/v1/namespaces/{name}/pods"))[
-        "items"
-    ]:
-        await pipeline.delete(name, item["metadata"]["name"])
-
-
 async def podgroup(
     p: Pipeline, ns: str, name: str, min_member: int, queue: str = "default"
 ) -> None:

@@ -101,16 +101,6 @@ async def pipeline(
     await p.close()
 
 
-@pytest.fixture
-async def ns(pipeline: Pipeline) -> AsyncIterator[str]:
-    name = await pipeline.namespace()
-    yield name
-    for item in (await kube.request(pipeline.api, "GET", f"/api/v1/namespaces/{name}/pods"))[
-        "items"
-    ]:
-        await pipeline.delete(name, item["metadata"]["name"])
-
-
 def grants_of(obj: dict[str, Any]) -> list[dict[str, Any]]:
     text = obj["metadata"]["annotations"][ann.GRANT]
     return [d for c in json.loads(text) for d in c.get("devices", [])]
