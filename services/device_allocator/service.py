@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 RESERVATIONS = "tessera-reservations"
 BIND_TIMEOUT_S = 30.0
-CORDON_ANNOTATIONS = ("hami.io/device-cordon", "volcano.sh/gpu-unhealthy-ids")
 
 SUBJECTS = [
     "tessera.v1.node.>",
@@ -101,7 +100,9 @@ class Allocator:
         self = cls(rt, api, ledger, kv)
         nodes, _ = await kube.list_all(api, "/api/v1/nodes")
         for node in nodes:
-            self.cordons[NodeName(node["metadata"]["name"])] = _cordoned(node)
+            self.cordons[NodeName(node["metadata"]["name"])] = ann.cordoned_devices(
+                node["metadata"].get("annotations") or {}
+            )
         for inventory in (await rt.bus.inventories()).values():
             self.on_inventory(inventory)
         pods, _ = await kube.list_all(
@@ -382,14 +383,6 @@ class Allocator:
                 attempt=r.attempt,
             )
         )
-
-
-def _cordoned(node: dict[str, Any]) -> tuple[str, ...]:
-    annotations = node["metadata"].get("annotations") or {}
-    found: list[str] = []
-    for key in CORDON_ANNOTATIONS:
-        found += [u.strip() for u in annotations.get(key, "").split(",") if u.strip()]
-    return tuple(sorted(set(found)))
 
 
 def _bound_grant(pod: dict[str, Any]) -> PodGrant | None:

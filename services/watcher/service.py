@@ -33,7 +33,6 @@ from shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
-CORDON_ANNOTATIONS = ("hami.io/device-cordon", "volcano.sh/gpu-unhealthy-ids")
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
 VOLCANO_BATCH = "/apis/batch.volcano.sh/v1alpha1"
 TASK_SPEC = "volcano.sh/task-spec"
@@ -354,13 +353,9 @@ class Watcher:
             self.node_cordons.pop(name, None)
             await self.rt.bus.publish(ev.NodeDeleted(node=name))
             return
-        annotations = obj["metadata"].get("annotations") or {}
-        cordoned: list[str] = []
-        for key in CORDON_ANNOTATIONS:
-            cordoned += [u.strip() for u in annotations.get(key, "").split(",") if u.strip()]
         update = ev.NodeUpdated(
             node=name,
-            cordoned_devices=tuple(sorted(set(cordoned))),
+            cordoned_devices=ann.cordoned_devices(obj["metadata"].get("annotations") or {}),
             unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
         )
         previous = self.node_cordons.get(name)

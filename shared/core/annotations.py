@@ -94,3 +94,18 @@ def read_grants(annotations: Mapping[str, str]) -> tuple[ContainerGrant, ...] | 
         return decode_grants(text)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+CORDON_ANNOTATIONS = ("hami.io/device-cordon", "volcano.sh/gpu-unhealthy-ids")
+"""Node annotations listing device UUIDs that must receive no new work (comma lists)."""
+
+
+def cordoned_devices(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    """Every device UUID a Node's annotations cordon or mark unhealthy, sorted, once."""
+    found = {
+        uuid.strip()
+        for key in CORDON_ANNOTATIONS
+        for uuid in annotations.get(key, "").split(",")
+        if uuid.strip()
+    }
+    return tuple(sorted(found))

@@ -108,3 +108,16 @@ def test_gangs_sent_in_parts_have_distinct_dedup_ids() -> None:
     )
     assert first.dedup_id() != second.dedup_id()
     assert first.dedup_id() == msgspec.structs.replace(first, event_id="x").dedup_id()
+
+
+def test_cordoned_devices_merge_both_upstream_annotations() -> None:
+    from shared.core import annotations as ann
+
+    assert ann.cordoned_devices(
+        {
+            "hami.io/device-cordon": "GPU-b, GPU-a,",
+            "volcano.sh/gpu-unhealthy-ids": "GPU-a,GPU-c",
+            "other": "GPU-x",
+        }
+    ) == ("GPU-a", "GPU-b", "GPU-c")
+    assert ann.cordoned_devices({}) == ()
