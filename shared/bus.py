@@ -323,8 +323,12 @@ class Bus:
             )
             await msg.term()
             return
+        log.debug(
+            "got %s (seq %d, attempt %d)", msg.subject, delivery.stream_seq, delivery.attempt
+        )
         context = propagate.extract(msg.headers or {})
         span_name = f"process {type(event).SUBJECT}"
+
         with tracer().start_as_current_span(
             span_name, context=context, kind=SpanKind.CONSUMER
         ) as span:

@@ -263,6 +263,15 @@ class JobDeleted(Event, frozen=True, kw_only=True, tag="job.deleted"):
 # --- gangs --------------------------------------------------------------------------
 
 
+class VictimUnit(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Bound pods that may be evicted for a gang, all together (a lone pod, a gang's
+    member beyond its ``minMember``, or a whole gang: never cut below ``minMember``)."""
+
+    pods: tuple[PodRef, ...]
+    why: str
+    """Why they may go, for the Events: lower priority, or a queue over its share."""
+
+
 class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     """A gang has at least ``min_member`` pending pods: place them all or none."""
 
@@ -271,6 +280,11 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     min_member: int
     members: tuple[PodPending, ...]
     attempt: int = 1
+    victims: tuple[VictimUnit, ...] = ()
+    """If the gang does not fit: what may be preempted for it, cheapest first."""
+    hold: bool = False
+    """The gang has waited past ``scheduler.starvationGuardS``: if it does not fit, hold
+    the nodes it would fit on once their pods finish, so smaller gangs stop taking them."""
 
     def dedup_id(self) -> str:
         # A group may be sent in parts (a queue's share admits some members now): the
@@ -311,6 +325,22 @@ class AllocationFailed(Event, frozen=True, kw_only=True, tag="allocation.failed"
     def dedup_id(self) -> str:
         first = self.pods[0].uid if self.pods else ""
         return f"failed:{first}:{self.attempt}"
+
+
+class PreemptionDecided(Event, frozen=True, kw_only=True, tag="allocation.preempting"):
+    """Pods to evict so that ``gang`` fits; the binder evicts them and the allocator keeps
+    what they free for the gang."""
+
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.preempting"
+    gang: GangRef
+    preemptor: tuple[PodRef, ...]
+    victims: tuple[VictimUnit, ...]
+    nodes: tuple[NodeName, ...]
+    """Where the gang will go once the victims are gone."""
+    attempt: int = 1
+
+    def dedup_id(self) -> str:
+        return f"preempting:{self.gang.namespace}/{self.gang.name}:{self.attempt}"
 
 
 class AllocationBound(Event, frozen=True, kw_only=True, tag="allocation.bound"):
@@ -369,6 +399,7 @@ AnyEvent = (
     | AllocationDecided
     | AllocationFailed
     | AllocationBound
+    | PreemptionDecided
     | BindFailed
     | AllocationReleased
 )
@@ -392,6 +423,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     AllocationDecided,
     AllocationFailed,
     AllocationBound,
+    PreemptionDecided,
     BindFailed,
     AllocationReleased,
 )

@@ -174,7 +174,14 @@ def sample_events() -> list[ev.Event]:
             },
         ),
         ev.JobDeleted(namespace="ml", name="mnist", uid="job-1"),
-        ev.GangReady(gang=GANG, min_member=1, members=(pending,), attempt=2),
+        ev.GangReady(
+            gang=GANG,
+            min_member=1,
+            members=(pending,),
+            attempt=2,
+            victims=(ev.VictimUnit(pods=(pod("batch-0"),), why="priority 0 < 1000"),),
+            hold=True,
+        ),
         ev.AllocationDecided(pod=pod(), node=node, grants=GRANTS, gang=GANG, attempt=2),
         ev.AllocationFailed(
             pods=(pod(), pod("train-1")),
@@ -187,6 +194,17 @@ def sample_events() -> list[ev.Event]:
             ),
         ),
         ev.AllocationBound(pod=pod(), node=node, grants=GRANTS, attempt=2),
+        ev.PreemptionDecided(
+            gang=GANG,
+            preemptor=(pod("train-0"), pod("train-1")),
+            victims=(
+                ev.VictimUnit(
+                    pods=(pod("batch-0"), pod("batch-1")), why="priority 0 < 1000: whole gang"
+                ),
+            ),
+            nodes=(node,),
+            attempt=4,
+        ),
         ev.BindFailed(pod=pod(), node=node, error="pod was deleted", attempt=2),
         ev.AllocationReleased(pod=pod(), node=node, reason="pod deleted"),
     ]

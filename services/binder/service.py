@@ -10,6 +10,11 @@ else is ``BindFailed`` and the allocator releases the reservation.
 Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's.
 ``AllocationFailed`` becomes a ``FailedScheduling`` Event and ``PodScheduled=False``
 condition on each pod, with the per-node reasons; a message is not repeated to a pod.
+
+``PreemptionDecided``: each victim gets a ``Preempted`` Event naming the gang and why,
+the ``DisruptionTarget`` condition (reason ``PreemptionByScheduler``, as kube-scheduler
+sets it), and is deleted (uid precondition, so a namesake is never hit) with its own
+grace period or ``scheduler.preemptionGraceS``.
 """
 
 from __future__ import annotations
@@ -53,6 +58,39 @@ class Binder:
             case ev.PodDeleted():
                 self.told.pop(event.pod.uid, None)
                 self.bound.discard(event.pod.uid)
+            case ev.PreemptionDecided():
+                await asyncio.gather(*(self.evict(v.pods, v.why, event) for v in event.victims))
+
+    async def evict(
+        self, pods: tuple[PodRef, ...], why: str, decided: ev.PreemptionDecided
+    ) -> None:
+        gang = f"{decided.gang.namespace}/{decided.gang.name}"
+        message = f"Preempted by gang {gang} (queue {decided.gang.queue}): {why}"
+        grace = self.rt.cfg.scheduler.preemption_grace_s
+        for pod in pods:
+            await self._event(pod, "Preempted", "Normal", message)
+            try:
+                await kube.set_pod_condition(
+                    self.api,
+                    pod,
+                    type_="DisruptionTarget",
+                    status="True",
+                    reason="PreemptionByScheduler",
+                    message=message,
+                )
+                options: dict[str, object] = {"preconditions": {"uid": pod.uid}}
+                if grace is not None:
+                    options["gracePeriodSeconds"] = grace
+                await kube.request(
+                    self.api,
+                    "DELETE",
+                    f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+                    {"apiVersion": "v1", "kind": "DeleteOptions", **options},
+                )
+                log.info("evicted %s for gang %s: %s", pod, gang, why)
+            except ApiException as exc:
+                if exc.status not in (404, 409):  # gone already, or a namesake
+                    log.warning("cannot evict %s for gang %s: %s", pod, gang, exc.status)
 
     async def bind(self, decided: ev.AllocationDecided) -> None:
         annotations = ann.grant_annotations(
@@ -170,6 +208,7 @@ class Binder:
 SUBJECTS = [
     "tessera.v1.allocation.decided",
     "tessera.v1.allocation.failed",
+    "tessera.v1.allocation.preempting",
     "tessera.v1.pod.deleted.>",
 ]
 

@@ -15,6 +15,14 @@ Assume, then bind (kube-scheduler's cache)::
 A reservation the binder has not confirmed within ``bind_timeout_s`` is checked against
 the API server: bound there, it becomes a grant; otherwise it is released and the pod is
 retried.
+
+A gang that does not fit may come with victims (the coordinator says who may go, cheapest
+first; shared/core/preemption.py finds the smallest set that makes room). The allocator
+publishes ``PreemptionDecided`` (the binder evicts) and *nominates* the gang: a victim's
+devices stay booked after its pod is gone, until the gang is placed on them, so no other
+pod takes what was freed for it. A gang that has waited past the starvation guard gets
+the nodes it would fit on held for it instead (nothing evicted; others stop landing
+there). Nominations and holds lapse after ``HOLD_S`` if the gang does not come back.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -37,6 +46,7 @@ from shared.core import annotations as ann
 from shared.core.ledger import Ledger, PodGrant
 from shared.core.model import NodeName, PodRef, PodUID
 from shared.core.placement import Failure, GangMember, PlacementConfig, Placer
+from shared.core.preemption import Unit, plan
 from shared.core.request import GROUP_NAME
 from shared.runtime import Runtime
 from shared.telemetry import tracer
@@ -45,6 +55,9 @@ log = logging.getLogger(__name__)
 
 RESERVATIONS = "tessera-reservations"
 BIND_TIMEOUT_S = 30.0
+HOLD_S = 120.0
+"""A nomination or node hold lapses if its gang has not come back in this time (the
+coordinator retries a waiting gang at least every minute)."""
 
 SUBJECTS = [
     "tessera.v1.node.>",
@@ -64,6 +77,19 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _reservation_decoder = msgspec.json.Decoder(Reservation)
+
+
+@dataclass
+class Nomination:
+    """Pods being evicted for a gang; their devices stay booked for it once they are gone."""
+
+    victims: set[PodUID]
+    until: float
+    gone: set[PodUID] = field(default_factory=set)
+
+
+def gang_key(gang: ev.GangRef) -> str:
+    return f"{gang.namespace}/{gang.name}"
 
 
 def placement_config(rt: Runtime) -> PlacementConfig:
@@ -88,6 +114,11 @@ class Allocator:
         self.refused: dict[NodeName, str] = {}
         self.cordons: dict[NodeName, tuple[str, ...]] = {}
         self.applied: dict[NodeName, ev.NodeInventory] = {}
+        self.nominations: dict[str, Nomination] = {}
+        self.doomed: dict[PodUID, str] = {}
+        """Pods being preempted → the gang their devices are kept for."""
+        self.holds: dict[str, float] = {}
+        """Gangs with nodes held for them (``placer.reserved_nodes``) → when the hold lapses."""
 
     # --- start-up ---------------------------------------------------------------------
 
@@ -211,15 +242,21 @@ class Allocator:
                 members.append(GangMember(pod=p.pod, request=p.request, group=p.group))
         decided: list[ev.Event] = [self._decided(g, gang, gang.attempt) for g in replay]
         failed: list[ev.AllocationFailed] = []
+        key = gang_key(gang.gang)
         if members:
-            with tracer().start_as_current_span(
-                f"place {gang.gang.namespace}/{gang.gang.name}"
-            ) as span:
+            with tracer().start_as_current_span(f"place {key}") as span:
                 span.set_attribute("tessera.service", self.rt.service)
                 span.set_attribute("tessera.gang.size", len(members))
                 errors = [(m, self.placer.check(m.request)) for m in members]
                 invalid = [(m, e) for m, e in errors if e]
-                if invalid:
+                waiting = self._nominated(key)
+                if waiting:
+                    failed.append(
+                        self._failed(
+                            gang, [m.pod for m in members], waiting, (), unresolvable=False
+                        )
+                    )
+                elif invalid:
                     m, errs = invalid[0]
                     text = "; ".join(f"{e.field}: {e.message}" for e in errs)
                     if len(members) > 1:
@@ -234,8 +271,9 @@ class Allocator:
                         )
                     )
                 else:
-                    result = self.placer.place_gang(members, gang.min_member)
+                    result = self.placer.place_gang(members, gang.min_member, owner=key)
                     if result.ok:
+                        self._drop_hold(key)
                         for placement in result.placed:
                             grant = self.ledger.pods[placement.pod.uid]
                             await self._reserve(grant, gang.attempt)
@@ -248,11 +286,16 @@ class Allocator:
                             failed.append(self._failure(gang, [f.pod], f))
                     else:
                         first = result.failures[-1]
+                        room: list[ev.Event] = []
+                        note = ""
+                        if not first.unresolvable:
+                            room, note = self._make_room(gang, members)
+                            decided.extend(room)
                         failed.append(
                             self._failed(
                                 gang,
                                 [m.pod for m in members],
-                                result.message if gang.min_member > 1 else first.message,
+                                (result.message if gang.min_member > 1 else first.message) + note,
                                 first.reasons,
                                 unresolvable=first.unresolvable,
                             )
@@ -265,6 +308,110 @@ class Allocator:
                 no.message,
             )
         await self.rt.bus.publish_many([*decided, *failed])
+
+    # --- preemption and holds ---------------------------------------------------------
+
+    def _nominated(self, key: str) -> str | None:
+        """Why the gang waits for its preemption to finish; None when it may be placed
+        (its gone victims' devices are then freed for it)."""
+        nom = self.nominations.get(key)
+        if nom is None:
+            return None
+        alive = nom.victims - nom.gone
+        if alive and time.time() < nom.until:
+            return f"waiting for {len(alive)} preempted pod(s) to exit"
+        self._end_nomination(key)
+        return None
+
+    def _end_nomination(self, key: str) -> list[PodGrant]:
+        """Free the devices kept for ``key``; victims still running are no longer doomed."""
+        nom = self.nominations.pop(key, None)
+        if nom is None:
+            return []
+        freed = []
+        for uid in nom.victims:
+            self.doomed.pop(uid, None)
+            if uid in nom.gone:
+                grant = self.ledger.release(uid)
+                if grant is not None:
+                    freed.append(grant)
+        return freed
+
+    def _make_room(
+        self, gang: ev.GangReady, members: list[GangMember]
+    ) -> tuple[list[ev.Event], str]:
+        """Preempt for a gang that does not fit (if it may), else hold nodes for it (if it
+        has starved): the events to publish and a note for its pods' message."""
+        key = gang_key(gang.gang)
+        if gang.victims and self.rt.cfg.scheduler.preemption:
+            offered = {
+                Unit(pods=tuple(p.uid for p in v.pods), why=v.why): v
+                for v in gang.victims
+                if not any(p.uid in self.doomed for p in v.pods)
+            }
+            found = plan(self.placer, members, gang.min_member, list(offered), owner=key)
+            if found is not None:
+                self.nominations[key] = Nomination(
+                    victims=set(found.pods), until=time.time() + HOLD_S
+                )
+                for uid in found.pods:
+                    self.doomed[uid] = key
+                nodes = tuple(sorted({p.node for p in found.placements}))
+                victims = tuple(offered[u] for u in found.units)
+                log.info(
+                    "preempting %d pod(s) for gang %s on %s: %s",
+                    len(found.pods),
+                    key,
+                    ", ".join(nodes),
+                    "; ".join(f"{', '.join(str(p) for p in v.pods)} ({v.why})" for v in victims),
+                )
+                event = ev.PreemptionDecided(
+                    gang=gang.gang,
+                    preemptor=tuple(m.pod for m in members),
+                    victims=victims,
+                    nodes=nodes,
+                    attempt=gang.attempt,
+                )
+                return [event], (
+                    f" Preempting {len(found.pods)} pod(s) to make room on {', '.join(nodes)}."
+                )
+        if gang.hold:
+            held = self._hold(key, members, gang.min_member)
+            if held:
+                return [], (
+                    f" It has waited long: nodes {', '.join(held)} are held for it until "
+                    "their pods finish."
+                )
+        return [], ""
+
+    def _hold(self, key: str, members: list[GangMember], min_member: int) -> list[NodeName]:
+        """Hold the nodes the gang would fit on once their pods finish (fewest pods first)."""
+        reserved = self.placer.reserved_nodes
+        if key in self.holds:
+            self.holds[key] = time.time() + HOLD_S
+            return sorted(n for n, owner in reserved.items() if owner == key)
+        by_node: dict[NodeName, list[PodUID]] = {}
+        for uid, grant in self.ledger.pods.items():
+            if uid not in self.doomed and reserved.get(grant.node, key) == key:
+                by_node.setdefault(grant.node, []).append(uid)
+        units = sorted(
+            (Unit(pods=tuple(uids)) for uids in by_node.values()), key=lambda u: len(u.pods)
+        )
+        found = plan(self.placer, members, min_member, units, owner=key)
+        if found is None:
+            return []
+        nodes = sorted({p.node for p in found.placements})
+        for node in nodes:
+            reserved[node] = key
+        self.holds[key] = time.time() + HOLD_S
+        log.info("gang %s has starved: holding %s for it", key, ", ".join(nodes))
+        return nodes
+
+    def _drop_hold(self, key: str) -> None:
+        if self.holds.pop(key, None) is not None:
+            reserved = self.placer.reserved_nodes
+            for node in [n for n, owner in reserved.items() if owner == key]:
+                del reserved[node]
 
     def _decided(self, grant: PodGrant, gang: ev.GangReady, attempt: int) -> ev.Event:
         lone = gang.min_member <= 1 and len(gang.members) == 1
@@ -337,6 +484,21 @@ class Allocator:
             await self._forget_reservation(event.pod.uid)
 
     async def release(self, pod: PodRef, node: NodeName | None, reason: str) -> None:
+        owner = self.doomed.get(pod.uid)
+        nom = self.nominations.get(owner) if owner is not None else None
+        if nom is not None and owner is not None:
+            # A preempted pod is gone: its devices stay booked for the gang it made room for.
+            nom.gone.add(pod.uid)
+            if nom.victims <= nom.gone:
+                held = self.ledger.pods.get(pod.uid)
+                await self.rt.bus.publish(
+                    ev.AllocationReleased(
+                        pod=pod,
+                        node=held.node if held else node or NodeName(""),
+                        reason=f"preempted; its devices are kept for gang {owner}",
+                    )
+                )
+            return
         grant = self.ledger.release(pod.uid)
         if pod.uid in self.reserved:
             await self._forget_reservation(pod.uid)
@@ -346,10 +508,23 @@ class Allocator:
             )
 
     async def expire_loop(self, timeout_s: float = BIND_TIMEOUT_S) -> None:
-        """Reservations the binder never confirmed: adopt the bound ones, free the rest."""
+        """Reservations the binder never confirmed: adopt the bound ones, free the rest.
+        Nominations and holds whose gang did not come back lapse."""
         while True:
             await asyncio.sleep(timeout_s / 3)
             now = time.time()
+            for key in [k for k, n in self.nominations.items() if n.until <= now]:
+                log.info("nomination of gang %s lapsed: its devices are free again", key)
+                for grant in self._end_nomination(key):
+                    await self.rt.bus.publish(
+                        ev.AllocationReleased(
+                            pod=grant.pod, node=grant.node, reason="preempted (nomination lapsed)"
+                        )
+                    )
+            for key in [k for k, until in self.holds.items() if until <= now]:
+                log.info("hold of gang %s lapsed", key)
+                self._drop_hold(key)
+
             for uid, r in list(self.reserved.items()):
                 if now - r.at < timeout_s or uid not in self.reserved:
                     continue

@@ -14,6 +14,15 @@ A gang the allocator could not place is parked and retried when something could 
 (a node changed, a grant was released) or after a backoff doubling to a minute; an
 unresolvable one waits for a node change. An unanswered gang is sent again.
 
+Preemption (Volcano's preempt and reclaim): a gang that failed is sent again with the
+bound pods that may make room for it, cheapest first. Lower-priority pods of its own
+queue, or of another reclaimable queue, may go; so may pods of a reclaimable queue over
+its deserved share while the gang's queue is within its own. A gang is offered as its
+members beyond ``minMember`` one by one, then as a whole: never cut below ``minMember``.
+The allocator picks the smallest set that makes room. Smaller gangs are backfilled past
+a big one that does not fit; once it has waited ``starvationGuardS`` it is sent with
+``hold``, and the allocator holds the nodes it would fit on for it.
+
 The coordinator owns PodGroup status: Pending, Inqueue once sent, Running once
 ``minMember`` are bound, and the ``Unschedulable`` condition with the reason.
 
@@ -43,6 +52,7 @@ from shared import events as ev
 from shared import kube
 from shared.bus import Delivery
 from shared.core.model import ContainerGrant, NodeName, PodUID
+from shared.core.preemption import MAX_UNITS
 from shared.core.queues import QueueShare, Resources, add, deserved, request_vector, within
 from shared.core.queues import resource_vector as queue_vector
 from shared.core.request import ResourceTable
@@ -89,6 +99,10 @@ class PodState:
     context: otel_context.Context | None = None
     """The trace the pod arrived in: its gang is published inside it, so one trace
     spans watcher, coordinator, allocator and binder."""
+    since: float = field(default_factory=time.monotonic)
+    """When the pod started to wait (the starvation guard counts from here)."""
+    failed: bool = False
+    """The allocator's last answer was "does not fit now": preemption may help."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -134,7 +148,7 @@ class Coordinator:
             case ev.AllocationDecided():
                 st = self.pods.get(event.pod.uid)
                 if st is not None and st.state in ("inflight", "pending"):
-                    st.state = "placed"
+                    st.state, st.failed = "placed", False
                     st.vector = grant_vector(event.grants)  # what it really holds
             case ev.AllocationFailed():
                 await self._failed(event)
@@ -192,7 +206,9 @@ class Coordinator:
             backoff = min(
                 self.rt.cfg.scheduler.retry_backoff_s * 2 ** (st.attempt - 1), MAX_BACKOFF_S
             )
+            st.failed = not event.unresolvable
             self._park(st, unresolvable=event.unresolvable, delay=backoff)
+
         if event.gang is not None:
             await self._group_status(
                 (event.gang.namespace, event.gang.name), "Pending", unschedulable=event.message
@@ -287,14 +303,22 @@ class Coordinator:
             elif st.state in ("placed", "bound"):
                 settled.setdefault(st.key, []).append(st)
         used, share = self._shares()
-        ready: list[tuple[tuple[float, int, float], ev.GangReady, list[PodState]]] = []
+        ready: list[tuple[tuple[int, float, int, float], ev.GangReady, list[PodState]]] = []
         told: list[ev.Event] = []
         caps = {
             q.name: queue_vector(self.table, q.capability)
             for q in self.queues.values()
             if q.capability
         }
-        for key, members in groups.items():
+        guard = self.rt.cfg.scheduler.starvation_guard_s
+        by_priority = sorted(  # within a queue: priority, then age
+            groups.items(),
+            key=lambda kv: (
+                -max(s.pending.priority for s in kv[1]),
+                min(s.pending.created_at for s in kv[1]),
+            ),
+        )
+        for key, members in by_priority:
             gang = self._gang(key, members, settled.get(key, []), told)
             if gang is None:
                 continue
@@ -326,10 +350,18 @@ class Coordinator:
                 continue  # over its share or capability: not now
             if len(taken) < len(members):
                 gang = msgspec.structs.replace(gang, members=tuple(t.pending for t in taken))
+            if any(t.failed for t in taken):  # it did not fit last time: what could help?
+                gang = msgspec.structs.replace(
+                    gang,
+                    victims=self._victims(key, taken, need, used, share, settled),
+                    hold=guard > 0 and now - min(t.since for t in taken) >= guard,
+                )
             mine = share.get(queue, {})
             rank = max((base.get(k, 0.0) / v for k, v in mine.items() if v), default=0.0)
             first = taken[0].pending
-            ready.append(((rank, -first.priority, first.created_at), gang, taken))
+            q = self.queues.get(queue)
+            order = (-(q.priority if q else 0), rank, -first.priority, first.created_at)
+            ready.append((order, gang, taken))
             used[queue] = add(base, need)
         ready.sort(key=lambda r: r[0])
         for _, gang, members in ready:
@@ -344,6 +376,66 @@ class Coordinator:
                 otel_context.detach(token)
         if told:
             await self.rt.bus.publish_many(told)
+
+    def _victims(
+        self,
+        key: tuple[str, str],
+        members: list[PodState],
+        need: Resources,
+        used: dict[str, Resources],
+        share: dict[str, Resources],
+        settled: dict[tuple[str, str], list[PodState]],
+    ) -> tuple[ev.VictimUnit, ...]:
+        """Bound pods that may be evicted for this gang, as units, cheapest first."""
+        if not self.rt.cfg.scheduler.preemption:
+            return ()
+        queue = members[0].queue
+        top = max(m.pending.priority for m in members)
+        under = bool(self.queues) and within(
+            add(used.get(queue, {}), need), share.get(queue, {}), absent=0.0
+        )
+        offers: list[tuple[tuple[int, int, int, float], ev.VictimUnit]] = []
+        reclaimed: dict[str, Resources] = {}
+        for other, states in settled.items():
+            bound = sorted(
+                (s for s in states if s.state == "bound"),
+                key=lambda s: (s.pending.priority, -s.pending.created_at),
+            )
+            if other == key or not bound:
+                continue
+            theirs = bound[0].queue
+            q = self.queues.get(theirs)
+            if theirs != queue and q is not None and not q.reclaimable:
+                continue  # a queue that does not give back is only preempted within itself
+            pg = self.podgroups.get(other) if not other[1].startswith("pod:") else None
+            min_member = pg.min_member if pg is not None else len(bound)
+            surplus = max(len(bound) - min_member, 0)
+            for unit in [*([s] for s in bound[:surplus]), bound]:
+                priority = max(s.pending.priority for s in unit)
+                vector: Resources = {}
+                for s in unit:
+                    vector = add(vector, s.vector)
+                still = add(used.get(theirs, {}), reclaimed.get(theirs, {}), -1)
+                over = (
+                    theirs != queue
+                    and under
+                    and not within(still, share.get(theirs, {}), absent=0.0)
+                )
+                if priority < top:
+                    why = f"priority {priority} < {top}"
+                elif over:
+                    why = f'queue "{theirs}" is over its deserved share'
+                    reclaimed[theirs] = add(reclaimed.get(theirs, {}), vector)
+                else:
+                    continue
+                if unit is bound and pg is not None:
+                    why += f"; all of gang {other[1]} (never below minMember {min_member})"
+                newest = max(s.pending.created_at for s in unit)
+                cost = (priority, 0 if over else 1, len(unit), -newest)
+                pods = tuple(s.pending.pod for s in unit)
+                offers.append((cost, ev.VictimUnit(pods=pods, why=why)))
+        offers.sort(key=lambda o: o[0])
+        return tuple(v for _, v in offers[:MAX_UNITS])
 
     def _gang(
         self,

@@ -212,16 +212,21 @@ class Watcher:
             await self.resync()
 
     async def resync(self) -> None:
-        """Re-announce queues, PodGroups and every pending pod (a coordinator that
-        restarted learns them all)."""
+        """Re-announce queues, PodGroups, Jobs and every pending pod (a coordinator that
+        restarted learns them all). Each gets a fresh id: JetStream would drop a repeat
+        of the first announcement as a duplicate, and a coordinator whose consumer did
+        not exist then would never learn of it (a Queue unknown forever)."""
         known: list[ev.Event] = [
             *self.queues.values(),
             *self.podgroups.values(),
             *self.jobs.values(),
+            *self.pending.values(),
         ]
-        known += [msgspec.structs.replace(p, event_id=ev.new_id()) for p in self.pending.values()]
         if known:
-            await self.rt.bus.publish_many(known)
+            await self.rt.bus.publish_many(
+                [msgspec.structs.replace(e, event_id=ev.new_id()) for e in known]
+            )
+
 
     async def on_resync_request(self, msg: Msg) -> None:
         await self.resync()

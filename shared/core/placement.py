@@ -116,6 +116,9 @@ class Placer:
         self.mindcluster = MindClusterFamily()
         self.fixed_workload = workload is not None
         self.workload = workload or Workload()
+        self.reserved_nodes: dict[NodeName, str] = {}
+        """Nodes held for a gang that waited too long (the starvation guard): node → the
+        gang's key. Only that gang is placed there until the hold is dropped."""
 
     # --- families -------------------------------------------------------------------
 
@@ -237,8 +240,15 @@ class Placer:
                 return c.devices[0]
         return None
 
+    def _held_for_other(self, node: NodeName, owner: str | None) -> Reason | None:
+        """Why ``node`` is not open to ``owner``: it is held for another waiting gang."""
+        holder = self.reserved_nodes.get(node) if self.reserved_nodes else None
+        if holder is None or holder == owner:
+            return None
+        return Reason(f"node held for gang {holder}, which has waited longest")
+
     def _candidates(
-        self, request: PodRequest, primary: DeviceRequest, policy: Policy
+        self, request: PodRequest, primary: DeviceRequest, policy: Policy, owner: str | None
     ) -> Iterator[NodeState]:
         """Nodes holding a device that could take the primary request, in policy order."""
         seen: set[str] = set()
@@ -251,12 +261,24 @@ class Placer:
                 node = dev.node
                 if node.name not in seen:
                     seen.add(node.name)
-                    yield node
+                    if self._held_for_other(node.name, owner) is None:
+                        yield node
 
     def place(
-        self, pod: PodRef, request: PodRequest, group: str | None = None
+        self,
+        pod: PodRef,
+        request: PodRequest,
+        group: str | None = None,
+        *,
+        owner: str | None = None,
+        trial: bool = False,
     ) -> Placement | Failure:
-        """Place and reserve one pod, or say why not."""
+        """Place and reserve one pod, or say why not.
+
+        ``owner`` is the pod's gang key (nodes held for it stay open to it). A ``trial``
+        (a preemption plan asking "would it fit?") neither learns the workload's shape
+        nor scans every node for the reasons of a failure.
+        """
         primary = self._primary(request)
         if primary is None:
             return Failure(pod=pod, message="the pod asks for no devices", unresolvable=True)
@@ -264,32 +286,35 @@ class Placer:
         policy = request.constraints.node_policy or self.config.node_policy
         chosen: tuple[NodeState, tuple[ContainerGrant, ...]] | None = None
         if policy == "fgd":
-            chosen = self._best_fgd(request, primary, ctx)
+            chosen = self._best_fgd(request, primary, ctx, owner)
         else:
-            for node in self._candidates(request, primary, policy):
+            for node in self._candidates(request, primary, policy, owner):
                 grants = self.fit_node(node, request, ctx)
                 if not isinstance(grants, Reason):
                     chosen = (node, grants)
                     break
         if chosen is None:
+            if trial:
+                return Failure(pod=pod, message="does not fit")
             # Full scan: it finds every node's reason, and a node the index's bounds missed.
-            scanned = self._scan(pod, request, ctx)
+            scanned = self._scan(pod, request, ctx, owner)
             if isinstance(scanned, Failure):
                 return scanned
             chosen = scanned
         node, grants = chosen
         self.ledger.grant(PodGrant(pod=pod, node=node.name, containers=grants, group=group))
-        self._observe(request)
+        if not trial:
+            self._observe(request)
         return Placement(pod=pod, node=node.name, grants=grants)
 
     def _best_fgd(
-        self, request: PodRequest, primary: DeviceRequest, ctx: FitContext
+        self, request: PodRequest, primary: DeviceRequest, ctx: FitContext, owner: str | None
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
         shapes = self.workload.normalised()
         limit = self.config.fgd_candidates or len(self.ledger.nodes)
         best: tuple[float, NodeState, tuple[ContainerGrant, ...]] | None = None
         found = 0
-        for node in self._candidates(request, primary, "binpack"):
+        for node in self._candidates(request, primary, "binpack", owner):
             grants = self.fit_node(node, request, ctx)
             if isinstance(grants, Reason):
                 continue
@@ -323,19 +348,19 @@ class Placer:
 
     def explain(self, pod: PodRef, request: PodRequest, group: str | None = None) -> Failure:
         """Ask every node why the pod does not fit (now); count the reasons."""
-        scanned = self._scan(pod, request, self._context(request, group))
+        scanned = self._scan(pod, request, self._context(request, group), None)
         if isinstance(scanned, Failure):
             return scanned
         return Failure(pod=pod, message=f"fits on {scanned[0].name} now")
 
     def _scan(
-        self, pod: PodRef, request: PodRequest, ctx: FitContext
+        self, pod: PodRef, request: PodRequest, ctx: FitContext, owner: str | None
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | Failure:
         """Fit every node: the first that fits, or the counted reasons of all."""
         counts: Counter[str] = Counter()
         static = True
         for node in self.ledger.nodes.values():
-            reason = self.fit_node(node, request, ctx)
+            reason = self._held_for_other(node.name, owner) or self.fit_node(node, request, ctx)
             if not isinstance(reason, Reason):
                 return node, reason
             counts[reason.text] += 1
@@ -353,13 +378,21 @@ class Placer:
 
     # --- gangs ----------------------------------------------------------------------
 
-    def place_gang(self, members: Sequence[GangMember], min_member: int) -> GangResult:
+    def place_gang(
+        self,
+        members: Sequence[GangMember],
+        min_member: int,
+        *,
+        owner: str | None = None,
+        trial: bool = False,
+    ) -> GangResult:
         """Place the first ``min_member`` members all together or none; extras if they fit."""
         placed: list[Placement] = []
         failures: list[Failure] = []
         required = min(max(min_member, 1), len(members))
         for i, m in enumerate(members):
-            result = self.place(m.pod, m.request, m.group)
+            result = self.place(m.pod, m.request, m.group, owner=owner, trial=trial)
+
             if isinstance(result, Placement):
                 placed.append(result)
                 continue

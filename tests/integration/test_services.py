@@ -10,6 +10,9 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats
+import nats.errors
+import nats.js.errors
 import pytest
 import yaml
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -20,6 +23,7 @@ from services.cli import SERVICES, _ping
 from services.device_allocator import service as allocator
 from services.gang_coordinator import service as coordinator
 from services.watcher import service as watcher
+from shared import events as ev
 from shared.config import config_hash, load
 from shared.runtime import run_service
 from shared.telemetry import setup_tracing
@@ -164,3 +168,42 @@ async def test_one_trace_spans_the_four_services_for_one_pod(
     assert bind[0].attributes["k8s.node.name"] == "tr-a100"
     assert bind[0].attributes["tessera.devices"]
     await p.delete(ns, "traced")
+
+
+async def test_a_resync_reaches_a_consumer_that_missed_the_first_announcement(
+    nats_url: str, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """Regression: a re-announced Queue kept its first event id, so JetStream dropped it
+    as a duplicate and a coordinator that started after the watcher never learned the
+    ``default`` Queue (its pods waited, told the queue did not exist)."""
+    await reset_stream(nats_url)
+    cfg = write_config(tmp_path, nats_url, kubeconfig)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", SERVICES["watcher"], "--config", str(cfg)
+    )
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+
+        async def default_queues() -> int:
+            try:
+                sub = await js.pull_subscribe("tessera.v1.queue.updated", stream="TESSERA")
+            except nats.js.errors.NotFoundError:
+                return 0  # the stream is not there yet
+            try:
+                msgs = await sub.fetch(100, timeout=0.5)
+            except nats.errors.TimeoutError:
+                return 0
+            finally:
+                await sub.unsubscribe()
+            return sum(b'"name":"default"' in m.data for m in msgs)
+
+        await eventually(default_queues, timeout_s=30, what="the default Queue announced")
+        first = await default_queues()
+        await nc.request(ev.CONTROL_RESYNC_SUBJECT, b"", timeout=5)
+        assert await default_queues() == first + 1
+    finally:
+        await nc.close()
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(20):
+            await proc.wait()
