@@ -323,9 +323,7 @@ class Bus:
             )
             await msg.term()
             return
-        log.debug(
-            "got %s (seq %d, attempt %d)", msg.subject, delivery.stream_seq, delivery.attempt
-        )
+        log.debug("got %s (seq %d, attempt %d)", msg.subject, delivery.stream_seq, delivery.attempt)
         context = propagate.extract(msg.headers or {})
         span_name = f"process {type(event).SUBJECT}"
 

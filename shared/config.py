@@ -73,9 +73,10 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     """A gang that does not fit may evict lower-priority pods (any queue, but only
     reclaimable ones across queues) and pods of reclaimable queues over their deserved
     share (Volcano's preempt and reclaim actions). No gang is ever cut below minMember."""
-    preemption_grace_s: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    """Grace period of a preempted pod's deletion; unset: the pod's own
-    ``terminationGracePeriodSeconds``. Its devices go to the preemptor only once it is gone."""
+    eviction_grace_s: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """Grace period of the pods Tessera deletes (preemption victims, a Volcano Job's
+    restart or deletion); unset: each pod's own ``terminationGracePeriodSeconds``. A
+    victim's devices go to the preemptor only once it is gone."""
     starvation_guard_s: Annotated[float, msgspec.Meta(ge=0.0)] = 300.0
 
     """Smaller gangs are backfilled past a gang that does not fit; once it has waited

@@ -79,6 +79,30 @@ def now_rfc3339() -> str:
     return _now().strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+async def delete_pod(
+    api: ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    uid: str | None = None,
+    grace_s: int | None = None,
+) -> bool:
+    """Delete a pod (only this ``uid``, never a namesake, when given) with its own grace
+    period or ``grace_s``; False if it was already gone or is a namesake."""
+    options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+    if uid is not None:
+        options["preconditions"] = {"uid": uid}
+    if grace_s is not None:
+        options["gracePeriodSeconds"] = grace_s
+    try:
+        await request(api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", options)
+    except ApiException as exc:
+        if exc.status in (404, 409):
+            return False
+        raise
+    return True
+
+
 async def post_event(
     api: ApiClient,
     pod: PodRef,

@@ -14,7 +14,7 @@ condition on each pod, with the per-node reasons; a message is not repeated to a
 ``PreemptionDecided``: each victim gets a ``Preempted`` Event naming the gang and why,
 the ``DisruptionTarget`` condition (reason ``PreemptionByScheduler``, as kube-scheduler
 sets it), and is deleted (uid precondition, so a namesake is never hit) with its own
-grace period or ``scheduler.preemptionGraceS``.
+grace period or ``scheduler.evictionGraceS``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Binder:
     ) -> None:
         gang = f"{decided.gang.namespace}/{decided.gang.name}"
         message = f"Preempted by gang {gang} (queue {decided.gang.queue}): {why}"
-        grace = self.rt.cfg.scheduler.preemption_grace_s
+        grace = self.rt.cfg.scheduler.eviction_grace_s
         for pod in pods:
             await self._event(pod, "Preempted", "Normal", message)
             try:
@@ -78,18 +78,12 @@ class Binder:
                     reason="PreemptionByScheduler",
                     message=message,
                 )
-                options: dict[str, object] = {"preconditions": {"uid": pod.uid}}
-                if grace is not None:
-                    options["gracePeriodSeconds"] = grace
-                await kube.request(
-                    self.api,
-                    "DELETE",
-                    f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
-                    {"apiVersion": "v1", "kind": "DeleteOptions", **options},
-                )
-                log.info("evicted %s for gang %s: %s", pod, gang, why)
+                if await kube.delete_pod(
+                    self.api, pod.namespace, pod.name, uid=pod.uid, grace_s=grace
+                ):
+                    log.info("evicted %s for gang %s: %s", pod, gang, why)
             except ApiException as exc:
-                if exc.status not in (404, 409):  # gone already, or a namesake
+                if exc.status != 404:  # gone already
                     log.warning("cannot evict %s for gang %s: %s", pod, gang, exc.status)
 
     async def bind(self, decided: ev.AllocationDecided) -> None:

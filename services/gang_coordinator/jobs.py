@@ -26,14 +26,13 @@ from kubernetes_asyncio.client import ApiClient, ApiException
 
 from shared import events as ev
 from shared import kube
-from shared.core.request import GROUP_NAME
+from shared.core.request import GROUP_NAME, TASK_SPEC
 
 log = logging.getLogger(__name__)
 
 BATCH = "/apis/batch.volcano.sh/v1alpha1"
 SCHEDULING = "/apis/scheduling.volcano.sh/v1beta1"
 JOB_NAME = "volcano.sh/job-name"
-TASK_SPEC = "volcano.sh/task-spec"
 
 
 @dataclass
@@ -46,8 +45,10 @@ class JobState:
 
 
 class JobController:
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(self, api: ApiClient, grace_s: int | None = None) -> None:
         self.api = api
+        self.grace_s = grace_s
+        """Grace period of the pods it deletes (``scheduler.evictionGraceS``)."""
         self.jobs: dict[tuple[str, str], JobState] = {}
 
     def _pod_names(self, job: ev.JobUpdated) -> list[tuple[str, str, int, dict[str, Any]]]:
@@ -79,7 +80,9 @@ class JobController:
             self.api, "GET", f"/api/v1/namespaces/{namespace}/pods", query=selector
         )
         for pod in pods["items"]:
-            await self._delete(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}")
+            await kube.delete_pod(
+                self.api, namespace, pod["metadata"]["name"], grace_s=self.grace_s
+            )
         await self._delete(f"{SCHEDULING}/namespaces/{namespace}/podgroups/{name}")
         await self._delete(f"/api/v1/namespaces/{namespace}/services/{name}")
         if state is not None:
@@ -115,7 +118,7 @@ class JobController:
                     pod.name,
                 )
                 for other in list(state.pods):
-                    await self._delete(f"/api/v1/namespaces/{pod.namespace}/pods/{other}")
+                    await kube.delete_pod(self.api, pod.namespace, other, grace_s=self.grace_s)
                 if not state.pods:
                     state.restarting = False
                     await self.on_job(state.job)
@@ -255,7 +258,7 @@ class JobController:
 
     async def _delete(self, path: str) -> None:
         try:
-            await kube.request(self.api, "DELETE", path, {"gracePeriodSeconds": 0})
+            await kube.request(self.api, "DELETE", path)
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -127,7 +127,7 @@ class Coordinator:
     def __post_init__(self) -> None:
         self.table = ResourceTable.build(self.rt.cfg.devices)
         if self.api is not None and self.jobs is None:
-            self.jobs = JobController(self.api)
+            self.jobs = JobController(self.api, self.rt.cfg.scheduler.eviction_grace_s)
 
     # --- events -----------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from shared import events as ev
 from shared import kube
 from shared.core import annotations as ann
 from shared.core.model import NodeName, PodRef, PodRequest, PodUID
-from shared.core.request import GROUP_NAME, RequestParser
+from shared.core.request import GROUP_NAME, TASK_SPEC, RequestParser
 from shared.runtime import Runtime
 from shared.telemetry import tracer
 
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
 VOLCANO_BATCH = "/apis/batch.volcano.sh/v1alpha1"
-TASK_SPEC = "volcano.sh/task-spec"
 DISCOVERY_RETRY_S = 30.0
 TERMINAL = ("Succeeded", "Failed")
 
@@ -226,7 +225,6 @@ class Watcher:
             await self.rt.bus.publish_many(
                 [msgspec.structs.replace(e, event_id=ev.new_id()) for e in known]
             )
-
 
     async def on_resync_request(self, msg: Msg) -> None:
         await self.resync()

@@ -50,6 +50,8 @@ NUMA_BIND = "nvidia.com/numa-bind"
 PODGROUP_POLICY = "volcano.sh/vgpu-podgroup-policy"
 VNPU_MODE = "huawei.com/vnpu-mode"
 GROUP_NAME = "scheduling.k8s.io/group-name"
+TASK_SPEC = "volcano.sh/task-spec"
+"""A Volcano Job pod's task role (``minTaskMember`` counts per role)."""
 VNPU_LEVEL = "vnpu-level"
 VNPU_DVPP = "vnpu-dvpp"
 

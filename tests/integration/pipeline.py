@@ -22,6 +22,7 @@ from shared.config import KubernetesConfig
 from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parents[2]
+HEARTBEAT_S = 2.0
 
 
 async def reset_stream(nats_url: str) -> None:
@@ -115,13 +116,7 @@ class Pipeline:
 
     async def delete(self, ns: str, name: str) -> None:
         """Delete at once: no kubelet would ever confirm a graceful deletion."""
-        with contextlib.suppress(ApiException):
-            await kube.request(
-                self.api,
-                "DELETE",
-                f"/api/v1/namespaces/{ns}/pods/{name}",
-                {"gracePeriodSeconds": 0},
-            )
+        await kube.delete_pod(self.api, ns, name, grace_s=0)
 
     async def bound(self, ns: str, name: str, timeout_s: float = 30) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
@@ -185,8 +180,9 @@ async def start_pipeline(
                 "scheduler": {
                     "names": ["tessera", "volcano"],
                     "leaderLeaseS": 3.0,
-                    "heartbeatS": 2.0,
+                    "heartbeatS": HEARTBEAT_S,
                     "resyncS": 5.0,
+                    "evictionGraceS": 0,  # no kubelet here would confirm a graceful deletion
                     **(settings or {}),
                 },
                 "nats": {"url": nats_url},
@@ -206,4 +202,24 @@ async def start_pipeline(
         return await p.alive() >= set(SERVICES)
 
     await eventually(all_alive, timeout_s=60, what="all five services answering pings")
+    expected = sum(int(n.get("replicas", 1)) for n in inventory.get("nodes", []))
+
+    async def inventories_stored() -> bool:
+        return len(await _inventory_keys(nats_url)) >= expected
+
+    await eventually(inventories_stored, timeout_s=30, what="every node's inventory stored")
+    # The allocator applies an inventory from its event, or from the KV within one
+    # heartbeat; placing before that could fill the few nodes it knows so far.
+    await asyncio.sleep(2 * HEARTBEAT_S)
     return p
+
+
+async def _inventory_keys(nats_url: str) -> list[str]:
+    nc = await nats.connect(nats_url)
+    try:
+        kv = await nc.jetstream().key_value("tessera-inventory")
+        return list(await kv.keys())
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NoKeysError):
+        return []
+    finally:
+        await nc.close()

@@ -12,12 +12,11 @@ import pytest
 
 from services.node_agent.simulate import _uuid
 from shared import kube
+from shared.core.request import GROUP_NAME, TASK_SPEC
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, start_pipeline
 
-# One rerun: a pipeline occasionally stalls for tens of seconds after a burst of pod
-# deletions (cause still open, see the issue notes); a test that fails twice fails.
-pytestmark = [pytest.mark.integration, pytest.mark.flaky(reruns=1, reruns_delay=5)]
+pytestmark = pytest.mark.integration
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
 INVENTORY = {
     "nodes": [
@@ -41,8 +40,16 @@ async def pipeline(
 
 
 async def podgroup(
-    p: Pipeline, ns: str, name: str, min_member: int, queue: str = "default"
+    p: Pipeline,
+    ns: str,
+    name: str,
+    min_member: int,
+    queue: str = "default",
+    min_task_member: dict[str, int] | None = None,
 ) -> None:
+    spec: dict[str, Any] = {"minMember": min_member, "queue": queue}
+    if min_task_member:
+        spec["minTaskMember"] = min_task_member
     await kube.request(
         p.api,
         "POST",
@@ -51,7 +58,7 @@ async def podgroup(
             "apiVersion": "scheduling.volcano.sh/v1beta1",
             "kind": "PodGroup",
             "metadata": {"name": name},
-            "spec": {"minMember": min_member, "queue": queue},
+            "spec": spec,
         },
     )
 
@@ -81,8 +88,13 @@ async def cordon(p: Pipeline, uuids: str) -> None:
     )
 
 
-def member(name: str, group: str, limits: dict[str, Any]) -> dict[str, Any]:
-    return pod(name, limits, annotations={"scheduling.k8s.io/group-name": group})
+def member(
+    name: str, group: str, limits: dict[str, Any], task: str | None = None
+) -> dict[str, Any]:
+    annotations = {GROUP_NAME: group}
+    if task:
+        annotations[TASK_SPEC] = task
+    return pod(name, limits, annotations=annotations)
 
 
 async def nodes_of(p: Pipeline, ns: str, names: list[str]) -> dict[str, str | None]:
@@ -179,6 +191,41 @@ async def test_volcano_job_starts_both_workers_or_none_and_deletes_its_pods(
 
     await eventually(gone, what="the Job's pods deleted")
     await kube.request(pipeline.api, "DELETE", f"{jobs}/wide")
+
+
+async def test_a_restart_job_policy_restarts_every_pod_when_one_is_evicted(
+    pipeline: Pipeline, ns: str
+) -> None:
+    jobs = f"/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs"
+    limits = {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 10000}
+    await kube.request(pipeline.api, "POST", jobs, vcjob("rs", 2, 2, limits))
+    names = ["rs-worker-0", "rs-worker-1"]
+    first = {n: (await pipeline.bound(ns, n))["metadata"]["uid"] for n in names}
+    await pipeline.delete(ns, "rs-worker-0")  # evicted (no kubelet here: deleted at once)
+
+    async def all_new_and_bound() -> bool:
+        pods = {p["metadata"]["name"]: p for p in await job_pods(pipeline, ns, "rs")}
+        return set(pods) == set(names) and all(
+            pods[n]["metadata"]["uid"] != first[n] and pods[n]["spec"].get("nodeName")
+            for n in names
+        )
+
+    await eventually(all_new_and_bound, timeout_s=60, what="both workers new and bound")
+    await kube.request(pipeline.api, "DELETE", f"{jobs}/rs")
+
+
+async def test_min_task_member_holds_a_gang_until_every_role_is_there(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await podgroup(pipeline, ns, "roles", 2, min_task_member={"ps": 1, "worker": 1})
+    small = {"nvidia.com/gpumem": 1000}
+    for n in ("worker-0", "worker-1"):
+        await pipeline.create(ns, member(n, "roles", small, task="worker"))
+    await asyncio.sleep(3.0)  # minMember 2 is met by the workers alone; no ps yet
+    assert set((await nodes_of(pipeline, ns, ["worker-0", "worker-1"])).values()) == {None}
+    await pipeline.create(ns, member("ps-0", "roles", small, task="ps"))
+    for n in ("ps-0", "worker-0", "worker-1"):
+        await pipeline.bound(ns, n)
 
 
 async def test_gang_of_4_that_fits_3_waits_whole_while_a_later_pod_is_placed(

@@ -26,9 +26,7 @@ from shared.core import annotations as ann
 from tests.helpers import eventually
 from tests.integration.pipeline import REPO, Pipeline, pod, start_pipeline
 
-# One rerun: a pipeline occasionally stalls for tens of seconds after a burst of pod
-# deletions (cause still open, see the issue notes); a test that fails twice fails.
-pytestmark = [pytest.mark.integration, pytest.mark.flaky(reruns=1, reruns_delay=5)]
+pytestmark = pytest.mark.integration
 
 INVENTORY = {
     "nodes": [

@@ -17,7 +17,7 @@ from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, start_pipeline
 from tests.integration.test_batch import VOLCANO, member, podgroup, queue
 
-pytestmark = [pytest.mark.integration, pytest.mark.flaky(reruns=1, reruns_delay=5)]
+pytestmark = pytest.mark.integration
 WHOLE = {"nvidia.com/gpu": 1}
 INVENTORY = {
     "nodes": [
@@ -41,7 +41,7 @@ async def pipeline(
         kubeconfig,
         nats_url,
         INVENTORY,
-        {"preemptionGraceS": 0, "starvationGuardS": 3.0},
+        {"starvationGuardS": 3.0},
     )
     try:
         await kube.request(

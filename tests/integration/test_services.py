@@ -30,9 +30,7 @@ from shared.telemetry import setup_tracing
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, reset_stream, start_pipeline
 
-# One rerun: a pipeline occasionally stalls for tens of seconds after a burst of pod
-# deletions (cause still open, see the issue notes); a test that fails twice fails.
-pytestmark = [pytest.mark.integration, pytest.mark.flaky(reruns=1, reruns_delay=5)]
+pytestmark = pytest.mark.integration
 
 
 def write_config(tmp_path: Path, nats_url: str, kubeconfig: Path) -> Path:
