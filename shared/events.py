@@ -73,6 +73,15 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
         return self.event_id
 
 
+def changed(old: Event | None, new: Event) -> bool:
+    """Did anything but the event's identity and time change? (A re-announcement of an
+    unchanged object is news only to a consumer that does not know it yet.)"""
+    if old is None:
+        return True
+    same = msgspec.structs.replace(old, event_id=new.event_id, emitted_at=new.emitted_at)
+    return same != new
+
+
 class GangRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A PodGroup (``scheduling.k8s.io/group-name``); a lone pod is a gang of one."""
 

@@ -135,7 +135,9 @@ class Coordinator:
         if self.jobs is not None:
             match event:
                 case ev.JobUpdated():
-                    await self.jobs.on_job(event)
+                    known = self.jobs.jobs.get((event.namespace, event.name))
+                    if known is None or ev.changed(known.job, event):  # not a re-announcement
+                        await self.jobs.on_job(event)
                     return
                 case ev.JobDeleted():
                     await self.jobs.on_job_deleted(event.namespace, event.name)
@@ -164,13 +166,19 @@ class Coordinator:
             case ev.PodDeleted() | ev.PodRejected():
                 self.pods.pop(event.pod.uid, None)
             case ev.PodGroupUpdated():
-                self.podgroups[(event.namespace, event.name)] = event
+                key = (event.namespace, event.name)
+                if not ev.changed(self.podgroups.get(key), event):
+                    return  # a re-announcement of what is known
+                self.podgroups[key] = event
                 self._helpful(node_changed=True)  # a changed group may be ready now
             case ev.PodGroupDeleted():
                 self.podgroups.pop((event.namespace, event.name), None)
             case ev.QueueUpdated():
+                if not ev.changed(self.queues.get(event.name), event):
+                    return
                 self.queues[event.name] = event
                 self._helpful(node_changed=True)  # an opened queue, a new weight or cap
+
             case ev.QueueDeleted():
                 self.queues.pop(event.name, None)
                 self._helpful(node_changed=True)

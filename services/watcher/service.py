@@ -39,14 +39,6 @@ DISCOVERY_RETRY_S = 30.0
 TERMINAL = ("Succeeded", "Failed")
 
 
-def _changed(old: ev.Event | None, new: ev.Event) -> bool:
-    """Did anything but the event's identity and time change?"""
-    if old is None:
-        return True
-    same = msgspec.structs.replace(old, event_id=new.event_id, emitted_at=new.emitted_at)
-    return same != new
-
-
 def pod_ref(obj: dict[str, Any]) -> PodRef:
     meta = obj["metadata"]
     return PodRef(namespace=meta.get("namespace", ""), name=meta["name"], uid=PodUID(meta["uid"]))
@@ -278,7 +270,7 @@ class Watcher:
         update = ev.JobUpdated(
             namespace=key[0], name=key[1], uid=meta.get("uid", ""), spec=obj.get("spec") or {}
         )
-        if _changed(self.jobs.get(key), update):
+        if ev.changed(self.jobs.get(key), update):
             self.jobs[key] = update
             await self.rt.bus.publish(update)
 
@@ -307,7 +299,7 @@ class Watcher:
             priority_class=spec.get("priorityClassName") or "",
             min_resources={str(k): str(v) for k, v in (spec.get("minResources") or {}).items()},
         )
-        if _changed(self.podgroups.get(key), update):
+        if ev.changed(self.podgroups.get(key), update):
             self.podgroups[key] = update
             await self.rt.bus.publish(update)
 
@@ -337,7 +329,7 @@ class Watcher:
             priority=int(spec.get("priority") or 0),
             state=str(state),
         )
-        if _changed(self.queues.get(name), update):
+        if ev.changed(self.queues.get(name), update):
             self.queues[name] = update
             await self.rt.bus.publish(update)
 
