@@ -14,74 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+from harness import Binds, connect, namespace, pct, tessera, wait_nodes
 
-from services.cli import SERVICES, _ping
 from shared import kube
-from shared.config import KubernetesConfig
 from tools.localcluster import LocalCluster
 
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
-
-
-def start_services(
-    workdir: Path, cluster: LocalCluster, nodes: int
-) -> list[subprocess.Popen[bytes]]:
-    cfg = workdir / "tessera.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "scheduler": {"names": ["tessera"]},
-                "nats": {"url": cluster.nats_url},
-                "kubernetes": {"kubeconfig": str(cluster.kubeconfig), "qps": 5000, "burst": 5000},
-                "telemetry": {"logLevel": "WARNING"},
-            }
-        )
-    )
-    inventory = workdir / "inventory.yaml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "nodes": [
-                    {
-                        "name": "bench-{i}",
-                        "replicas": nodes,
-                        "devices": [
-                            {
-                                "vendor": "nvidia",
-                                "model": "NVIDIA-A100-SXM4-80GB",
-                                "memory": 81920,
-                                "count": 8,
-                                "numa": 2,
-                            }
-                        ],
-                    }
-                ]
-            }
-        )
-    )
-    procs = []
-    for service, module in SERVICES.items():
-        extra = ["--simulate", str(inventory)] if service == "node-agent" else []
-        log = (workdir / f"{service}.log").open("ab")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", module, "--config", str(cfg), *extra],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-    return procs
 
 
 def member(gang: str, i: int) -> dict[str, Any]:
@@ -109,40 +54,12 @@ def member(gang: str, i: int) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace, cluster: LocalCluster) -> dict[str, Any]:
-    api = await kube.connect(
-        KubernetesConfig(kubeconfig=str(cluster.kubeconfig), qps=5000, burst=5000)
-    )
+    api = await connect(cluster)
     async with api:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            nodes, _ = await kube.list_all(api, "/api/v1/nodes")
-            if len(nodes) >= args.nodes:
-                break
-            await asyncio.sleep(0.5)
-        await kube.request(
-            api,
-            "POST",
-            "/api/v1/namespaces",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}},
-        )
-        bound_at: dict[str, float] = {}
-        done = asyncio.Event()
-        total = args.gangs * args.size
-
-        async def on_pod(kind: str, obj: dict[str, Any]) -> None:
-            name = obj["metadata"]["name"]
-            if obj["spec"].get("nodeName") and name not in bound_at:
-                bound_at[name] = time.monotonic()
-                if len(bound_at) >= total:
-                    done.set()
-
-        async def relist(items: list[dict[str, Any]]) -> None:
-            for obj in items:
-                await on_pod("ADDED", obj)
-
-        watch = asyncio.create_task(
-            kube.list_watch(api, "/api/v1/namespaces/bench/pods", on_pod, on_relist=relist)
-        )
+        await wait_nodes(api, args.nodes)
+        await namespace(api, "bench")
+        binds = Binds(api, "bench", args.gangs * args.size)
+        binds.start()
         last_created: dict[str, float] = {}
         slots = asyncio.Semaphore(16)
 
@@ -169,31 +86,25 @@ async def run(args: argparse.Namespace, cluster: LocalCluster) -> dict[str, Any]
         start = time.monotonic()
         await asyncio.gather(*(create_gang(g) for g in range(args.gangs)))
         created = time.monotonic()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), timeout=args.timeout)
-        watch.cancel()
-        end = max(bound_at.values(), default=time.monotonic())
+        await binds.wait(args.timeout)
+        end = max(binds.at.values(), default=time.monotonic())
         latencies = []
         for gang, t in last_created.items():
-            members = [bound_at.get(f"{gang}-{i}") for i in range(args.size)]
+            members = [binds.at.get(f"{gang}-{i}") for i in range(args.size)]
             if all(m is not None for m in members):
                 latencies.append(max(m for m in members if m is not None) - t)
         latencies.sort()
-
-        def pct(p: float) -> float:
-            return latencies[min(len(latencies) - 1, int(p * len(latencies)))] if latencies else 0
-
         return {
             "gangs": args.gangs,
             "size": args.size,
             "nodes": args.nodes,
-            "pods_bound": len(bound_at),
+            "pods_bound": len(binds.at),
             "gangs_complete": len(latencies),
             "create_s": created - start,
             "total_s": end - start,
             "gangs_per_s": len(latencies) / (end - start) if latencies else 0.0,
-            "p50_s": pct(0.50),
-            "p99_s": pct(0.99),
+            "p50_s": pct(latencies, 0.50),
+            "p99_s": pct(latencies, 0.99),
             "max_s": latencies[-1] if latencies else 0,
             "mean_s": statistics.fmean(latencies) if latencies else 0.0,
         }
@@ -207,21 +118,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="tessera-bench-gangs-"))
-    with LocalCluster(workdir=workdir / "cluster") as cluster:
-        procs = start_services(workdir, cluster, args.nodes)
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if {h["service"] for h in asyncio.run(_ping(cluster.nats_url, 0.5))} >= set(
-                    SERVICES
-                ):
-                    break
-            result = asyncio.run(run(args, cluster))
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(timeout=30)
+    with (
+        LocalCluster(workdir=workdir / "cluster") as cluster,
+        tessera(workdir, cluster, args.nodes),
+    ):
+        result = asyncio.run(run(args, cluster))
     print(
         f"gang scheduling, end to end: {args.gangs} PodGroups x {args.size} pods "
         f"(1 vGPU, 20 GiB, 25% cores) on {args.nodes} simulated nodes x 8 A100-80GB"

@@ -40,6 +40,7 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.kv import KeyValue
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
@@ -52,6 +53,11 @@ from shared.telemetry import tracer
 log = logging.getLogger(__name__)
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+IDLE_WAIT_S = 1.0
+"""How long one fetch waits for a message while a consumer is idle (cancellation is
+noticed between fetches)."""
+BURST_WAIT_S = 0.02
+"""How long a fetch in a burst waits for more messages before going back to idle."""
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,18 +183,29 @@ class Bus:
         ):
             await self.js.publish(subject, events.encode(event), headers=self._headers(event))
 
-    async def publish_many(self, batch: Iterable[events.Event]) -> None:
-        """Publish many events pipelined (acks awaited together): the hot-path form."""
+    async def publish_many(
+        self,
+        batch: Iterable[events.Event],
+        contexts: Sequence[otel_context.Context | None] | None = None,
+    ) -> None:
+        """Publish many events pipelined (acks awaited together): the hot-path form.
+        ``contexts``, one per event, puts each in its own trace (None: the current one)."""
         futures = []
-        for event in batch:
-            with tracer().start_as_current_span(
-                f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes
-            ):
-                futures.append(
-                    await self.js.publish_async(
-                        event.subject(), events.encode(event), headers=self._headers(event)
+        for i, event in enumerate(batch):
+            given = contexts[i] if contexts is not None else None
+            token = otel_context.attach(given) if given is not None else None
+            try:
+                with tracer().start_as_current_span(
+                    f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes
+                ):
+                    futures.append(
+                        await self.js.publish_async(
+                            event.subject(), events.encode(event), headers=self._headers(event)
+                        )
                     )
-                )
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
         if futures:
             await asyncio.gather(*futures)
 
@@ -281,15 +298,26 @@ class Bus:
             finally:
                 slots.release()
 
+        # nats-py's fetch(n) waits, once a first message came, for n of them or the
+        # timeout: idle, that is a second of latency per hop. So: wait for ONE message
+        # while idle (it returns the moment one arrives); in a burst take what is there,
+        # up to ``batch``, waiting at most BURST_WAIT_S; back to idle when that times out.
+        idle = True
         try:
             while True:
                 try:
-                    msgs = await sub.fetch(batch, timeout=1.0)
+                    if idle:
+                        msgs = await sub.fetch(1, timeout=IDLE_WAIT_S)
+                    else:
+                        msgs = await sub.fetch(batch, timeout=BURST_WAIT_S)
                 except (TimeoutError, nats.errors.TimeoutError):
                     raise_if_cancelling()
+                    idle = True
                     continue
                 except nats.errors.ConnectionClosedError:
                     return
+                idle = False
+
                 for msg in msgs:
                     if concurrency == 1:
                         await self._deliver(msg, handler)

@@ -55,7 +55,10 @@ log = logging.getLogger(__name__)
 
 RESERVATIONS = "tessera-reservations"
 BIND_TIMEOUT_S = 30.0
+ALLOCATOR_CONCURRENCY = 32
+"""Events whose I/O may be in flight at once (see ``_lead``)."""
 HOLD_S = 120.0
+
 """A nomination or node hold lapses if its gang has not come back in this time (the
 coordinator retries a waiting gang at least every minute)."""
 
@@ -274,14 +277,16 @@ class Allocator:
                     result = self.placer.place_gang(members, gang.min_member, owner=key)
                     if result.ok:
                         self._drop_hold(key)
-                        for placement in result.placed:
-                            grant = self.ledger.pods[placement.pod.uid]
-                            await self._reserve(grant, gang.attempt)
+                        grants = [self.ledger.pods[p.pod.uid] for p in result.placed]
+                        # Durable before any decision goes out (a restart rebuilds them).
+                        await asyncio.gather(*(self._reserve(g, gang.attempt) for g in grants))
+                        for grant in grants:
                             decided.append(self._decided(grant, gang, gang.attempt))
                             span.add_event(
                                 "placed",
-                                {"k8s.pod.uid": placement.pod.uid, "k8s.node.name": placement.node},
+                                {"k8s.pod.uid": grant.pod.uid, "k8s.node.name": grant.node},
                             )
+
                         for f in result.failures:  # extras beyond min_member
                             failed.append(self._failure(gang, [f.pod], f))
                     else:
@@ -585,9 +590,17 @@ async def _lead(rt: Runtime, lease: Lease) -> None:
     api = await kube.connect(rt.cfg.kubernetes)
     rt.on_stop(api.close)
     allocator = await Allocator.rebuild(rt, api)
+    # Handlers overlap only in their I/O (reservation KV writes, publishing decisions):
+    # each one's ledger work runs before its first await, and handlers start in stream
+    # order, so the ledger sees events in order.
     rt.adopt(
         rt.bus.consume(
-            "device-allocator", SUBJECTS, allocator.handle, deliver="new", ack_wait_s=10.0
+            "device-allocator",
+            SUBJECTS,
+            allocator.handle,
+            deliver="new",
+            ack_wait_s=10.0,
+            concurrency=ALLOCATOR_CONCURRENCY,
         )
     )
     rt.spawn(allocator.expire_loop(), "expire-reservations")

@@ -377,11 +377,11 @@ class Coordinator:
                 st.state, st.attempt, st.sent_at = "inflight", gang.attempt, now
             if members[0].pending.group:
                 await self._group_status((gang.gang.namespace, gang.gang.name), "Inqueue")
-            token = otel_context.attach(members[0].context or otel_context.get_current())
-            try:
-                await self.rt.bus.publish(gang)
-            finally:
-                otel_context.detach(token)
+        # All in one pipelined publish, each gang in the trace its first pod arrived in.
+        await self.rt.bus.publish_many(
+            [gang for _, gang, _ in ready], [members[0].context for _, _, members in ready]
+        )
+
         if told:
             await self.rt.bus.publish_many(told)
 

@@ -1,0 +1,170 @@
+"""What the end-to-end benchmarks share: Tessera's five services on simulated nodes, a
+watch that notes when each pod is bound, and percentiles.
+
+Times are on this process's monotonic clock: a pod's creation is when the API server
+answered the create (``creationTimestamp`` has one-second resolution), its binding is
+when the watch event showing ``spec.nodeName`` arrived here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio.client import ApiClient
+
+from services.cli import SERVICES, _ping
+from shared import kube
+from shared.config import KubernetesConfig
+from tools.localcluster import LocalCluster
+
+A100 = {"vendor": "nvidia", "model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 8}
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds each process has used so far (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+@contextlib.contextmanager
+def tessera(
+    workdir: Path, cluster: LocalCluster, nodes: int, log_level: str = "WARNING"
+) -> Iterator[dict[str, int]]:
+    """Run the five services (the node agent simulating ``nodes`` nodes of 8 x A100-80GB)
+    until the block ends; yields each service's pid."""
+    cfg = workdir / "tessera.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "scheduler": {"names": ["tessera"]},
+                "nats": {"url": cluster.nats_url},
+                "kubernetes": {"kubeconfig": str(cluster.kubeconfig), "qps": 5000, "burst": 5000},
+                "telemetry": {"logLevel": log_level},
+            }
+        )
+    )
+    inventory = workdir / "inventory.yaml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {"nodes": [{"name": "bench-{i}", "replicas": nodes, "devices": [{**A100, "numa": 2}]}]}
+        )
+    )
+    procs = []
+    for service, module in SERVICES.items():
+        extra = ["--simulate", str(inventory)] if service == "node-agent" else []
+        log = (workdir / f"{service}.log").open("ab")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, "--config", str(cfg), *extra],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            hellos = asyncio.run(_ping(cluster.nats_url, 0.5))
+            if {h["service"] for h in hellos} >= set(SERVICES):
+                break
+        yield {service: p.pid for service, p in zip(SERVICES, procs, strict=True)}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+
+async def connect(cluster: LocalCluster) -> ApiClient:
+    return await kube.connect(
+        KubernetesConfig(kubeconfig=str(cluster.kubeconfig), qps=5000, burst=5000)
+    )
+
+
+async def wait_nodes(api: ApiClient, count: int, timeout_s: float = 120) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes, _ = await kube.list_all(api, "/api/v1/nodes")
+        if len(nodes) >= count or time.monotonic() > deadline:
+            return nodes
+        await asyncio.sleep(0.5)
+
+
+async def namespace(api: ApiClient, name: str) -> None:
+    await kube.request(
+        api,
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+    )
+
+
+@dataclass
+class Binds:
+    """Watches one namespace's pods and notes when each was first seen bound."""
+
+    api: ApiClient
+    namespace: str
+    expected: int
+    at: dict[str, float] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    async def _on_pod(self, _kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if obj["spec"].get("nodeName") and name not in self.at:
+            self.at[name] = time.monotonic()
+            if len(self.at) >= self.expected:
+                self.done.set()
+
+    async def _relist(self, items: list[dict[str, Any]]) -> None:
+        for obj in items:
+            await self._on_pod("ADDED", obj)
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(
+            kube.list_watch(
+                self.api,
+                f"/api/v1/namespaces/{self.namespace}/pods",
+                self._on_pod,
+                on_relist=self._relist,
+            )
+        )
+
+    async def wait(self, timeout_s: float, settle_s: float = 0.0) -> None:
+        """Until every expected pod is bound, or ``timeout_s``; with ``settle_s``, also
+        stop once no pod has been bound for that long (the rest cannot be)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.done.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), timeout=1.0)
+            last = max(self.at.values(), default=None)
+            if settle_s and last is not None and time.monotonic() - last > settle_s:
+                break
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """The ``p`` quantile (nearest rank) of sorted ``values``; 0 when empty."""
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, int(p * len(values)))]
