@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -123,19 +125,31 @@ async def one_run(
 
 
 async def clear(api: ApiClient, ns: str) -> None:
-    """Delete a run's namespace's pods at once (no kubelet confirms a graceful delete)."""
-    await kube.request(
-        api,
-        "DELETE",
-        f"/api/v1/namespaces/{ns}/pods",
-        {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
-    )
-    deadline = time.monotonic() + 120
+    """Delete a run's pods at once (no kubelet confirms a graceful delete). A delete of
+    thousands of pods can outlast the API server's request timeout (it goes on there):
+    wait for the pods to go, asking again whenever progress stops."""
+    asked_at = progress_at = 0.0
+    left = math.inf
+    deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        left, _ = await kube.list_all(api, f"/api/v1/namespaces/{ns}/pods")
-        if not left:
+        if time.monotonic() - progress_at > 15 and time.monotonic() - asked_at > 15:
+            asked_at = time.monotonic()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    kube.request(
+                        api,
+                        "DELETE",
+                        f"/api/v1/namespaces/{ns}/pods",
+                        {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+                    ),
+                    timeout=5,
+                )
+        pods, _ = await kube.list_all(api, f"/api/v1/namespaces/{ns}/pods")
+        if not pods:
             return
-        await asyncio.sleep(1.0)
+        if len(pods) < left:
+            left, progress_at = len(pods), time.monotonic()
+        await asyncio.sleep(2.0)
 
 
 async def run(
