@@ -123,6 +123,7 @@ class Coordinator:
     jobs: JobController | None = None
     status_due: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     status_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _capacity_cache: tuple[Resources, dict[str, int]] | None = None
 
     def __post_init__(self) -> None:
         self.table = ResourceTable.build(self.rt.cfg.devices)
@@ -183,10 +184,11 @@ class Coordinator:
                 self.queues.pop(event.name, None)
                 self._helpful(node_changed=True)
             case ev.NodeInventory():
-                self.inventory[event.node] = event
+                self._set_inventory({**self.inventory, event.node: event})
                 self._helpful(node_changed=True)
             case ev.NodeDeleted():
-                self.inventory.pop(event.node, None)
+                rest = {n: i for n, i in self.inventory.items() if n != event.node}
+                self._set_inventory(rest)
                 self._helpful(node_changed=True)
             case ev.NodeUpdated():
                 self._helpful(node_changed=True)
@@ -239,30 +241,31 @@ class Coordinator:
 
     # --- shares -----------------------------------------------------------------------
 
-    def _card_memory(self) -> dict[str, int]:
-        largest: dict[str, int] = {}
-        for inv in self.inventory.values():
-            for d in inv.devices:
-                largest[d.vendor] = max(largest.get(d.vendor, 0), d.memory_mib)
-        return largest
+    def _capacity(self) -> tuple[Resources, dict[str, int]]:
+        """The cluster's devices as queues share them (a card counts as its vGPU slots,
+        ``deviceSplitCount``, as a device plugin advertises it, its memory and cores),
+        and the largest card per vendor. Kept until an inventory changes: summing
+        every device on each dispatch was most of this service's CPU at 1,000 nodes."""
+        if self._capacity_cache is None:
+            total: Resources = {}
+            largest: dict[str, int] = {}
+            for inv in self.inventory.values():
+                for d in inv.devices:
+                    spec = self.rt.cfg.devices.vendor(d.vendor)
+                    slots = spec.device_split_count if spec is not None else 1
+                    for key, amount in (
+                        (f"{d.vendor}.count", slots),
+                        (f"{d.vendor}.memory", d.memory_mib),
+                        (f"{d.vendor}.cores", d.cores),
+                    ):
+                        total[key] = total.get(key, 0.0) + amount
+                    largest[d.vendor] = max(largest.get(d.vendor, 0), d.memory_mib)
+            self._capacity_cache = (total, largest)
+        return self._capacity_cache
 
-    def _total(self) -> Resources:
-        """The cluster's devices as queues share them: a card counts as its vGPU slots
-        (``deviceSplitCount``, as a device plugin advertises it), its memory and cores."""
-        total: Resources = {}
-        for inv in self.inventory.values():
-            for d in inv.devices:
-                spec = self.rt.cfg.devices.vendor(d.vendor)
-                slots = spec.device_split_count if spec is not None else 1
-                total = add(
-                    total,
-                    {
-                        f"{d.vendor}.count": slots,
-                        f"{d.vendor}.memory": d.memory_mib,
-                        f"{d.vendor}.cores": d.cores,
-                    },
-                )
-        return total
+    def _set_inventory(self, inventory: dict[NodeName, ev.NodeInventory]) -> None:
+        self.inventory = inventory
+        self._capacity_cache = None
 
     def _shares(self) -> tuple[dict[str, Resources], dict[str, Resources]]:
         """Each queue's (allocated + in flight) and deserved share, by the demand now."""
@@ -283,14 +286,14 @@ class Coordinator:
             for q in self.queues.values()
             if q.state == "Open"
         ]
-        return used, deserved(self._total(), shares)
+        return used, deserved(self._capacity()[0], shares)
 
     # --- dispatch ---------------------------------------------------------------------
 
     async def dispatch(self) -> None:
         """Send every gang that is ready, and allowed by its queue, to the allocator."""
         now = time.monotonic()
-        cards = self._card_memory()
+        cards = self._capacity()[1]
         groups: dict[tuple[str, str], list[PodState]] = {}
         settled: dict[tuple[str, str], list[PodState]] = {}
         for st in self.pods.values():
@@ -596,7 +599,7 @@ class Coordinator:
             if {n: i.devices for n, i in latest.items()} != {
                 n: i.devices for n, i in self.inventory.items()
             }:
-                self.inventory = dict(latest)
+                self._set_inventory(dict(latest))
                 self._helpful(node_changed=True)
 
     async def request_resync(self) -> None:
@@ -624,7 +627,7 @@ async def main(rt: Runtime) -> None:
     # The consumer first, so the pods the watcher re-announces for us are all kept.
     await rt.bus.ensure_consumer("gang-coordinator", SUBJECTS, deliver="new")
     # Inventories published before the consumer existed: the KV has every node's latest.
-    coordinator.inventory.update(await rt.bus.inventories())
+    coordinator._set_inventory(dict(await rt.bus.inventories()))
     rt.adopt(rt.bus.consume("gang-coordinator", SUBJECTS, coordinator.handle, deliver="new"))
     rt.spawn(coordinator.retry_loop(), "retry")
     rt.spawn(coordinator.status_writer(), "podgroup-status")
