@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +20,7 @@ from typing import Any
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
-from services.cli import SERVICES, _ping
+from services.cli import SERVICES, _ping, spawn_services
 from shared import kube
 from shared.config import KubernetesConfig
 from tools.localcluster import LocalCluster
@@ -66,17 +64,7 @@ def tessera(
             {"nodes": [{"name": "bench-{i}", "replicas": nodes, "devices": [{**A100, "numa": 2}]}]}
         )
     )
-    procs = []
-    for service, module in SERVICES.items():
-        extra = ["--simulate", str(inventory)] if service == "node-agent" else []
-        log = (workdir / f"{service}.log").open("ab")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", module, "--config", str(cfg), *extra],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
+    procs = spawn_services(workdir, cfg, inventory)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -121,6 +121,26 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return 0
 
 
+def spawn_services(
+    workdir: Path, cfg: Path, inventory: Path, *, new_session: bool = False
+) -> list[subprocess.Popen[bytes]]:
+    """Start the five services as processes (the node agent simulating ``inventory``),
+    each logging to ``workdir/<service>.log``."""
+    procs = []
+    for service, module in SERVICES.items():
+        extra = ["--simulate", str(inventory)] if service == "node-agent" else []
+        log = (workdir / f"{service}.log").open("ab")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, "--config", str(cfg), *extra],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=new_session,
+            )
+        )
+    return procs
+
+
 async def _ping(url: str, wait_s: float) -> list[dict[str, object]]:
     import nats
 
@@ -232,21 +252,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for service, module in SERVICES.items():
-            extra = (
-                ["--simulate", str(Path(args.inventory).resolve())]
-                if (service == "node-agent")
-                else []
-            )
-            log = (workdir / f"{service}.log").open("ab")
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", module, "--config", str(cfg), *extra],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        procs = spawn_services(workdir, cfg, Path(args.inventory).resolve(), new_session=True)
         hellos: list[dict[str, object]] = []
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
