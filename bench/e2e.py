@@ -144,11 +144,14 @@ async def clear(api: ApiClient, ns: str) -> None:
                     ),
                     timeout=5,
                 )
-        pods, _ = await kube.list_all(api, f"/api/v1/namespaces/{ns}/pods")
-        if not pods:
+        page = await kube.request(  # one item and a count: listing all would load the server
+            api, "GET", f"/api/v1/namespaces/{ns}/pods", query={"limit": "1"}
+        )
+        if not page["items"]:
             return
-        if len(pods) < left:
-            left, progress_at = len(pods), time.monotonic()
+        count = 1 + int(page["metadata"].get("remainingItemCount") or 0)
+        if count < left:
+            left, progress_at = count, time.monotonic()
         await asyncio.sleep(2.0)
 
 
