@@ -184,11 +184,12 @@ class Coordinator:
                 self.queues.pop(event.name, None)
                 self._helpful(node_changed=True)
             case ev.NodeInventory():
-                self._set_inventory({**self.inventory, event.node: event})
+                self.inventory[event.node] = event
+                self._capacity_cache = None
                 self._helpful(node_changed=True)
             case ev.NodeDeleted():
-                rest = {n: i for n, i in self.inventory.items() if n != event.node}
-                self._set_inventory(rest)
+                self.inventory.pop(event.node, None)
+                self._capacity_cache = None
                 self._helpful(node_changed=True)
             case ev.NodeUpdated():
                 self._helpful(node_changed=True)
