@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes_asyncio.client import ApiClient
 
 from services.cli import SERVICES, _ping, spawn_services
 from shared import kube
@@ -79,13 +78,13 @@ def tessera(
             p.wait(timeout=30)
 
 
-async def connect(cluster: LocalCluster) -> ApiClient:
+async def connect(cluster: LocalCluster) -> kube.Client:
     return await kube.connect(
         KubernetesConfig(kubeconfig=str(cluster.kubeconfig), qps=5000, burst=5000)
     )
 
 
-async def wait_nodes(api: ApiClient, count: int, timeout_s: float = 120) -> list[dict[str, Any]]:
+async def wait_nodes(api: kube.Client, count: int, timeout_s: float = 120) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     while True:
         nodes, _ = await kube.list_all(api, "/api/v1/nodes")
@@ -94,7 +93,7 @@ async def wait_nodes(api: ApiClient, count: int, timeout_s: float = 120) -> list
         await asyncio.sleep(0.5)
 
 
-async def namespace(api: ApiClient, name: str) -> None:
+async def namespace(api: kube.Client, name: str) -> None:
     await kube.request(
         api,
         "POST",
@@ -107,7 +106,7 @@ async def namespace(api: ApiClient, name: str) -> None:
 class Binds:
     """Watches one namespace's pods and notes when each was first seen bound."""
 
-    api: ApiClient
+    api: kube.Client
     namespace: str
     expected: int
     at: dict[str, float] = field(default_factory=dict)

@@ -24,7 +24,7 @@ import logging
 import time
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient, ApiException
+from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
 from shared import kube
@@ -41,7 +41,7 @@ TRANSIENT = {429, 500, 502, 503, 504}
 
 
 class Binder:
-    def __init__(self, rt: Runtime, api: ApiClient) -> None:
+    def __init__(self, rt: Runtime, api: kube.Client) -> None:
         self.rt = rt
         self.api = api
         self.told: dict[PodUID, str] = {}

@@ -36,7 +36,7 @@ from typing import Any
 
 import msgspec
 import nats.js.errors
-from kubernetes_asyncio.client import ApiClient, ApiException
+from kubernetes_asyncio.client import ApiException
 from nats.js.kv import KeyValue
 
 from shared import events as ev
@@ -107,7 +107,7 @@ def placement_config(rt: Runtime) -> PlacementConfig:
 
 
 class Allocator:
-    def __init__(self, rt: Runtime, api: ApiClient, ledger: Ledger, kv: KeyValue) -> None:
+    def __init__(self, rt: Runtime, api: kube.Client, ledger: Ledger, kv: KeyValue) -> None:
         self.rt = rt
         self.api = api
         self.ledger = ledger
@@ -126,7 +126,7 @@ class Allocator:
     # --- start-up ---------------------------------------------------------------------
 
     @classmethod
-    async def rebuild(cls, rt: Runtime, api: ApiClient) -> Allocator:
+    async def rebuild(cls, rt: Runtime, api: kube.Client) -> Allocator:
         """The ledger from node inventories, bound pods' grants and open reservations."""
         overrides = {o.name: o for o in rt.cfg.node_configs}
         ledger = Ledger(rt.cfg.devices, overrides)

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, ApiException
+from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
 from shared import kube
@@ -45,7 +45,7 @@ class JobState:
 
 
 class JobController:
-    def __init__(self, api: ApiClient, grace_s: int | None = None) -> None:
+    def __init__(self, api: kube.Client, grace_s: int | None = None) -> None:
         self.api = api
         self.grace_s = grace_s
         """Grace period of the pods it deletes (``scheduler.evictionGraceS``)."""

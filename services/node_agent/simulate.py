@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 import msgspec
 import yaml
-from kubernetes_asyncio.client import ApiClient, ApiException
+from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
 from shared import kube
@@ -149,7 +149,7 @@ def capacity(cfg: Config, devices: tuple[DeviceInfo, ...]) -> dict[str, str]:
 
 
 class Simulator:
-    def __init__(self, rt: Runtime, api: ApiClient, inventory: Inventory) -> None:
+    def __init__(self, rt: Runtime, api: kube.Client, inventory: Inventory) -> None:
         self.rt = rt
         self.api = api
         self.nodes = expand(inventory)

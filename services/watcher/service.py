@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 import msgspec
-from kubernetes_asyncio.client import ApiClient, ApiException
+from kubernetes_asyncio.client import ApiException
 from nats.aio.msg import Msg
 
 from shared import events as ev
@@ -51,7 +51,7 @@ def _timestamp(text: str | None) -> float:
 
 
 class Watcher:
-    def __init__(self, rt: Runtime, api: ApiClient) -> None:
+    def __init__(self, rt: Runtime, api: kube.Client) -> None:
         self.rt = rt
         self.api = api
         self.parser = RequestParser(

@@ -33,6 +33,12 @@ def add(a: Mapping[str, float], b: Mapping[str, float], sign: float = 1.0) -> Re
     return out
 
 
+def accumulate(total: Resources, more: Mapping[str, float]) -> None:
+    """``total += more``, in place (``add`` makes a new vector)."""
+    for k, v in more.items():
+        total[k] = total.get(k, 0.0) + v
+
+
 def within(need: Mapping[str, float], limit: Mapping[str, float], *, absent: float = 0.0) -> bool:
     """Every dimension of ``need`` fits in ``limit``; a dimension ``limit`` does not name
     counts as ``absent`` (0 for a share, ``math.inf`` for a capability)."""

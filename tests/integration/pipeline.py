@@ -14,7 +14,7 @@ from typing import Any
 import nats
 import nats.js.errors
 import yaml
-from kubernetes_asyncio.client import ApiClient, ApiException
+from kubernetes_asyncio.client import ApiException
 
 from services.cli import SERVICES, _ping
 from shared import kube
@@ -43,7 +43,7 @@ class Pipeline:
     config: Path
     inventory: Path
     nats_url: str
-    api: ApiClient
+    api: kube.Client
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     keepers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     restarts: list[str] = field(default_factory=list)

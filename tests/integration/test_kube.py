@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio.client import ApiClient, ApiException
+from kubernetes_asyncio.client import ApiException
 
 from shared import kube
 from shared.config import KubernetesConfig
@@ -23,13 +23,13 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def api(kubeconfig: Path) -> AsyncIterator[ApiClient]:
+async def api(kubeconfig: Path) -> AsyncIterator[kube.Client]:
     client = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
     async with client:
         yield client
 
 
-async def _create_node(api: ApiClient, name: str) -> None:
+async def _create_node(api: kube.Client, name: str) -> None:
     await kube.request(
         api,
         "POST",
@@ -42,7 +42,7 @@ async def _create_node(api: ApiClient, name: str) -> None:
     )
 
 
-async def _create_pod(api: ApiClient, ns: str, name: str) -> PodRef:
+async def _create_pod(api: kube.Client, ns: str, name: str) -> PodRef:
     created = await kube.request(
         api,
         "POST",
@@ -68,7 +68,7 @@ async def _create_pod(api: ApiClient, ns: str, name: str) -> PodRef:
     return PodRef(namespace=ns, name=name, uid=PodUID(created["metadata"]["uid"]))
 
 
-async def test_pod_is_bound_with_annotations_in_one_write(api: ApiClient) -> None:
+async def test_pod_is_bound_with_annotations_in_one_write(api: kube.Client) -> None:
     node = NodeName(f"gpu-{uuid.uuid4().hex[:6]}")
     await _create_node(api, node)
     pod = await _create_pod(api, "default", f"p-{uuid.uuid4().hex[:6]}")
@@ -86,7 +86,7 @@ async def test_pod_is_bound_with_annotations_in_one_write(api: ApiClient) -> Non
     assert conditions.get("PodScheduled") == "True"
 
 
-async def test_binding_a_replaced_pod_fails_on_uid(api: ApiClient) -> None:
+async def test_binding_a_replaced_pod_fails_on_uid(api: kube.Client) -> None:
     node = NodeName(f"gpu-{uuid.uuid4().hex[:6]}")
     await _create_node(api, node)
     pod = await _create_pod(api, "default", f"p-{uuid.uuid4().hex[:6]}")
@@ -100,7 +100,7 @@ async def test_binding_a_replaced_pod_fails_on_uid(api: ApiClient) -> None:
     assert again.value.status == 409
 
 
-async def test_event_and_condition_reach_the_pod(api: ApiClient) -> None:
+async def test_event_and_condition_reach_the_pod(api: kube.Client) -> None:
     pod = await _create_pod(api, "default", f"bad-{uuid.uuid4().hex[:6]}")
     message = "nvidia.com/gpucores (container main): 150 exceeds 100; ask for at most 100"
     await kube.post_event(api, pod, reason="FailedScheduling", message=message, kind="Warning")
