@@ -73,6 +73,8 @@ INFLIGHT_TIMEOUT_S = 20.0
 """A gang the allocator has not answered in this time is sent again (it may have been
 published before the allocator's consumer existed); the allocator answers a pod it
 already placed by repeating its decision, so a resend never places twice."""
+DISPATCH_INTERVAL_S = 0.05
+"""The least time between two dispatches: pods arriving together go together."""
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
 
 
@@ -112,10 +114,16 @@ class PodState:
     failed: bool = False
     """The allocator's last answer was "does not fit now": preemption may help."""
 
-    @property
-    def key(self) -> tuple[str, str]:
-        p = self.pending
-        return p.pod.namespace, p.group or f"pod:{p.pod.name}"
+    key: tuple[str, str] = field(init=False)
+    """Its gang: (namespace, PodGroup), or (namespace, "pod:<name>") for a lone pod.
+    Kept, not derived per use: dispatch reads it for every known pod."""
+
+    def __post_init__(self) -> None:
+        self.key = gang_key_of(self.pending)
+
+
+def gang_key_of(p: ev.PodPending) -> tuple[str, str]:
+    return p.pod.namespace, p.group or f"pod:{p.pod.name}"
 
 
 @dataclass
@@ -213,7 +221,7 @@ class Coordinator:
             self.pods[event.pod.uid] = PodState(pending=event, context=otel_context.get_current())
             return
         changed = st.pending.request != event.request
-        st.pending = event
+        st.pending, st.key = event, gang_key_of(event)
         if changed and st.state == "parked":
             st.state, st.unresolvable = "pending", False
 
@@ -600,6 +608,10 @@ class Coordinator:
                 await asyncio.wait_for(self.wake.wait(), timeout=min(delay, 1.0))
             self.wake.clear()
             await self.dispatch()
+            # Events that arrive meanwhile wait for one dispatch together: a dispatch
+            # reads every known pod, so one per event batch was most of this service's
+            # CPU under a stream of pods (py-spy, 10,000 pods on 1,000 nodes).
+            await asyncio.sleep(DISPATCH_INTERVAL_S)
 
     async def inventory_loop(self) -> None:
         """Every heartbeat, take the node inventories from the KV (missed events heal)."""

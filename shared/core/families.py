@@ -25,7 +25,7 @@ from typing import Protocol
 
 from shared.core.ledger import Dev, MigSlot, NodeState, PoolIndex, PoolKey, geometry_id
 from shared.core.model import Constraints, DeviceGrant, DeviceRequest, Policy
-from shared.core.policy import Workload, device_score, fragmentation, prefer_high
+from shared.core.policy import Workload, device_score, prefer_high
 from shared.core.spec import DeviceSpecs, VnpuChip, VnpuTemplate
 
 
@@ -124,14 +124,14 @@ def _fgd_pick(
     devs: list[Dev], node: NodeState, share: Callable[[Dev], float], workload: Workload
 ) -> Dev:
     """The device whose use increases the node's expected fragmentation least."""
-    shapes = workload.normalised()
     free = {d.uuid: d.free_fraction() for d in node.devices}
-    base = fragmentation(list(free.values()), shapes)
+    base = workload.fragmentation(free.values())
     best, best_delta = devs[0], float("inf")
     for d in devs:
         after = dict(free)
         after[d.uuid] = max(0.0, free[d.uuid] - share(d))
-        delta = fragmentation(list(after.values()), shapes) - base
+        delta = workload.fragmentation(after.values()) - base
+
         if delta < best_delta - 1e-12:
             best, best_delta = d, delta
     return best

@@ -44,7 +44,7 @@ from shared.core.model import (
     Policy,
     RequestError,
 )
-from shared.core.policy import Shape, Workload, fragmentation, shape_fraction
+from shared.core.policy import Shape, Workload, shape_fraction
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +310,6 @@ class Placer:
     def _best_fgd(
         self, request: PodRequest, primary: DeviceRequest, ctx: FitContext, owner: str | None
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
-        shapes = self.workload.normalised()
         limit = self.config.fgd_candidates or len(self.ledger.nodes)
         best: tuple[float, NodeState, tuple[ContainerGrant, ...]] | None = None
         found = 0
@@ -319,11 +318,11 @@ class Placer:
             if isinstance(grants, Reason):
                 continue
             found += 1
-            before = fragmentation([d.free_fraction() for d in node.devices], shapes)
+            before = self.workload.fragmentation(d.free_fraction() for d in node.devices)
             applied = [(node.by_uuid[g.uuid], g) for c in grants for g in c.devices]
             for dev, g in applied:
                 dev.apply(g, 1)
-            after = fragmentation([d.free_fraction() for d in node.devices], shapes)
+            after = self.workload.fragmentation(d.free_fraction() for d in node.devices)
             for dev, g in reversed(applied):
                 dev.apply(g, -1)
             delta = after - before

@@ -38,6 +38,9 @@ class Workload:
     """The observed distribution of task shapes (weights need not sum to 1)."""
 
     weights: dict[Shape, float] = field(default_factory=dict)
+    _memo: dict[tuple[float, ...], float] = field(default_factory=dict, repr=False, compare=False)
+    """Expected fragmentation by a node's free shares: nodes share few states, so each
+    is weighed once per distribution (this made FGD over the openb trace ~N x faster)."""
 
     @classmethod
     def of(cls, shapes: Iterable[tuple[Shape, float]]) -> Workload:
@@ -48,6 +51,15 @@ class Workload:
 
     def observe(self, shape: Shape, weight: float = 1.0) -> None:
         self.weights[shape] = self.weights.get(shape, 0.0) + weight
+        self._memo.clear()
+
+    def fragmentation(self, free: Iterable[float]) -> float:
+        """``fragmentation`` of a node with these free shares under this distribution."""
+        key = tuple(sorted(round(f, 6) for f in free))
+        known = self._memo.get(key)
+        if known is None:
+            known = self._memo[key] = fragmentation(key, self.normalised())
+        return known
 
     def normalised(self) -> list[tuple[Shape, float]]:
         total = sum(self.weights.values())
