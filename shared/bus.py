@@ -266,9 +266,22 @@ class Bus:
         else:
             config.filter_subjects = list(subjects)
         try:
-            await self.js.consumer_info(self.cfg.stream, durable)
+            info = await self.js.consumer_info(self.cfg.stream, durable)
         except nats.js.errors.NotFoundError:
             await self.js.add_consumer(self.cfg.stream, config)
+            return
+        known = info.config
+        have = set(
+            known.filter_subjects or ([known.filter_subject] if known.filter_subject else [])
+        )
+        if have != set(subjects):  # a newer release reads more (or fewer) subjects
+            log.info("consumer %s: subjects %s -> %s", durable, sorted(have), sorted(subjects))
+            await self.js.add_consumer(
+                self.cfg.stream,
+                known.evolve(
+                    filter_subject=config.filter_subject, filter_subjects=config.filter_subjects
+                ),
+            )
 
     async def _subscribe(
         self, durable: str, subjects: list[str], deliver: str, ack_wait_s: float | None

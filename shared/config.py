@@ -118,6 +118,38 @@ class CompatConfig(_Cfg, frozen=True, kw_only=True):
     Volcano's own device plugin can consume Tessera's grants."""
 
 
+class IsolationConfig(_Cfg, frozen=True, kw_only=True):
+    """What the node agent hands a container for the isolation library (HAMi-core's
+    names and paths by default, so an existing ``libvgpu.so`` works unchanged)."""
+
+    library_host_path: str = "/usr/local/vgpu/libvgpu.so"
+    library_container_path: str = "/usr/local/vgpu/libvgpu.so"
+    preload_host_path: str = "/usr/local/vgpu/ld.so.preload"
+    """A file naming the library, mounted over the container's ``/etc/ld.so.preload``."""
+    cache_host_dir: str = "/usr/local/vgpu/containers"
+    """Per container ``<pod uid>_<container>`` below it: the shared accounting file."""
+    cache_container_dir: str = "/usr/local/vgpu/cache"
+    lock_dir: str = "/tmp/vgpulock"
+    memory_limit_env: str = "CUDA_DEVICE_MEMORY_LIMIT"
+    """Suffixed ``_<i>`` per visible device; the value is ``<MiB>m``."""
+    core_limit_env: str = "CUDA_DEVICE_SM_LIMIT"
+    shared_cache_env: str = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+    oversubscribe_env: str = "CUDA_OVERSUBSCRIBE"
+    core_policy_env: str = "GPU_CORE_UTILIZATION_POLICY"
+    log_level_env: str = "LIBCUDA_LOG_LEVEL"
+    priority_env: str = "CUDA_TASK_PRIORITY"
+
+
+class NodeAgentConfig(_Cfg, frozen=True, kw_only=True):
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    """Where the kubelet's ``kubelet.sock`` is and the agent's own sockets go."""
+    admission_wait_s: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
+    """How long an Allocate waits for the grant of the pod it is for to reach the node."""
+    health_interval_s: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
+    """How often devices are re-read for health (NVML events also report at once)."""
+    isolation: IsolationConfig = msgspec.field(default_factory=IsolationConfig)
+
+
 class Config(_Cfg, frozen=True, kw_only=True):
     """The whole of ``tessera.yaml``."""
 
@@ -128,6 +160,7 @@ class Config(_Cfg, frozen=True, kw_only=True):
     kubernetes: KubernetesConfig = msgspec.field(default_factory=KubernetesConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     compat: CompatConfig = msgspec.field(default_factory=CompatConfig)
+    node_agent: NodeAgentConfig = msgspec.field(default_factory=NodeAgentConfig)
 
     def node_override(self, node: str) -> NodeOverride | None:
         for override in self.node_configs:

@@ -171,6 +171,9 @@ class NodeInventory(Event, frozen=True, kw_only=True, tag="node.inventory"):
     """Agent identity (host and version) for diagnostics."""
     seq: int = 0
     """Increases with every report of one agent; stale reports are ignored."""
+    device_plugin: bool = False
+    """The agent serves the kubelet's device-plugin API: a pod bound here is "admitting"
+    until the agent reports ``allocation.admitted`` (see shared/core/admission.py)."""
 
     def subject(self) -> str:
         return f"{self.SUBJECT}.{subject_token(self.node)}"
@@ -364,6 +367,9 @@ class AllocationBound(Event, frozen=True, kw_only=True, tag="allocation.bound"):
     def dedup_id(self) -> str:
         return f"bound:{self.pod.uid}:{self.attempt}"
 
+    def subject(self) -> str:  # per node: each node agent reads its own
+        return f"{self.SUBJECT}.{subject_token(self.node)}"
+
 
 class BindFailed(Event, frozen=True, kw_only=True, tag="allocation.bind-failed"):
     """The Binding write failed for good; the reservation must be released."""
@@ -389,6 +395,24 @@ class AllocationReleased(Event, frozen=True, kw_only=True, tag="allocation.relea
     def dedup_id(self) -> str:
         return f"released:{self.pod.uid}:{self.node}"
 
+    def subject(self) -> str:
+        return f"{self.SUBJECT}.{subject_token(self.node)}"
+
+
+class AllocationAdmitted(Event, frozen=True, kw_only=True, tag="allocation.admitted"):
+    """The node's kubelet took the pod's devices (every ``Allocate`` for it was answered
+    with its own grant); another pod of its admission key may now bind to the node."""
+
+    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.admitted"
+    pod: PodRef
+    node: NodeName
+
+    def dedup_id(self) -> str:
+        return f"admitted:{self.pod.uid}:{self.node}"
+
+    def subject(self) -> str:
+        return f"{self.SUBJECT}.{subject_token(self.node)}"
+
 
 AnyEvent = (
     PodPending
@@ -411,6 +435,7 @@ AnyEvent = (
     | PreemptionDecided
     | BindFailed
     | AllocationReleased
+    | AllocationAdmitted
 )
 """The tagged union of every event; decoding yields the concrete type."""
 
@@ -435,6 +460,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PreemptionDecided,
     BindFailed,
     AllocationReleased,
+    AllocationAdmitted,
 )
 
 _encoder = msgspec.json.Encoder()

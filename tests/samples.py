@@ -207,4 +207,5 @@ def sample_events() -> list[ev.Event]:
         ),
         ev.BindFailed(pod=pod(), node=node, error="pod was deleted", attempt=2),
         ev.AllocationReleased(pod=pod(), node=node, reason="pod deleted"),
+        ev.AllocationAdmitted(pod=pod(), node=node),
     ]

@@ -68,6 +68,7 @@ SUBJECTS = [
     "tessera.v1.pod.updated.>",
     "tessera.v1.pod.deleted.>",
     "tessera.v1.allocation.bind-failed",
+    "tessera.v1.allocation.admitted.>",
 ]
 
 
@@ -201,6 +202,8 @@ class Allocator:
                 await self.release(event.pod, event.node, "pod deleted")
             case ev.BindFailed():
                 await self.release(event.pod, event.node, f"bind failed: {event.error}")
+            case ev.AllocationAdmitted():
+                self.placer.admitted(event.pod, event.node)
 
     async def reconcile_loop(self) -> None:
         """Every heartbeat, apply any node whose KV inventory differs from what the ledger
@@ -219,6 +222,11 @@ class Allocator:
 
     def on_inventory(self, inv: ev.NodeInventory) -> None:
         self.applied[inv.node] = inv
+        if inv.device_plugin:
+            self.placer.plugin_nodes.add(inv.node)
+        else:
+            self.placer.plugin_nodes.discard(inv.node)
+            self.placer.admitting.pop(inv.node, None)
         if inv.config_hash != self.rt.config_hash:
             if self.refused.get(inv.node) != inv.config_hash:
                 log.error(
@@ -508,6 +516,7 @@ class Allocator:
         if pod.uid in self.reserved:
             await self._forget_reservation(pod.uid)
         if grant is not None:
+            self.placer.admitted(pod, grant.node)
             await self.rt.bus.publish(
                 ev.AllocationReleased(pod=pod, node=grant.node, reason=reason)
             )

@@ -29,11 +29,10 @@ import msgspec
 import yaml
 from kubernetes_asyncio.client import ApiException
 
+from services.node_agent.resources import capacity
 from shared import events as ev
 from shared import kube
-from shared.config import Config
 from shared.core.model import DeviceInfo, DeviceUUID, NodeName, SharingMode, Vendor
-from shared.core.spec import names
 from shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -116,38 +115,6 @@ def expand(inventory: Inventory) -> dict[NodeName, tuple[SimNode, tuple[DeviceIn
     return out
 
 
-def capacity(cfg: Config, devices: tuple[DeviceInfo, ...]) -> dict[str, str]:
-    """The extended resources a device-plugin registration advertises for these devices."""
-    totals: dict[str, int] = {}
-
-    def add(resource_names: tuple[str, ...], amount: int) -> None:
-        for name in resource_names:
-            totals[name] = totals.get(name, 0) + amount
-
-    specs = cfg.devices
-    for d in devices:
-        if d.vendor == "ascend":
-            chip = next((c for c in specs.vnpus if c.chip_name == d.chip), None)
-            if chip is not None:
-                add((chip.resource_name,), 1)
-                add((chip.resource_memory_name,), d.memory_mib)
-                add(names(chip.resource_core_name), 100)
-            if specs.mindcluster.enabled and d.chip == specs.mindcluster.chip_name:
-                add((specs.mindcluster.resource_name,), chip.ai_core if chip else 8)
-            continue
-        spec = specs.vendor(d.vendor)
-        if spec is None or not spec.enabled:
-            continue
-        add(names(spec.resource_count_name), spec.device_split_count)
-        add(names(spec.resource_whole_count_name), 1)
-        add(names(spec.resource_memory_name), int(d.memory_mib * spec.device_memory_scaling))
-        add(names(spec.resource_memory_percentage_name), 100)
-        add(names(spec.resource_core_name), int(d.cores * spec.device_core_scaling))
-        if d.vendor == "nvidia":
-            add(names(specs.nvidia.gpu_share_memory_name), d.memory_mib)
-    return {k: str(v) for k, v in sorted(totals.items())}
-
-
 class Simulator:
     def __init__(self, rt: Runtime, api: kube.Client, inventory: Inventory) -> None:
         self.rt = rt
@@ -184,7 +151,7 @@ class Simulator:
                 content_type="application/strategic-merge-patch+json",
             )
         resources: dict[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "250"}
-        resources.update(capacity(self.rt.cfg, devices))
+        resources.update(capacity(self.rt.cfg, name, devices))
         now = kube.now_rfc3339()
         status: dict[str, Any] = {
             "status": {

@@ -474,15 +474,13 @@ class Ledger:
         Devices filtered by the node's override (``filterDevices``) are left out.
         """
         override = self.overrides.get(name)
-        skip_uuid = set(override.filter_devices.uuid) if override else set()
-        skip_index = set(override.filter_devices.index) if override else set()
         old = self.nodes.get(name)
         if old is not None:
             self._unindex(old)
         node = NodeState(name)
         blocked = set(cordoned)
         for info in devices:
-            if info.uuid in skip_uuid or info.index in skip_index:
+            if override is not None and override.filter_devices.excludes(info.uuid, info.index):
                 continue
             dev = self._device(node, info, override)
             dev.cordoned = info.uuid in blocked

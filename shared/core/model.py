@@ -203,3 +203,9 @@ class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     container: str
     init: bool = False
     devices: tuple[DeviceGrant, ...] = ()
+    priority: int | None = None
+    """``<vendor>/priority`` as the container asked (the isolation library's task priority)."""
+    disable_isolation: bool = False
+    """The container set ``CUDA_DISABLE_CONTROL=true``: no preload library."""
+    core_policy: str | None = None
+    """``GPU_CORE_UTILIZATION_POLICY`` as the container set it."""

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shared.core.admission import AdmissionKey, keys_of_grants
 from shared.core.families import (
     DeviceFamily,
     FitContext,
@@ -41,6 +42,7 @@ from shared.core.model import (
     NodeName,
     PodRef,
     PodRequest,
+    PodUID,
     Policy,
     RequestError,
 )
@@ -119,6 +121,10 @@ class Placer:
         self.reserved_nodes: dict[NodeName, str] = {}
         """Nodes held for a gang that waited too long (the starvation guard): node → the
         gang's key. Only that gang is placed there until the hold is dropped."""
+        self.plugin_nodes: set[NodeName] = set()
+        """Nodes whose kubelet asks Tessera's device plugin (see shared/core/admission.py)."""
+        self.admitting: dict[NodeName, dict[AdmissionKey, PodUID]] = {}
+        """On those nodes, the admission keys of pods placed and not yet admitted."""
 
     # --- families -------------------------------------------------------------------
 
@@ -198,8 +204,22 @@ class Placer:
                         container=container.name,
                         init=container.init,
                         devices=tuple(g for _, g in picks),
+                        priority=next(
+                            (r.priority for r in container.devices if r.priority is not None),
+                            None,
+                        ),
+                        disable_isolation=container.disable_isolation,
+                        core_policy=container.core_policy,
                     )
                 )
+            busy = self.admitting.get(node.name)
+            if busy:
+                for vendor, count in keys_of_grants(grants):
+                    if (vendor, count) in busy:
+                        return Reason(
+                            f"another pod asking {count} {vendor} device(s) is being "
+                            "admitted by its kubelet"
+                        )
             return tuple(grants)
         finally:
             for dev, g in reversed(applied):
@@ -305,7 +325,18 @@ class Placer:
         self.ledger.grant(PodGrant(pod=pod, node=node.name, containers=grants, group=group))
         if not trial:
             self._observe(request)
+            if node.name in self.plugin_nodes:
+                busy = self.admitting.setdefault(node.name, {})
+                for key in keys_of_grants(grants):
+                    busy[key] = pod.uid
         return Placement(pod=pod, node=node.name, grants=grants)
+
+    def admitted(self, pod: PodRef, node: NodeName) -> None:
+        """The pod's kubelet took its devices (or it is gone): its keys are free."""
+        busy = self.admitting.get(node)
+        if busy:
+            for key in [k for k, uid in busy.items() if uid == pod.uid]:
+                del busy[key]
 
     def _best_fgd(
         self, request: PodRequest, primary: DeviceRequest, ctx: FitContext, owner: str | None
@@ -373,7 +404,10 @@ class Placer:
 
     def release(self, pod: PodRef) -> bool:
         """Return a pod's reservation (bind failed, pod deleted); idempotent."""
-        return self.ledger.release(pod.uid) is not None
+        grant = self.ledger.release(pod.uid)
+        if grant is not None:
+            self.admitted(pod, grant.node)
+        return grant is not None
 
     # --- gangs ----------------------------------------------------------------------
 
@@ -399,6 +433,7 @@ class Placer:
             if i < required:
                 for p in reversed(placed):
                     self.ledger.release(p.pod.uid)
+                    self.admitted(p.pod, p.node)
                 # As Volcano counts it: minMember less the tasks ready (none, after rollback).
                 return GangResult(
                     ok=False,

@@ -157,6 +157,9 @@ class FilterDevices(_Spec, frozen=True, kw_only=True):
     uuid: list[str] = msgspec.field(default_factory=list)
     index: list[NonNegInt] = msgspec.field(default_factory=list)
 
+    def excludes(self, uuid: str, index: int) -> bool:
+        return uuid in self.uuid or index in self.index
+
 
 class NodeOverride(_Spec, frozen=True, kw_only=True):
     """Per-node settings (HAMi ``nodeconfig``); unset fields keep the vendor's value."""

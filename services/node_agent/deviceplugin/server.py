@@ -1,0 +1,328 @@
+"""The device plugin the kubelet talks to: one gRPC server per count resource.
+
+Each server listens on its own unix socket in the kubelet's device-plugin directory and
+registers its resource (``nvidia.com/gpu``, ``huawei.com/Ascend910B3``...) with the
+kubelet's ``Registration`` service. It then serves:
+
+- ``ListAndWatch``: the resource's device IDs (a sliced card offers ``deviceSplitCount``
+  IDs, ``<uuid>::<slot>``), each with its health and NUMA node, and the list again
+  whenever health changes;
+- ``GetPreferredAllocation``: any IDs (the placement was decided by the allocator, and
+  the IDs carry no meaning beyond their count);
+- ``Allocate``: for each container, the pod it is for (``Desk.claim``, see
+  services/node_agent/admission.py) and exactly that container's hand-out
+  (services/node_agent/isolation.py). An Allocate that cannot be resolved fails with a
+  message the kubelet puts on the pod; it never hands over another pod's grant.
+
+The kubelet removes every socket in the directory when it restarts; ``supervise``
+notices (our socket gone, or ``kubelet.sock`` replaced) and serves and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import NoReturn
+
+import grpc
+import grpc.aio
+
+from services.node_agent.admission import Admissions, AmbiguousError, Match
+from services.node_agent.deviceplugin import api_pb2 as pb
+from services.node_agent.isolation import Handout, HandoutError, handout
+from services.node_agent.resources import CountResource
+from shared.config import Config
+from shared.core.model import (
+    ContainerGrant,
+    DeviceInfo,
+    DeviceUUID,
+    NodeName,
+    PodRef,
+    PodUID,
+    Vendor,
+)
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+
+
+class Desk:
+    """The pods bound to this node and not yet admitted, shared by every resource's
+    server: ``allocation.bound`` events come in, Allocate calls wait here for theirs."""
+
+    def __init__(self) -> None:
+        self.admissions = Admissions()
+        self._changed = asyncio.Condition()
+
+    async def bound(self, pod: PodRef, grants: tuple[ContainerGrant, ...]) -> None:
+        self.admissions.bound(pod, grants)
+        async with self._changed:
+            self._changed.notify_all()
+
+    def gone(self, uid: PodUID) -> None:
+        self.admissions.gone(uid)
+
+    async def claim(self, vendor: Vendor, count: int, timeout_s: float) -> Match:
+        """The pod and container grant this Allocate is for, waiting up to ``timeout_s``
+        for its ``allocation.bound`` (the kubelet may see the pod first)."""
+        deadline = time.monotonic() + timeout_s
+        async with self._changed:
+            while True:
+                found = self.admissions.match(vendor, count)
+                if found is not None:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=left)
+
+
+def device_ids(resource: CountResource) -> list[pb.Device]:
+    out = []
+    for device, slots in resource.devices:
+        health = HEALTHY if device.healthy else UNHEALTHY
+        topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=device.numa)])
+        for slot in range(slots):
+            out.append(pb.Device(ID=f"{device.uuid}::{slot}", health=health, topology=topology))
+    return out
+
+
+def to_proto(h: Handout) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=h.envs,
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in h.mounts
+        ],
+        devices=[
+            pb.DeviceSpec(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
+            for d in h.devices
+        ],
+    )
+
+
+def socket_name(resource: str) -> str:
+    return "tessera-" + resource.replace("/", "-").replace(".", "_") + ".sock"
+
+
+class ResourceServer:
+    """The device plugin of one resource on one node."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        node: NodeName,
+        resource: CountResource,
+        desk: Desk,
+        devices: Callable[[], Mapping[DeviceUUID, DeviceInfo]],
+        on_admitted: Callable[[PodRef], Awaitable[None]],
+    ) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.resource = resource
+        self.desk = desk
+        self.devices = devices
+        self.on_admitted = on_admitted
+        self.directory = Path(cfg.node_agent.device_plugin_dir)
+        self.socket = self.directory / socket_name(resource.name)
+        self.server: grpc.aio.Server | None = None
+        self._version = 0
+        self._updated = asyncio.Condition()
+        self._kubelet_inode = 0
+        self.registrations = 0
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Serve on a fresh socket, then register with the kubelet."""
+        await self.stop()
+        self.socket.unlink(missing_ok=True)
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((self._handlers(),))
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        self.server = server
+        await self.register()
+
+    async def register(self) -> None:
+        kubelet = self.directory / KUBELET_SOCKET
+        self._kubelet_inode = _inode(kubelet)
+        async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
+            register = channel.unary_unary(
+                "/v1beta1.Registration/Register",
+                request_serializer=pb.RegisterRequest.SerializeToString,
+                response_deserializer=pb.Empty.FromString,
+            )
+            await register(
+                pb.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self.socket.name,
+                    resource_name=self.resource.name,
+                    options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                ),
+                timeout=10,
+            )
+        self.registrations += 1
+        log.info(
+            "registered %s with the kubelet (%d device IDs, socket %s)",
+            self.resource.name,
+            sum(s for _, s in self.resource.devices),
+            self.socket,
+        )
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(grace=0.5)
+            self.server = None
+
+    async def supervise(self, interval_s: float = 1.0) -> None:
+        """Serve and register again after a kubelet restart (it wipes the directory and
+        recreates its socket); retry while the kubelet is away."""
+        while True:
+            await asyncio.sleep(interval_s)
+            kubelet = self.directory / KUBELET_SOCKET
+            restarted = _inode(kubelet) != self._kubelet_inode or not self.socket.exists()
+            if not restarted or not kubelet.exists():
+                continue
+            log.info("the kubelet restarted: serving and registering %s again", self.resource.name)
+            try:
+                await self.start()
+            except (grpc.aio.AioRpcError, OSError) as exc:
+                log.warning("registering %s failed (%s); retrying", self.resource.name, exc)
+                self._kubelet_inode = 0
+
+    async def update(self, resource: CountResource) -> None:
+        """New devices or health: every ListAndWatch stream sends the list again."""
+        if resource == self.resource:
+            return
+        self.resource = resource
+        async with self._updated:
+            self._version += 1
+            self._updated.notify_all()
+
+    # --- the DevicePlugin service -----------------------------------------------------
+
+    def _handlers(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            "v1beta1.DevicePlugin",
+            {
+                "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+                    self.get_options,
+                    request_deserializer=pb.Empty.FromString,
+                    response_serializer=pb.DevicePluginOptions.SerializeToString,
+                ),
+                "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                    self.list_and_watch,
+                    request_deserializer=pb.Empty.FromString,
+                    response_serializer=pb.ListAndWatchResponse.SerializeToString,
+                ),
+                "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+                    self.get_preferred_allocation,
+                    request_deserializer=pb.PreferredAllocationRequest.FromString,
+                    response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+                ),
+                "Allocate": grpc.unary_unary_rpc_method_handler(
+                    self.allocate,
+                    request_deserializer=pb.AllocateRequest.FromString,
+                    response_serializer=pb.AllocateResponse.SerializeToString,
+                ),
+                "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+                    self.pre_start_container,
+                    request_deserializer=pb.PreStartContainerRequest.FromString,
+                    response_serializer=pb.PreStartContainerResponse.SerializeToString,
+                ),
+            },
+        )
+
+    async def get_options(
+        self, _request: pb.Empty, _context: grpc.aio.ServicerContext
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    async def list_and_watch(
+        self, _request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        while True:
+            sent = self._version
+            yield pb.ListAndWatchResponse(devices=device_ids(self.resource))
+            async with self._updated:
+                while self._version == sent:
+                    await self._updated.wait()
+
+    async def get_preferred_allocation(
+        self, request: pb.PreferredAllocationRequest, _context: grpc.aio.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        out = []
+        for c in request.container_requests:
+            must = list(c.must_include_deviceIDs)
+            rest = [i for i in c.available_deviceIDs if i not in set(must)]
+            out.append(
+                pb.ContainerPreferredAllocationResponse(
+                    deviceIDs=(must + rest)[: c.allocation_size]
+                )
+            )
+        return pb.PreferredAllocationResponse(container_responses=out)
+
+    async def allocate(
+        self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AllocateResponse:
+        responses = []
+        vendor = self.resource.vendor
+        for c in request.container_requests:
+            count = len(c.devices_ids)
+            try:
+                match = await self.desk.claim(vendor, count, self.cfg.node_agent.admission_wait_s)
+                responses.append(
+                    to_proto(handout(self.cfg, self.node, match.pod, match.grant, self.devices()))
+                )
+            except TimeoutError:
+                await self._refuse(
+                    context,
+                    grpc.StatusCode.NOT_FOUND,
+                    f"no pod bound to {self.node} by Tessera waits for {count} {vendor} "
+                    f"device(s) of {self.resource.name} (waited "
+                    f"{self.cfg.node_agent.admission_wait_s:.0f}s): was it scheduled by Tessera?",
+                )
+            except (AmbiguousError, HandoutError) as exc:
+                await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            log.info(
+                "Allocate %s x%d: %s container %s (%s)",
+                self.resource.name,
+                count,
+                match.pod,
+                match.grant.container,
+                ", ".join(f"{k}={v}" for k, v in sorted(responses[-1].envs.items())),
+            )
+            if match.admitted:
+                await self.on_admitted(match.pod)
+        return pb.AllocateResponse(container_responses=responses)
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
+    ) -> NoReturn:
+        log.error("Allocate on %s refused: %s", self.node, message)
+        await context.abort(code, message)  # raises
+        raise AssertionError("unreachable")
+
+    async def pre_start_container(
+        self, _request: pb.PreStartContainerRequest, _context: grpc.aio.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+def _inode(path: Path) -> int:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return 0
