@@ -209,7 +209,8 @@ class Coordinator:
                 self._helpful(node_changed=True)
             case ev.NodeUpdated():
                 self._helpful(node_changed=True)
-            case ev.AllocationReleased():
+            case ev.AllocationReleased() | ev.AllocationAdmitted():
+                # Devices came free, or a pod of the same admission key left the kubelet.
                 self._helpful(node_changed=False)
             case _:
                 return

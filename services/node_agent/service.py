@@ -1,17 +1,30 @@
 """The node-agent's imperative shell: inventory out, device-plugin in.
 
-``--simulate inventory.yaml`` plays the nodes of an inventory file (see simulate.py).
-Without it the agent reads the real devices of the node it runs on; that source (NVML,
-Ascend DCMI) and the kubelet device-plugin API arrive with the node-agent issue.
+``--source`` picks where devices come from on a real node (agent.py): ``nvml``
+(default), ``ascend`` (``npu-smi``), or ``file:INVENTORY[#NODE]`` (one node of an
+inventory file, served through the device plugin like a real one: for trying the kubelet
+side without a GPU). ``--simulate INVENTORY`` instead plays every node of an inventory
+file at once, with no kubelet (demos, benchmarks; see simulate.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 
-from services.node_agent.simulate import Simulator, load_inventory
+from services.node_agent.agent import Agent
+from services.node_agent.inventory import (
+    AscendSource,
+    InventorySource,
+    NvmlSource,
+    StaticSource,
+)
+from services.node_agent.simulate import Simulator, expand, load_inventory
 from shared import kube
+from shared.config import Config
+from shared.core.model import NodeName
 from shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -21,20 +34,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--simulate",
         metavar="INVENTORY",
-        help="play the nodes of this inventory file instead of real devices",
+        help="play every node of this inventory file (no kubelet, no device plugin)",
     )
+    parser.add_argument(
+        "--source",
+        default="nvml",
+        help="devices of this node: nvml, ascend, or file:INVENTORY[#NODE] (default nvml)",
+    )
+    parser.add_argument(
+        "--node",
+        default=os.environ.get("NODE_NAME", socket.gethostname()),
+        help="this node's name (default $NODE_NAME, else the host name)",
+    )
+
+
+def open_source(cfg: Config, spec: str, node: NodeName) -> InventorySource:
+    """The inventory source ``--source`` names; a clear exit when it cannot be opened."""
+    if spec == "nvml":
+        try:
+            return NvmlSource(cfg)
+        except Exception as exc:  # no driver, no GPU: say so, do not trace back
+            raise SystemExit(f"tessera node-agent: NVML is not available here ({exc})") from None
+    if spec == "ascend":
+        return AscendSource(cfg)
+    if spec.startswith("file:"):
+        path, _, name = spec.removeprefix("file:").partition("#")
+        nodes = expand(load_inventory(path))
+        wanted = NodeName(name or node)
+        if wanted not in nodes:
+            raise SystemExit(f"tessera node-agent: {path} has no node {wanted}")
+        return StaticSource(nodes[wanted][1])
+    raise SystemExit(f"tessera node-agent: unknown --source {spec!r} (nvml, ascend, file:...)")
 
 
 async def main(rt: Runtime) -> None:
     path = getattr(rt.args, "simulate", None)
-    if not path:
-        raise SystemExit(
-            "tessera node-agent: reading real devices (NVML, Ascend DCMI) is not built yet; "
-            "run with --simulate INVENTORY"
-        )
-    inventory = load_inventory(path)
-    api = await kube.connect(rt.cfg.kubernetes)
-    rt.on_stop(api.close)
-    simulator = Simulator(rt, api, inventory)
-    await simulator.start()
-    rt.spawn(simulator.heartbeat(), "heartbeat")
+    if path:
+        inventory = load_inventory(path)
+        api = await kube.connect(rt.cfg.kubernetes)
+        rt.on_stop(api.close)
+        simulator = Simulator(rt, api, inventory)
+        await simulator.start()
+        rt.spawn(simulator.heartbeat(), "heartbeat")
+        return
+    node = NodeName(rt.args.node)
+    source = open_source(rt.cfg, rt.args.source, node)
+    rt.on_stop(lambda: _close(source))
+    agent = Agent(rt, node, source)
+    await agent.start()
+    rt.spawn(agent.health_loop(), "health")
+    rt.spawn(agent.heartbeat(), "heartbeat")
+
+
+async def _close(source: InventorySource) -> None:
+    source.close()

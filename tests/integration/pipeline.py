@@ -55,9 +55,12 @@ class Pipeline:
         self.keepers[service] = asyncio.create_task(self._keep(service), name=f"keep:{service}")
 
     async def _spawn(self, service: str) -> None:
-        args = [sys.executable, "-m", SERVICES[service], "--config", str(self.config)]
+        module, _, node = service.partition("@")
+        args = [sys.executable, "-m", SERVICES[module], "--config", str(self.config)]
         if service == "node-agent":
             args += ["--simulate", str(self.inventory)]
+        elif node:  # "node-agent@gpu-0": a real node's agent, its devices from gpu-0.yaml
+            args += ["--node", node, "--source", f"file:{self.workdir / node}.yaml"]
         log = (self.workdir / f"{service}.log").open("ab")
         self.procs[service] = await asyncio.create_subprocess_exec(
             *args, stdout=log, stderr=asyncio.subprocess.STDOUT
@@ -171,10 +174,12 @@ async def start_pipeline(
     nats_url: str,
     inventory: dict[str, Any],
     settings: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Pipeline:
+    """``settings`` go under ``scheduler:``, ``config`` at the top of tessera.yaml."""
     await reset_stream(nats_url)
-    config = workdir / "tessera.yaml"
-    config.write_text(
+    path = workdir / "tessera.yaml"
+    path.write_text(
         yaml.safe_dump(
             {
                 "scheduler": {
@@ -188,13 +193,14 @@ async def start_pipeline(
                 "nats": {"url": nats_url},
                 "kubernetes": {"kubeconfig": str(kubeconfig)},
                 "telemetry": {"logLevel": "DEBUG"},
+                **(config or {}),
             }
         )
     )
     inv = workdir / "inventory.yaml"
     inv.write_text(yaml.safe_dump(inventory))
     api = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
-    p = Pipeline(workdir, config, inv, nats_url, api)
+    p = Pipeline(workdir, path, inv, nats_url, api)
     for service in SERVICES:
         await p.start(service)
 

@@ -11,9 +11,8 @@ import asyncio
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import grpc.aio
@@ -34,6 +33,7 @@ from shared.core.model import (
     PodUID,
 )
 from tests.helpers import eventually
+from tests.kubelet import Kubelet, allocate, call
 
 NODE = NodeName("gpu-0")
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -64,74 +64,6 @@ def sliced(card: DeviceInfo, memory: int, cores: int, **kw: object) -> DeviceGra
         cores=cores,
         **kw,  # type: ignore[arg-type]
     )
-
-
-@dataclass
-class Kubelet:
-    """The kubelet's side: its Registration service, and a client of the plugin."""
-
-    directory: Path
-    registered: asyncio.Queue[pb.RegisterRequest] = field(default_factory=asyncio.Queue)
-    server: grpc.aio.Server | None = None
-
-    async def start(self) -> None:
-        async def register(request: pb.RegisterRequest, _ctx: object) -> pb.Empty:
-            await self.registered.put(request)
-            return pb.Empty()
-
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    "v1beta1.Registration",
-                    {
-                        "Register": grpc.unary_unary_rpc_method_handler(
-                            register,
-                            request_deserializer=pb.RegisterRequest.FromString,
-                            response_serializer=pb.Empty.SerializeToString,
-                        )
-                    },
-                ),
-            )
-        )
-        server.add_insecure_port(f"unix://{self.directory / 'kubelet.sock'}")
-        await server.start()
-        self.server = server
-
-    async def restart(self) -> None:
-        """As the kubelet does on start: wipe the directory, serve a fresh socket."""
-        assert self.server is not None
-        await self.server.stop(grace=0)
-        wipe(self.directory)
-        await self.start()
-
-    def channel(self, endpoint: str) -> grpc.aio.Channel:
-        return grpc.aio.insecure_channel(f"unix://{self.directory / endpoint}")
-
-
-def call(
-    channel: grpc.aio.Channel, method: str, response: Any
-) -> grpc.aio.UnaryUnaryMultiCallable:
-    return channel.unary_unary(
-        f"/v1beta1.DevicePlugin/{method}",
-        request_serializer=lambda m: m.SerializeToString(),
-        response_deserializer=response.FromString,
-    )
-
-
-async def allocate(channel: grpc.aio.Channel, *counts: int) -> pb.AllocateResponse:
-    request = pb.AllocateRequest(
-        container_requests=[
-            pb.ContainerAllocateRequest(devices_ids=[f"id-{i}" for i in range(n)]) for n in counts
-        ]
-    )
-    result: pb.AllocateResponse = await call(channel, "Allocate", pb.AllocateResponse)(request)
-    return result
-
-
-def wipe(directory: Path) -> None:
-    for p in directory.iterdir():
-        p.unlink()
 
 
 @pytest.fixture

@@ -127,8 +127,11 @@ class ResourceServer:
         desk: Desk,
         devices: Callable[[], Mapping[DeviceUUID, DeviceInfo]],
         on_admitted: Callable[[PodRef], Awaitable[None]],
+        record: Callable[[str, str], None] = lambda _resource, _result: None,
     ) -> None:
         self.cfg = cfg
+        self.record = record
+        """Counts each Allocate answered: (resource, result)."""
         self.node = node
         self.resource = resource
         self.desk = desk
@@ -287,6 +290,7 @@ class ResourceServer:
                     to_proto(handout(self.cfg, self.node, match.pod, match.grant, self.devices()))
                 )
             except TimeoutError:
+                self.record(self.resource.name, "unknown-pod")
                 await self._refuse(
                     context,
                     grpc.StatusCode.NOT_FOUND,
@@ -295,7 +299,9 @@ class ResourceServer:
                     f"{self.cfg.node_agent.admission_wait_s:.0f}s): was it scheduled by Tessera?",
                 )
             except (AmbiguousError, HandoutError) as exc:
+                self.record(self.resource.name, type(exc).__name__)
                 await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            self.record(self.resource.name, "ok")
             log.info(
                 "Allocate %s x%d: %s container %s (%s)",
                 self.resource.name,

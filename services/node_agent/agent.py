@@ -1,0 +1,172 @@
+"""The node agent of one real node: inventory out, kubelet device plugin in.
+
+It reads the node's devices from its source (NVML, npu-smi, or a fixed list), publishes
+them (event and inventory KV, with ``device_plugin`` set so the allocator keeps
+admission keys unique here), serves one device plugin per count resource, and learns
+the grants of the pods bound here from ``tessera.v1.allocation.bound.<node>``: an
+``Allocate`` hands each container exactly its grant, and the last one for a pod
+publishes ``allocation.admitted``. Health is re-read every ``healthIntervalS`` and at
+once on an NVML XID event; a changed inventory is published and streamed to the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import socket
+from pathlib import Path
+
+from services.node_agent.deviceplugin.server import Desk, ResourceServer
+from services.node_agent.inventory import InventorySource, NvmlSource
+from services.node_agent.metrics import NodeMetrics
+from services.node_agent.resources import count_resources
+from shared import events as ev
+from shared.bus import Delivery
+from shared.core.model import DeviceInfo, DeviceUUID, NodeName, PodRef, PodUID
+from shared.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def consumer_name(node: NodeName) -> str:
+    return "node-agent-" + re.sub(r"[^A-Za-z0-9_-]", "_", node)
+
+
+class Agent:
+    def __init__(self, rt: Runtime, node: NodeName, source: InventorySource) -> None:
+        self.rt = rt
+        self.node = node
+        self.source = source
+        self.devices: tuple[DeviceInfo, ...] = ()
+        self.desk = Desk()
+        self.servers: dict[str, ResourceServer] = {}
+        self.seq = 0
+        self.agent = f"{socket.gethostname()}/{type(source).__name__}"
+        self._dirty = asyncio.Event()
+        self.pods: dict[PodUID, PodRef] = {}
+        """Pods admitted here (their containers' metrics carry their names)."""
+        self.metrics = NodeMetrics(
+            node,
+            lambda: self.devices,
+            source.usage,
+            Path(rt.cfg.node_agent.isolation.cache_host_dir),
+            lambda: self.pods,
+            lambda: len(self.desk.admissions.waiting),
+        )
+
+    @property
+    def subjects(self) -> list[str]:
+        token = ev.subject_token(self.node)
+        return [
+            f"{ev.AllocationBound.SUBJECT}.{token}",
+            f"{ev.AllocationReleased.SUBJECT}.{token}",
+        ]
+
+    async def start(self) -> None:
+        self.devices = await asyncio.to_thread(self.source.read)
+        durable = consumer_name(self.node)
+        # The consumer first: no bind published from here on is missed.
+        await self.rt.bus.ensure_consumer(durable, self.subjects, deliver="new")
+        await self._publish()
+        await self._serve()
+        self.rt.adopt(self.rt.bus.consume(durable, self.subjects, self.handle, deliver="new"))
+        port = self.rt.cfg.telemetry.metrics_port
+        if port:
+            runner = await self.metrics.serve(port)
+            self.rt.on_stop(runner.cleanup)
+        if isinstance(self.source, NvmlSource):
+            loop = asyncio.get_running_loop()
+
+            def changed() -> None:  # in NVML's event thread
+                loop.call_soon_threadsafe(self._dirty.set)
+
+            self.source.watch_health(changed)
+        log.info(
+            "node agent for %s: %d devices, serving %s",
+            self.node,
+            len(self.devices),
+            ", ".join(self.servers) or "no resources",
+        )
+
+    async def handle(self, event: ev.AnyEvent, _delivery: Delivery) -> None:
+        match event:
+            case ev.AllocationBound() if event.node == self.node:
+                await self.desk.bound(event.pod, event.grants)
+            case ev.AllocationReleased() if event.node == self.node:
+                self.desk.gone(event.pod.uid)
+                self.pods.pop(event.pod.uid, None)
+
+    async def admitted(self, pod: PodRef) -> None:
+        self.pods[pod.uid] = pod
+        await self.rt.bus.publish(ev.AllocationAdmitted(pod=pod, node=self.node))
+
+    def _count(self, resource: str, result: str) -> None:
+        self.metrics.allocations.add(1, {"resource": resource, "result": result})
+
+    def by_uuid(self) -> dict[DeviceUUID, DeviceInfo]:
+        return {d.uuid: d for d in self.devices}
+
+    async def _serve(self) -> None:
+        """A device plugin per count resource; new resources get one, changed ones
+        stream their new device list."""
+        for resource in count_resources(self.rt.cfg, self.node, self.devices):
+            server = self.servers.get(resource.name)
+            if server is not None:
+                await server.update(resource)
+                continue
+            server = ResourceServer(
+                self.rt.cfg,
+                self.node,
+                resource,
+                self.desk,
+                self.by_uuid,
+                self.admitted,
+                self._count,
+            )
+            self.servers[resource.name] = server
+            self.rt.on_stop(server.stop)
+            try:
+                await server.start()
+            except Exception as exc:  # the kubelet may not be up: supervise retries
+                log.warning("device plugin %s not registered yet: %s", resource.name, exc)
+            self.rt.spawn(server.supervise(), f"device-plugin {resource.name}")
+
+    def _report(self) -> ev.NodeInventory:
+        self.seq += 1
+        return ev.NodeInventory(
+            node=self.node,
+            devices=self.devices,
+            config_hash=self.rt.config_hash,
+            agent=self.agent,
+            seq=self.seq,
+            device_plugin=True,
+        )
+
+    async def _publish(self) -> None:
+        report = self._report()
+        await self.rt.bus.put_inventory(report)
+        await self.rt.bus.publish(report)
+
+    async def health_loop(self) -> None:
+        """Re-read the devices every ``healthIntervalS``, and at once when NVML reports."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._dirty.wait(), timeout=self.rt.cfg.node_agent.health_interval_s
+                )
+            self._dirty.clear()
+            devices = await asyncio.to_thread(self.source.read)
+            if devices == self.devices:
+                continue
+            sick = sorted(d.uuid for d in devices if not d.healthy)
+            log.warning("inventory of %s changed (unhealthy: %s)", self.node, sick or "none")
+            self.devices = devices
+            await self._publish()
+            await self._serve()
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
+            await self.rt.bus.put_inventory(self._report())

@@ -1,0 +1,255 @@
+"""The node's metrics on ``telemetry.metricsPort`` (9394): Prometheus text, produced by
+OpenTelemetry instruments through its Prometheus reader.
+
+Names are those users' dashboards already query (COMPAT.md §8, HAMi's device monitor),
+plus Tessera's own:
+
+- ``hami_host_gpu_memory_used_bytes``, ``hami_host_gpu_utilization_ratio`` (percent, as
+  HAMi reports it) per device, from NVML;
+- ``hami_vgpu_memory_limit_bytes``, ``hami_vgpu_memory_used_bytes``,
+  ``hami_container_device_memory_bytes``, ``hami_container_device_utilization_ratio``
+  per container and device, from the isolation library's shared accounting file of each
+  container (``nodeAgent.isolation.cacheHostDir/<pod uid>_<container>/``);
+- ``tessera_node_devices`` (by vendor, model, health), ``tessera_allocate_total`` (by
+  resource and result) and ``tessera_admissions_waiting``.
+
+The accounting file is HAMi-core's ``shared_region_t`` (layout version 1.2, x86-64): a
+header with the device UUIDs and limits, then 1,024 process slots with each process's
+memory use and SM utilisation per device. A file of another layout is skipped, with one
+warning, rather than misread.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from shared.core.model import DeviceInfo, PodRef, PodUID
+
+log = logging.getLogger(__name__)
+
+# --- the accounting file -----------------------------------------------------------------
+
+MAX_DEVICES = 16
+MAX_PROCS = 1024
+MAGIC = 19920718
+VERSION = (1, 2)
+_HEADER = struct.Struct("<iIIiQ32sQ")  # flag, major, minor, sm flag, owner, sem, device_num
+UUIDS_AT = _HEADER.size  # 64
+LIMITS_AT = UUIDS_AT + MAX_DEVICES * 96
+SM_LIMITS_AT = LIMITS_AT + MAX_DEVICES * 8
+PROCS_AT = SM_LIMITS_AT + MAX_DEVICES * 8
+SLOT_SIZE = 8 + MAX_DEVICES * 64 + MAX_DEVICES * 8 + MAX_DEVICES * 48 + 8 + 8 + 16
+"""pid and hostpid; ``device_memory_t used[16]`` (8 x u64 each); ``monitorused[16]``;
+``device_util_t[16]`` (6 x u64 each); status (padded to 8); seqlock; 2 unused u64."""
+USED_AT = 8
+UTIL_AT = USED_AT + MAX_DEVICES * 64 + MAX_DEVICES * 8
+REGION_SIZE = PROCS_AT + MAX_PROCS * SLOT_SIZE
+
+
+@dataclass(frozen=True)
+class DeviceAccount:
+    uuid: str
+    limit_bytes: int
+    used_bytes: int
+    sm_util: int
+
+
+def read_accounting(data: bytes) -> list[DeviceAccount] | None:
+    """The devices of one container's accounting region, or None when it is not a
+    (complete, initialised, version 1.2) region."""
+    if len(data) < PROCS_AT:
+        return None
+    flag, major, minor, _sm, _owner, _sem, count = _HEADER.unpack_from(data, 0)
+    if flag != MAGIC or (major, minor) != VERSION or count > MAX_DEVICES:
+        return None
+    out = []
+    for dev in range(count):
+        raw = data[UUIDS_AT + dev * 96 : UUIDS_AT + (dev + 1) * 96]
+        uuid = raw.split(b"\0", 1)[0].decode(errors="replace")
+        (limit,) = struct.unpack_from("<Q", data, LIMITS_AT + dev * 8)
+        used = util = 0
+        for slot in range(MAX_PROCS):
+            base = PROCS_AT + slot * SLOT_SIZE
+            if base + SLOT_SIZE > len(data):
+                break
+            (pid,) = struct.unpack_from("<i", data, base)
+            if pid == 0:
+                continue
+            # device_memory_t: context, module, data, offset, total, unused x3
+            (total,) = struct.unpack_from("<Q", data, base + USED_AT + dev * 64 + 32)
+            (sm,) = struct.unpack_from("<Q", data, base + UTIL_AT + dev * 48 + 16)
+            used += total
+            util += sm
+        out.append(DeviceAccount(uuid, limit, used, util))
+    return out
+
+
+# --- the exporter ------------------------------------------------------------------------
+
+DeviceUsage = Callable[[], Mapping[str, tuple[int, float]]]
+"""UUID → (memory used in bytes, utilisation percent), read now."""
+
+
+class NodeMetrics:
+    def __init__(
+        self,
+        node: str,
+        devices: Callable[[], tuple[DeviceInfo, ...]],
+        usage: DeviceUsage,
+        cache_dir: Path,
+        pods: Callable[[], Mapping[PodUID, PodRef]],
+        waiting: Callable[[], int],
+    ) -> None:
+        self.node = node
+        self.devices = devices
+        self.usage = usage
+        self.cache_dir = cache_dir
+        self.pods = pods
+        self.waiting = waiting
+        self.registry = CollectorRegistry(auto_describe=True)
+        reader = PrometheusMetricReader(
+            disable_target_info=True, scope_info_enabled=False, registry=self.registry
+        )
+        self.provider = MeterProvider(metric_readers=[reader])
+        meter = self.provider.get_meter("tessera.node-agent")
+        gauges: list[tuple[str, str, Callable[[CallbackOptions], Iterable[Observation]]]] = [
+            ("hami_host_gpu_memory_used_bytes", "Device memory in use (NVML).", self._host_mem),
+            (
+                "hami_host_gpu_utilization_ratio",
+                "Device core utilisation in percent (NVML).",
+                self._host_util,
+            ),
+            (
+                "hami_vgpu_memory_limit_bytes",
+                "A container's memory limit on a device.",
+                self._limits,
+            ),
+            (
+                "hami_vgpu_memory_used_bytes",
+                "A container's memory use on a device (isolation library).",
+                self._used,
+            ),
+            (
+                "hami_container_device_memory_bytes",
+                "A container's memory use on a device (isolation library).",
+                self._used,
+            ),
+            (
+                "hami_container_device_utilization_ratio",
+                "A container's SM utilisation on a device, percent (isolation library).",
+                self._util,
+            ),
+            ("tessera_node_devices", "Devices of this node.", self._inventory),
+            (
+                "tessera_admissions_waiting",
+                "Pods bound here whose kubelet has not taken their devices yet.",
+                lambda _o: [Observation(self.waiting(), {"node": self.node})],
+            ),
+        ]
+        for name, text, callback in gauges:
+            meter.create_observable_gauge(name, callbacks=[callback], description=text)
+        self.allocations = meter.create_counter(
+            "tessera_allocate", description="Allocate calls answered, by resource and result."
+        )
+        self._bad: set[Path] = set()
+
+    # --- collection -------------------------------------------------------------------
+
+    def _device_labels(self, d: DeviceInfo) -> dict[str, str]:
+        return {
+            "node": self.node,
+            "deviceuuid": d.uuid,
+            "deviceidx": str(d.index),
+            "devicetype": d.model,
+        }
+
+    def _host_mem(self, _o: CallbackOptions) -> list[Observation]:
+        now = self.usage()
+        return [
+            Observation(now[d.uuid][0], self._device_labels(d))
+            for d in self.devices()
+            if d.uuid in now
+        ]
+
+    def _host_util(self, _o: CallbackOptions) -> list[Observation]:
+        now = self.usage()
+        return [
+            Observation(now[d.uuid][1], self._device_labels(d))
+            for d in self.devices()
+            if d.uuid in now
+        ]
+
+    def _inventory(self, _o: CallbackOptions) -> list[Observation]:
+        counts: dict[tuple[str, str, bool], int] = {}
+        for d in self.devices():
+            key = (d.vendor, d.model, d.healthy)
+            counts[key] = counts.get(key, 0) + 1
+        return [
+            Observation(n, {"node": self.node, "vendor": v, "model": m, "healthy": str(h).lower()})
+            for (v, m, h), n in sorted(counts.items())
+        ]
+
+    def containers(self) -> list[tuple[dict[str, str], DeviceAccount]]:
+        """Every container's accounting on this node, with its labels."""
+        out = []
+        known = self.pods()
+        for path in sorted(self.cache_dir.glob("*/*.cache")):
+            uid, _, container = path.parent.name.partition("_")
+            try:
+                accounts = read_accounting(path.read_bytes())
+            except OSError:
+                continue
+            if accounts is None:
+                if path not in self._bad:
+                    self._bad.add(path)
+                    log.warning("%s is not an accounting region this agent reads", path)
+                continue
+            pod = known.get(PodUID(uid))
+            for i, a in enumerate(accounts):
+                labels = {
+                    "node": self.node,
+                    "podnamespace": pod.namespace if pod else "",
+                    "podname": pod.name if pod else "",
+                    "poduid": uid,
+                    "ctrname": container,
+                    "vdeviceid": str(i),
+                    "deviceuuid": a.uuid,
+                }
+                out.append((labels, a))
+        return out
+
+    def _limits(self, _o: CallbackOptions) -> list[Observation]:
+        return [Observation(a.limit_bytes, labels) for labels, a in self.containers()]
+
+    def _used(self, _o: CallbackOptions) -> list[Observation]:
+        return [Observation(a.used_bytes, labels) for labels, a in self.containers()]
+
+    def _util(self, _o: CallbackOptions) -> list[Observation]:
+        return [Observation(a.sm_util, labels) for labels, a in self.containers()]
+
+    # --- serving ----------------------------------------------------------------------
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def serve(self, port: int, host: str = "0.0.0.0") -> web.AppRunner:
+        async def metrics(_request: web.Request) -> web.Response:
+            return web.Response(body=self.text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        log.info("metrics on :%d/metrics", port)
+        return runner

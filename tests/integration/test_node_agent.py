@@ -1,0 +1,181 @@
+"""A real node's agent in the whole pipeline: the kubelet's Allocate gets each pod's own
+grant while pods bind to the node concurrently.
+
+The test plays the kubelet of node ``gpu-0`` as the real one behaves: it serves
+``Registration`` on ``kubelet.sock``, watches the pods bound to its node and admits them
+one at a time, calling ``Allocate`` on the registered ``nvidia.com/gpu`` plugin once per
+container with as many device IDs as the container asks. Admitting takes a while (as a
+real kubelet's does), so binds to the node pile up meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.node_agent.deviceplugin import api_pb2 as pb
+from shared import kube
+from shared.core import annotations as ann
+from tests.helpers import eventually
+from tests.integration.pipeline import Pipeline, pod, start_pipeline
+from tests.kubelet import Kubelet, allocate
+
+pytestmark = pytest.mark.integration
+
+NODE = "gpu-0"
+GPU_NODE = {
+    "nodes": [
+        {
+            "name": NODE,
+            "devices": [{"model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 4}],
+        }
+    ]
+}
+ADMIT_S = 0.3
+"""How long this kubelet takes to admit a pod."""
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="tessera-kl-", dir="/tmp"))  # sockets: short
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
+    k = Kubelet(plugin_dir)
+    await k.start()
+    yield k
+    assert k.server is not None
+    await k.server.stop(grace=0)
+
+
+@pytest.fixture
+async def pipeline(
+    kubeconfig: Path,
+    nats_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    kubelet: Kubelet,
+) -> AsyncIterator[Pipeline]:
+    workdir = tmp_path_factory.mktemp("agent")
+    (workdir / f"{NODE}.yaml").write_text(yaml.safe_dump(GPU_NODE))
+    p = await start_pipeline(
+        workdir,
+        kubeconfig,
+        nats_url,
+        {"nodes": []},  # no simulated nodes: gpu-0 is the cluster
+        config={"nodeAgent": {"devicePluginDir": str(kubelet.directory)}},
+    )
+    await kube.request(  # what the kubelet registers
+        p.api,
+        "POST",
+        "/api/v1/nodes",
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}},
+    )
+    await p.start(f"node-agent@{NODE}")
+    yield p
+    await kube.request(p.api, "DELETE", f"/api/v1/nodes/{NODE}")
+    await p.close()
+
+
+class PlayedKubelet:
+    """Admits the pods bound to ``NODE`` one at a time, in the order it sees them."""
+
+    def __init__(self, p: Pipeline, k: Kubelet, ns: str, endpoint: str) -> None:
+        self.p = p
+        self.channel = k.channel(endpoint)
+        self.ns = ns
+        self.handed: dict[str, pb.ContainerAllocateResponse] = {}
+        self.in_flight_max = 0
+        self.seen: set[str] = set()
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def watch(self) -> None:
+        async def on_event(kind: str, obj: dict[str, Any]) -> None:
+            if kind != "DELETED" and obj["spec"].get("nodeName") == NODE:
+                name = obj["metadata"]["name"]
+                if name not in self.seen:
+                    self.seen.add(name)
+                    await self.queue.put(obj)
+
+        async def on_relist(items: list[dict[str, Any]]) -> None:
+            for obj in items:
+                await on_event("ADDED", obj)
+
+        await kube.list_watch(
+            self.p.api, f"/api/v1/namespaces/{self.ns}/pods", on_event, on_relist=on_relist
+        )
+
+    async def admit(self) -> None:
+        while True:
+            obj = await self.queue.get()
+            # Bound and not admitted yet, right now (this pod included).
+            self.in_flight_max = max(self.in_flight_max, self.queue.qsize() + 1)
+            await asyncio.sleep(ADMIT_S)
+            count = int(obj["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+            (handed,) = (await allocate(self.channel, count)).container_responses
+            self.handed[obj["metadata"]["name"]] = handed
+
+
+async def test_twenty_pods_bound_at_once_each_get_their_own_limits(
+    pipeline: Pipeline, kubelet: Kubelet
+) -> None:
+    registered: dict[str, str] = {}
+
+    async def gpu_registered() -> bool:
+        while not kubelet.registered.empty():
+            r = kubelet.registered.get_nowait()
+            registered[r.resource_name] = r.endpoint
+        return "nvidia.com/gpu" in registered
+
+    await eventually(gpu_registered, timeout_s=30, what="nvidia.com/gpu registered")
+    ns = await pipeline.namespace()
+    played = PlayedKubelet(pipeline, kubelet, ns, registered["nvidia.com/gpu"])
+    tasks = [asyncio.create_task(played.watch()), asyncio.create_task(played.admit())]
+    try:
+        # Four shapes (1-4 devices), five pods each, every pod its own memory size.
+        pods = {
+            f"p{i}": (1 + i % 4, 1000 + 100 * i)  # name -> (devices, MiB per device)
+            for i in range(20)
+        }
+        await asyncio.gather(
+            *(
+                pipeline.create(ns, pod(name, {"nvidia.com/gpu": n, "nvidia.com/gpumem": memory}))
+                for name, (n, memory) in pods.items()
+            )
+        )
+
+        async def all_admitted() -> bool:
+            return len(played.handed) == len(pods)
+
+        await eventually(all_admitted, timeout_s=90, what="all 20 pods admitted")
+    finally:
+        for t in tasks:
+            t.cancel()
+        await played.channel.close()
+
+    for name, (n, memory) in pods.items():
+        obj = await pipeline.get(ns, name)
+        grants = ann.read_grants(obj["metadata"]["annotations"])
+        assert grants is not None
+        (grant,) = grants
+        envs = dict(played.handed[name].envs)
+        # Its own devices and its own limit on each, never another pod's.
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.uuid for d in grant.devices)
+        assert [envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] for i in range(n)] == [f"{memory}m"] * n
+        assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].endswith(
+            f"{obj['metadata']['uid']}_main.cache"
+        )
+    # Binds went on while the kubelet admitted: pods of other shapes were in flight to
+    # the node together (up to one per shape, never two one Allocate could mean).
+    assert 2 <= played.in_flight_max <= 4
+    admitted = pipeline.log(f"node-agent@{NODE}").count("Allocate nvidia.com/gpu")
+    assert admitted == len(pods)
