@@ -409,24 +409,23 @@ class Bus:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self.kv.delete(node)
 
-    async def inventories(self) -> dict[NodeName, events.NodeInventory]:
-        """Every node's latest inventory, read at once (allocator start-up)."""
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return {}
+    async def inventories(self, timeout_s: float = 10.0) -> dict[NodeName, events.NodeInventory]:
+        """Every node's latest inventory, read in one pass: a watcher delivers each key's
+        last value, then a marker. (A get per key took 1,000 requests at 1,000 nodes, and
+        one timing out under load took the whole reader down.)"""
+        watcher = await self.kv.watchall(ignore_deletes=True)
         found: dict[NodeName, events.NodeInventory] = {}
-        for key in keys:
-            try:
-                entry = await self.kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                continue
-            if entry.value is None:
-                continue
-            event = events.decode(entry.value)
-            if isinstance(event, events.NodeInventory):
-                found[event.node] = event
-        return found
+        try:
+            while True:
+                entry = await watcher.updates(timeout=timeout_s)  # type: ignore[no-untyped-call]
+                if entry is None:  # every current value was delivered
+                    return found
+                if entry.value:
+                    event = events.decode(entry.value)
+                    if isinstance(event, events.NodeInventory):
+                        found[event.node] = event
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
 
 
 class LeaseLostError(RuntimeError):

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import nats.errors
 import nats.js.errors
 from kubernetes_asyncio.client import ApiException
 from nats.js.kv import KeyValue
@@ -210,7 +211,12 @@ class Allocator:
         has: a missed or lost inventory event heals within one heartbeat."""
         while True:
             await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
-            for inv in (await self.rt.bus.inventories()).values():
+            try:
+                latest = await self.rt.bus.inventories()
+            except (TimeoutError, nats.errors.Error) as exc:  # a busy bus: next heartbeat
+                log.warning("inventory reconcile skipped: %r", exc)
+                continue
+            for inv in latest.values():
                 known = self.applied.get(inv.node)
                 if (
                     known is None

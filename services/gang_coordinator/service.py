@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import nats.errors
 from kubernetes_asyncio.client import ApiException
 from opentelemetry import context as otel_context
 
@@ -618,7 +619,11 @@ class Coordinator:
         """Every heartbeat, take the node inventories from the KV (missed events heal)."""
         while True:
             await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
-            latest = await self.rt.bus.inventories()
+            try:
+                latest = await self.rt.bus.inventories()
+            except (TimeoutError, nats.errors.Error) as exc:  # a busy bus: next heartbeat
+                log.warning("inventory reconcile skipped: %r", exc)
+                continue
             if {n: i.devices for n, i in latest.items()} != {
                 n: i.devices for n, i in self.inventory.items()
             }:

@@ -34,7 +34,7 @@ GPU_NODE = {
     "nodes": [
         {
             "name": NODE,
-            "devices": [{"model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 4}],
+            "devices": [{"model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 8}],
         }
     ]
 }

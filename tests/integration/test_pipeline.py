@@ -201,7 +201,7 @@ async def test_invalid_pod_gets_an_event_and_a_condition(pipeline: Pipeline, ns:
 
 async def test_deleting_a_pod_frees_its_grant(pipeline: Pipeline, ns: str) -> None:
     nc = await nats.connect(pipeline.nats_url)
-    sub = await nc.subscribe("tessera.v1.allocation.released")
+    sub = await nc.subscribe("tessera.v1.allocation.released.>")
     try:
         await pipeline.create(ns, pod("all-910b3", {"huawei.com/Ascend910B3": 2}))
         first = await pipeline.bound(ns, "all-910b3")
