@@ -21,10 +21,11 @@ from pathlib import Path
 from services.node_agent.deviceplugin.server import Desk, ResourceServer
 from services.node_agent.inventory import InventorySource, NvmlSource
 from services.node_agent.metrics import NodeMetrics
+from services.node_agent.mig import MigDriver, MigError, NvmlMig, changes_for, reconfigure
 from services.node_agent.resources import count_resources
 from shared import events as ev
 from shared.bus import Delivery
-from shared.core.model import DeviceInfo, DeviceUUID, NodeName, PodRef, PodUID
+from shared.core.model import ContainerGrant, DeviceInfo, DeviceUUID, NodeName, PodRef, PodUID
 from shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,11 @@ class Agent:
         self._dirty = asyncio.Event()
         self.pods: dict[PodUID, PodRef] = {}
         """Pods admitted here (their containers' metrics carry their names)."""
+        self.held: dict[PodUID, tuple[ContainerGrant, ...]] = {}
+        """The grants of the pods bound here (a MIG card one of them uses is not cut)."""
+        self.mig: MigDriver | None = (
+            NvmlMig(source.nvml) if isinstance(source, NvmlSource) else None
+        )
         self.metrics = NodeMetrics(
             node,
             lambda: self.devices,
@@ -93,10 +99,43 @@ class Agent:
     async def handle(self, event: ev.AnyEvent, _delivery: Delivery) -> None:
         match event:
             case ev.AllocationBound() if event.node == self.node:
+                await self._cut_mig(event)
+                self.held[event.pod.uid] = event.grants
                 await self.desk.bound(event.pod, event.grants)
             case ev.AllocationReleased() if event.node == self.node:
                 self.desk.gone(event.pod.uid)
                 self.pods.pop(event.pod.uid, None)
+                self.held.pop(event.pod.uid, None)
+
+    async def _cut_mig(self, bound: ev.AllocationBound) -> None:
+        """Dynamic MIG: cut the cards this pod's grant needs into its geometry first.
+        A card that may not be changed is logged; the pod's Allocate then fails, with
+        the reason, rather than handing over another instance."""
+        others = [g for uid, g in self.held.items() if uid != bound.pod.uid]
+        wanted = changes_for(bound.grants, self.by_uuid(), others)
+        if not wanted:
+            return
+        if self.mig is None:
+            log.error("%s needs MIG instances this node's source cannot create", bound.pod)
+            return
+        changed = False
+        for change in wanted:
+            try:
+                changed |= await asyncio.to_thread(
+                    reconfigure,
+                    self.mig,
+                    change.card,
+                    change.geometry,
+                    self.rt.cfg.devices.nvidia,
+                    change.model,
+                    change.in_use,
+                )
+            except MigError as exc:
+                log.error("MIG for %s on %s: %s", bound.pod, change.card, exc)
+        if changed:  # the new instances' UUIDs: read, publish, stream
+            self.devices = await asyncio.to_thread(self.source.read)
+            await self._publish()
+            await self._serve()
 
     async def admitted(self, pod: PodRef) -> None:
         self.pods[pod.uid] = pod

@@ -20,10 +20,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from shared.core.model import ContainerGrant, DeviceInfo, DeviceUUID
 from shared.core.spec import NvidiaSpec
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,42 @@ def reconfigure(
         driver.create(card, p, start)
     log.info("%s now runs MIG geometry %s", card, ",".join(geometry))
     return True
+
+
+@dataclass(frozen=True)
+class Change:
+    """A card to cut into ``geometry`` before a pod's Allocate."""
+
+    card: str
+    model: str
+    geometry: tuple[str, ...]
+    in_use: bool
+
+
+def changes_for(
+    grants: Sequence[ContainerGrant],
+    devices: Mapping[DeviceUUID, DeviceInfo],
+    others: Iterable[Sequence[ContainerGrant]],
+) -> list[Change]:
+    """The cards whose geometry must change for ``grants`` to be handed over: a MIG grant
+    whose instance (profile at placement) the card does not run. ``others`` are the
+    grants of the other pods on the node; a card one of them uses is ``in_use``."""
+    used = {d.uuid for g in others for c in g for d in c.devices if d.mig_profile}
+    out: dict[str, Change] = {}
+    for c in grants:
+        for d in c.devices:
+            card = devices.get(d.uuid)
+            if d.mig_profile is None or card is None or d.uuid in out:
+                continue
+            running = {(m.placement, m.profile) for m in card.mig_geometry if m.uuid}
+            if (d.mig_placement, d.mig_profile) in running:
+                continue
+            if not d.mig_geometry:
+                continue  # no geometry named: nothing to create it from
+            out[d.uuid] = Change(
+                d.uuid, card.model, tuple(d.mig_geometry.split(",")), d.uuid in used
+            )
+    return list(out.values())
 
 
 def _configured_memory(spec: NvidiaSpec, model: str) -> dict[str, int]:

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.node_agent.mig import GiProfile, Instance, MigError, reconfigure
+from services.node_agent.mig import GiProfile, Instance, MigError, changes_for, reconfigure
+from shared.core.model import ContainerGrant, DeviceGrant, DeviceInfo, DeviceUUID, MigInstance
 from shared.core.spec import DeviceSpecs
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -110,3 +111,39 @@ def test_a_geometry_that_does_not_fit_leaves_the_card_as_it_was() -> None:
         reconfigure(card, CARD, ["4g.40gb", "4g.40gb"], SPEC, A100, in_use=False)
     assert card.calls == []
     assert card.geometry() == [(0, 4)]
+
+
+def test_only_a_grant_whose_instance_is_missing_asks_for_a_cut() -> None:
+    running = (MigInstance(profile="7g.80gb", memory_mib=80384, placement=0, uuid="MIG-whole"),)
+    cards = {
+        DeviceUUID(u): DeviceInfo(
+            uuid=DeviceUUID(u),
+            index=i,
+            vendor="nvidia",
+            model=A100,
+            memory_mib=81920,
+            mode="mig",
+            mig_geometry=running,
+        )
+        for i, u in enumerate(("GPU-a", "GPU-b"))
+    }
+
+    def grant(card: str, profile: str, placement: int, geometry: str) -> tuple[ContainerGrant, ...]:
+        d = DeviceGrant(
+            uuid=DeviceUUID(card),
+            mig_profile=profile,
+            mig_placement=placement,
+            mig_geometry=geometry,
+        )
+        return (ContainerGrant(container="c", devices=(d,)),)
+
+    # The card runs 7g.80gb: a 7g.80gb grant needs nothing, a 3g.40gb one needs a cut.
+    assert changes_for(grant("GPU-a", "7g.80gb", 0, "7g.80gb"), cards, []) == []
+    (cut,) = changes_for(grant("GPU-a", "3g.40gb", 1, "3g.40gb,3g.40gb"), cards, [])
+    assert (cut.card, cut.geometry, cut.in_use) == ("GPU-a", ("3g.40gb", "3g.40gb"), False)
+    # Another pod holds the whole card: the cut is asked for, but the card is in use.
+    others = [grant("GPU-a", "7g.80gb", 0, "7g.80gb")]
+    (busy,) = changes_for(grant("GPU-a", "3g.40gb", 0, "3g.40gb,3g.40gb"), cards, others)
+    assert busy.in_use
+    with pytest.raises(MigError, match="holds one of its instances"):
+        reconfigure(card_running((4, 0)), busy.card, busy.geometry, SPEC, A100, busy.in_use)
