@@ -18,6 +18,8 @@ from hypothesis import settings
 
 from tools.localcluster import LocalCluster
 
+pytest_plugins = ["tests.kubelet"]  # the played kubelet: `kubelet`, `plugin_dir`
+
 settings.register_profile("default", max_examples=150)
 settings.register_profile("thorough", max_examples=3000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

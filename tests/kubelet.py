@@ -4,12 +4,16 @@ service on ``kubelet.sock``, and the calls its device manager makes to a plugin.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
+import pytest
 
 from services.node_agent.deviceplugin import api_pb2 as pb
 
@@ -78,3 +82,20 @@ async def allocate(channel: grpc.aio.Channel, *counts: int) -> pb.AllocateRespon
 def wipe(directory: Path) -> None:
     for p in directory.iterdir():
         p.unlink()
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    """The kubelet's device-plugin directory (short: a socket path has 108 bytes)."""
+    directory = Path(tempfile.mkdtemp(prefix="tessera-kl-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
+    k = Kubelet(plugin_dir)
+    await k.start()
+    yield k
+    assert k.server is not None
+    await k.server.stop(grace=0)

@@ -11,9 +11,7 @@ real kubelet's does), so binds to the node pile up meanwhile.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +38,6 @@ GPU_NODE = {
 }
 ADMIT_S = 0.3
 """How long this kubelet takes to admit a pod."""
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="tessera-kl-", dir="/tmp"))  # sockets: short
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
-    k = Kubelet(plugin_dir)
-    await k.start()
-    yield k
-    assert k.server is not None
-    await k.server.stop(grace=0)
 
 
 @pytest.fixture

@@ -8,11 +8,7 @@ the kubelet's device manager does.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -64,23 +60,6 @@ def sliced(card: DeviceInfo, memory: int, cores: int, **kw: object) -> DeviceGra
         cores=cores,
         **kw,  # type: ignore[arg-type]
     )
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    # Short: a unix socket's path must stay under 108 bytes.
-    directory = Path(tempfile.mkdtemp(prefix="tessera-dp-", dir="/tmp"))
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
-    k = Kubelet(plugin_dir)
-    await k.start()
-    yield k
-    assert k.server is not None
-    await k.server.stop(grace=0)
 
 
 @dataclass

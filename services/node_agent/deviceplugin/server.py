@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
@@ -217,33 +217,32 @@ class ResourceServer:
     # --- the DevicePlugin service -----------------------------------------------------
 
     def _handlers(self) -> grpc.GenericRpcHandler:
+        def unary(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                method,
+                request_deserializer=request.FromString,
+                response_serializer=response.SerializeToString,
+            )
+
         return grpc.method_handlers_generic_handler(
             "v1beta1.DevicePlugin",
             {
-                "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                    self.get_options,
-                    request_deserializer=pb.Empty.FromString,
-                    response_serializer=pb.DevicePluginOptions.SerializeToString,
-                ),
+                "GetDevicePluginOptions": unary(self.get_options, pb.Empty, pb.DevicePluginOptions),
                 "ListAndWatch": grpc.unary_stream_rpc_method_handler(
                     self.list_and_watch,
                     request_deserializer=pb.Empty.FromString,
                     response_serializer=pb.ListAndWatchResponse.SerializeToString,
                 ),
-                "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+                "GetPreferredAllocation": unary(
                     self.get_preferred_allocation,
-                    request_deserializer=pb.PreferredAllocationRequest.FromString,
-                    response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+                    pb.PreferredAllocationRequest,
+                    pb.PreferredAllocationResponse,
                 ),
-                "Allocate": grpc.unary_unary_rpc_method_handler(
-                    self.allocate,
-                    request_deserializer=pb.AllocateRequest.FromString,
-                    response_serializer=pb.AllocateResponse.SerializeToString,
-                ),
-                "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+                "Allocate": unary(self.allocate, pb.AllocateRequest, pb.AllocateResponse),
+                "PreStartContainer": unary(
                     self.pre_start_container,
-                    request_deserializer=pb.PreStartContainerRequest.FromString,
-                    response_serializer=pb.PreStartContainerResponse.SerializeToString,
+                    pb.PreStartContainerRequest,
+                    pb.PreStartContainerResponse,
                 ),
             },
         )
