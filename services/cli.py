@@ -7,6 +7,7 @@ tessera config [--file F] [--hash]    validate a config and print the effective 
 tessera dev build|up|down|status      the local control plane + NATS on loopback
 tessera ping [--nats URL]             list the services alive on the bus
 tessera demo [--keep]                 start everything locally and show it alive
+tessera inventory [--source nvml]     print the devices this node's agent would report
 """
 
 from __future__ import annotations
@@ -70,6 +71,22 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(config.config_hash(cfg))
     else:
         print(config.dump(cfg), end="")
+    return 0
+
+
+def cmd_inventory(args: argparse.Namespace) -> int:
+    """Read this node's devices once, as the node agent does, and print them as JSON."""
+    from services.node_agent.service import open_source
+    from shared import config
+    from shared.core.model import NodeName
+
+    cfg = config.load(args.config)
+    source = open_source(cfg, args.source, NodeName(args.node))
+    try:
+        devices = source.read()
+    finally:
+        source.close()
+    print(msgspec.json.format(msgspec.json.encode(devices), indent=2).decode())
     return 0
 
 
@@ -335,6 +352,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workloads", default=str(EXAMPLES / "workloads/demo.yaml"))
     p.add_argument("--dir", default=os.environ.get("TESSERA_DEV_DIR", str(DEV_DIR)))
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("inventory", help="print the devices this node's agent would report")
+    p.add_argument("--source", default="nvml", help="nvml, ascend or file:INVENTORY[#NODE]")
+    p.add_argument("--node", default=os.environ.get("NODE_NAME", "local"))
+    p.add_argument("--config", default=None)
+    p.set_defaults(func=cmd_inventory)
     args = parser.parse_args(argv)
     raise SystemExit(args.func(args))
 

@@ -52,7 +52,7 @@ from services.gang_coordinator.jobs import JobController
 from shared import events as ev
 from shared import kube
 from shared.bus import Delivery
-from shared.core.model import ContainerGrant, NodeName, PodUID
+from shared.core.model import ContainerGrant, NodeName, PodRef, PodUID
 from shared.core.preemption import MAX_UNITS
 from shared.core.queues import (
     QueueShare,
@@ -132,6 +132,13 @@ class Coordinator:
     rt: Runtime
     api: kube.Client | None = None
     pods: dict[PodUID, PodState] = field(default_factory=dict)
+    """Pods not bound yet: pending, in flight, placed or parked."""
+    bound: dict[tuple[str, str], dict[PodUID, PodState]] = field(default_factory=dict)
+    """Bound pods by gang. They are out of the per-dispatch scan (at 10,000 pods that
+    scan was most of this service's CPU); their use is summed as they come and go."""
+    bound_pods: dict[PodUID, PodState] = field(default_factory=dict)
+    bound_use: dict[str, Resources] = field(default_factory=dict)
+    """Per queue, the devices its bound pods hold."""
     podgroups: dict[tuple[str, str], ev.PodGroupUpdated] = field(default_factory=dict)
     queues: dict[str, ev.QueueUpdated] = field(default_factory=dict)
     inventory: dict[NodeName, ev.NodeInventory] = field(default_factory=dict)
@@ -177,12 +184,15 @@ class Coordinator:
                 if st is not None:
                     self._park(st, unresolvable=False, delay=0.0)
             case ev.PodUpdated():
-                st = self.pods.get(event.pod.uid)
+                st = self.pods.pop(event.pod.uid, None)
                 if st is not None:
                     st.state = "bound"
+                    self.bound_pods[event.pod.uid] = st
+                    self.bound.setdefault(st.key, {})[event.pod.uid] = st
+                    accumulate(self.bound_use.setdefault(st.queue, {}), st.vector)
                     await self._group_progress(st.key)
             case ev.PodDeleted() | ev.PodRejected():
-                self.pods.pop(event.pod.uid, None)
+                self._forget(event.pod)
             case ev.PodGroupUpdated():
                 key = (event.namespace, event.name)
                 if not ev.changed(self.podgroups.get(key), event):
@@ -217,7 +227,19 @@ class Coordinator:
                 return
         self.wake.set()  # the dispatch loop runs once for a whole batch of events
 
+    def _forget(self, pod: PodRef) -> None:
+        self.pods.pop(pod.uid, None)
+        st = self.bound_pods.pop(pod.uid, None)
+        if st is not None:
+            accumulate(self.bound_use.setdefault(st.queue, {}), st.vector, -1)
+            members = self.bound[st.key]
+            del members[pod.uid]
+            if not members:
+                del self.bound[st.key]
+
     def _pending(self, event: ev.PodPending) -> None:
+        if event.pod.uid in self.bound_pods:
+            return  # an old announcement of a pod bound since
         st = self.pods.get(event.pod.uid)
         if st is None:
             self.pods[event.pod.uid] = PodState(pending=event, context=otel_context.get_current())
@@ -288,10 +310,10 @@ class Coordinator:
 
     def _shares(self) -> tuple[dict[str, Resources], dict[str, Resources]]:
         """Each queue's (allocated + in flight) and deserved share, by the demand now."""
-        used: dict[str, Resources] = {}
-        demand: dict[str, Resources] = {}
+        used = {q: dict(v) for q, v in self.bound_use.items()}
+        demand = {q: dict(v) for q, v in self.bound_use.items()}
         for st in self.pods.values():  # in place: a new dict per pod was a fifth of dispatch
-            if st.state in ("inflight", "placed", "bound"):
+            if st.state in ("inflight", "placed"):
                 accumulate(used.setdefault(st.queue, {}), st.vector)
             accumulate(demand.setdefault(st.queue, {}), st.vector)
         shares = [
@@ -330,9 +352,18 @@ class Coordinator:
             if st.state == "pending":
                 st.vector = request_vector(st.pending.request, cards)
                 groups.setdefault(st.key, []).append(st)
-            elif st.state in ("placed", "bound"):
+            elif st.state == "placed":
                 settled.setdefault(st.key, []).append(st)
         used, share = self._shares()
+        floor: list[int] = []
+
+        def lowest() -> int:  # the lowest priority bound, found once a gang needs it
+            if not floor:
+                floor.append(
+                    min((s.pending.priority for s in self.bound_pods.values()), default=2**31)
+                )
+            return floor[0]
+
         ready: list[tuple[tuple[int, float, int, float], ev.GangReady, list[PodState]]] = []
         told: list[ev.Event] = []
         caps = {
@@ -350,7 +381,8 @@ class Coordinator:
         )
         waiting = {members[0].queue for members in groups.values()}
         for key, members in by_priority:
-            gang = self._gang(key, members, settled.get(key, []), told)
+            here = [*settled.get(key, []), *self.bound.get(key, {}).values()]
+            gang = self._gang(key, members, here, told)
             if gang is None:
                 continue
             queue = members[0].queue
@@ -384,7 +416,7 @@ class Coordinator:
             if any(t.failed for t in taken):  # it did not fit last time: what could help?
                 gang = msgspec.structs.replace(
                     gang,
-                    victims=self._victims(key, taken, need, used, share, settled),
+                    victims=self._victims(key, taken, need, used, share, lowest()),
                     hold=guard > 0 and now - min(t.since for t in taken) >= guard,
                 )
             mine = share.get(queue, {})
@@ -415,9 +447,10 @@ class Coordinator:
         need: Resources,
         used: dict[str, Resources],
         share: dict[str, Resources],
-        settled: dict[tuple[str, str], list[PodState]],
+        lowest: int,
     ) -> tuple[ev.VictimUnit, ...]:
-        """Bound pods that may be evicted for this gang, as units, cheapest first."""
+        """Bound pods that may be evicted for this gang, as units, cheapest first.
+        ``lowest`` is the lowest priority of any bound pod."""
         if not self.rt.cfg.scheduler.preemption:
             return ()
         queue = members[0].queue
@@ -425,11 +458,21 @@ class Coordinator:
         under = bool(self.queues) and within(
             add(used.get(queue, {}), need), share.get(queue, {}), absent=0.0
         )
+        reclaim = under and any(
+            name != queue
+            and q.reclaimable
+            and not within(used.get(name, {}), share.get(name, {}), absent=0.0)
+            for name, q in self.queues.items()
+        )
+        if top <= lowest and not reclaim:
+            # No bound pod is of lower priority and no queue gives back: nothing to
+            # offer. (Looking anyway cost a scan of every bound pod per waiting pod.)
+            return ()
         offers: list[tuple[tuple[int, int, int, float], ev.VictimUnit]] = []
         reclaimed: dict[str, Resources] = {}
-        for other, states in settled.items():
+        for other, members_of in self.bound.items():
             bound = sorted(
-                (s for s in states if s.state == "bound"),
+                members_of.values(),
                 key=lambda s: (s.pending.priority, -s.pending.created_at),
             )
             if other == key or not bound:
@@ -534,7 +577,7 @@ class Coordinator:
         pg = self.podgroups.get(key)
         if pg is None:
             return
-        bound = sum(1 for s in self.pods.values() if s.key == key and s.state == "bound")
+        bound = len(self.bound.get(key, {}))
         if bound >= pg.min_member:
             await self._group_status(key, "Running", running=bound)
 

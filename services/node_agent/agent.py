@@ -71,6 +71,7 @@ class Agent:
         ]
 
     async def start(self) -> None:
+        await asyncio.to_thread(self.prepare_host)
         self.devices = await asyncio.to_thread(self.source.read)
         durable = consumer_name(self.node)
         # The consumer first: no bind published from here on is missed.
@@ -95,6 +96,25 @@ class Agent:
             len(self.devices),
             ", ".join(self.servers) or "no resources",
         )
+
+    def prepare_host(self) -> None:
+        """The host side of the isolation library: the file mounted over a container's
+        ``/etc/ld.so.preload`` names the library, and the accounting directory exists."""
+        iso = self.rt.cfg.node_agent.isolation
+        preload = Path(iso.preload_host_path)
+        wanted = iso.library_container_path + "\n"
+        try:
+            Path(iso.cache_host_dir).mkdir(parents=True, exist_ok=True)
+            if not preload.exists() or preload.read_text() != wanted:
+                preload.parent.mkdir(parents=True, exist_ok=True)
+                preload.write_text(wanted)
+        except OSError as exc:  # not mounted (a dry run): containers get no preload file
+            log.warning("cannot prepare the isolation files on the host: %s", exc)
+        if not Path(iso.library_host_path).exists():
+            log.warning(
+                "%s is missing: containers would run without memory and core limits",
+                iso.library_host_path,
+            )
 
     async def handle(self, event: ev.AnyEvent, _delivery: Delivery) -> None:
         match event:

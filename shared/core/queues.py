@@ -28,15 +28,14 @@ EPS = 1e-6
 
 def add(a: Mapping[str, float], b: Mapping[str, float], sign: float = 1.0) -> Resources:
     out = dict(a)
-    for k, v in b.items():
-        out[k] = out.get(k, 0.0) + sign * v
+    accumulate(out, b, sign)
     return out
 
 
-def accumulate(total: Resources, more: Mapping[str, float]) -> None:
-    """``total += more``, in place (``add`` makes a new vector)."""
+def accumulate(total: Resources, more: Mapping[str, float], sign: float = 1.0) -> None:
+    """``total += sign * more``, in place (``add`` makes a new vector)."""
     for k, v in more.items():
-        total[k] = total.get(k, 0.0) + v
+        total[k] = total.get(k, 0.0) + sign * v
 
 
 def within(need: Mapping[str, float], limit: Mapping[str, float], *, absent: float = 0.0) -> bool:

@@ -54,7 +54,17 @@ async def pipeline(
         kubeconfig,
         nats_url,
         {"nodes": []},  # no simulated nodes: gpu-0 is the cluster
-        config={"nodeAgent": {"devicePluginDir": str(kubelet.directory)}},
+        config={
+            "nodeAgent": {
+                "devicePluginDir": str(kubelet.directory),
+                "isolation": {  # the host side in the test's folder, not the machine's
+                    "libraryHostPath": str(workdir / "vgpu/libvgpu.so"),
+                    "preloadHostPath": str(workdir / "vgpu/ld.so.preload"),
+                    "cacheHostDir": str(workdir / "vgpu/containers"),
+                },
+            },
+            "telemetry": {"logLevel": "DEBUG", "metricsPort": 0},
+        },
     )
     await kube.request(  # what the kubelet registers
         p.api,
@@ -161,3 +171,5 @@ async def test_twenty_pods_bound_at_once_each_get_their_own_limits(
     assert 2 <= played.in_flight_max <= 4
     admitted = pipeline.log(f"node-agent@{NODE}").count("Allocate nvidia.com/gpu")
     assert admitted == len(pods)
+    # The agent prepared the host side: the preload file names the library.
+    assert (pipeline.workdir / "vgpu/ld.so.preload").read_text() == "/usr/local/vgpu/libvgpu.so\n"
