@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shared.config import Config
+from shared.core.ledger import sharing_mode
 from shared.core.model import ContainerGrant, DeviceGrant, DeviceInfo, DeviceUUID, NodeName, PodRef
 
 
@@ -117,7 +118,7 @@ def _sliced(
     if all(d.exclusive for d in devices):
         return  # whole cards: nothing to limit, no library needed
     card = inventory.get(devices[0].uuid)
-    mode = card.mode if card is not None else "hami-core"
+    mode = sharing_mode(card, override) if card is not None else "hami-core"
     cores = max(d.cores for d in devices)
 
     if mode == "mps":

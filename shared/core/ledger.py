@@ -272,6 +272,20 @@ class Dev:
         return self.mig_alt
 
 
+def sharing_mode(info: DeviceInfo, override: NodeOverride | None) -> SharingMode:
+    """How a device is shared on its node: as reported, or as the node's override
+    (``operatingMode``) sets it where the vendor allows that mode. Ascend chips use hard
+    vNPU templates unless the node is set to software slicing."""
+    mode: SharingMode = "vnpu" if info.vendor == "ascend" else info.mode
+    wanted = override.operating_mode if override is not None else None
+    if wanted is not None and (
+        (info.vendor == "nvidia" and wanted != "vnpu")
+        or (info.vendor == "ascend" and wanted in ("hami-core", "vnpu"))
+    ):
+        mode = wanted
+    return mode
+
+
 class NodeState:
     """One node: its devices (after overrides) and the pools they belong to."""
 
@@ -418,18 +432,11 @@ class Ledger:
         split = spec.device_split_count if spec else 10
         mem_scaling = spec.device_memory_scaling if spec else 1.0
         core_scaling = spec.device_core_scaling if spec else 1.0
-        # Ascend chips use hard vNPU templates unless the node is set to software slicing.
-        mode: SharingMode = "vnpu" if info.vendor == "ascend" else info.mode
+        mode = sharing_mode(info, override)
         if override is not None:
             split = override.device_split_count or split
             mem_scaling = override.device_memory_scaling or mem_scaling
             core_scaling = override.device_core_scaling or core_scaling
-            wanted = override.operating_mode
-            if wanted is not None and (
-                (info.vendor == "nvidia" and wanted != "vnpu")
-                or (info.vendor == "ascend" and wanted in ("hami-core", "vnpu"))
-            ):
-                mode = wanted
         if info.vendor == "ascend":
             chip = next((c for c in self.specs.vnpus if c.chip_name == info.chip), None)
             if chip is not None:
