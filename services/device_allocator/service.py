@@ -195,6 +195,8 @@ class Allocator:
                 self.ledger.remove_node(event.node)
                 self.applied.pop(event.node, None)
                 self.refused.pop(event.node, None)
+                self.placer.plugin_nodes.discard(event.node)
+                self.placer.admitting.pop(event.node, None)
             case ev.GangReady():
                 await self.on_gang(event)
             case ev.PodUpdated():
