@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from shared.core.admission import container_counts
 from shared.core.model import ContainerGrant, PodRef, PodUID, Vendor
 
@@ -122,3 +124,19 @@ def _shape(w: Waiting, vendor: Vendor) -> tuple[object, ...]:
     g = w.next_grant(vendor)
     assert g is not None
     return (g.devices, g.priority, g.disable_isolation, g.core_policy)
+
+
+KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"
+"""The kubelet's record of the devices it gave each pod, in its device-plugin directory."""
+
+
+def admitted_in_checkpoint(text: str) -> set[str] | None:
+    """The pod UIDs the kubelet's device manager has allocated devices to, from its
+    checkpoint (``{"Data": {"PodDeviceEntries": [{"PodUID": ...}, ...]}, ...}``); None
+    when the text is not such a checkpoint."""
+    try:
+        data = msgspec.json.decode(text)
+        entries = data["Data"]["PodDeviceEntries"] or []
+        return {str(e["PodUID"]) for e in entries}
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return None

@@ -18,13 +18,16 @@ import re
 import socket
 from pathlib import Path
 
+from services.node_agent.admission import KUBELET_CHECKPOINT, admitted_in_checkpoint
 from services.node_agent.deviceplugin.server import Desk, ResourceServer
 from services.node_agent.inventory import InventorySource, NvmlSource
 from services.node_agent.metrics import NodeMetrics
 from services.node_agent.mig import MigDriver, MigError, NvmlMig, changes_for, reconfigure
 from services.node_agent.resources import count_resources
 from shared import events as ev
+from shared import kube
 from shared.bus import Delivery
+from shared.core import annotations as ann
 from shared.core.model import ContainerGrant, DeviceInfo, DeviceUUID, NodeName, PodRef, PodUID
 from shared.runtime import Runtime
 
@@ -70,12 +73,14 @@ class Agent:
             f"{ev.AllocationReleased.SUBJECT}.{token}",
         ]
 
-    async def start(self) -> None:
+    async def start(self, api: kube.Client | None = None) -> None:
         await asyncio.to_thread(self.prepare_host)
         self.devices = await asyncio.to_thread(self.source.read)
         durable = consumer_name(self.node)
         # The consumer first: no bind published from here on is missed.
         await self.rt.bus.ensure_consumer(durable, self.subjects, deliver="new")
+        if api is not None:
+            await self.recover(api)
         await self._publish()
         await self._serve()
         self.rt.adopt(self.rt.bus.consume(durable, self.subjects, self.handle, deliver="new"))
@@ -95,6 +100,37 @@ class Agent:
             self.node,
             len(self.devices),
             ", ".join(self.servers) or "no resources",
+        )
+
+    async def recover(self, api: kube.Client) -> None:
+        """What a restarted agent knew: the grants of the pods bound here (their events
+        were consumed before), from the API server; the ones the kubelet has not given
+        devices yet (its checkpoint says which it has) wait for their Allocate again."""
+        items, _ = await kube.list_all(
+            api, "/api/v1/pods", {"fieldSelector": f"spec.nodeName={self.node}"}
+        )
+        path = Path(self.rt.cfg.node_agent.device_plugin_dir) / KUBELET_CHECKPOINT
+        try:
+            text = await asyncio.to_thread(path.read_text)
+        except OSError:
+            text = ""
+        allocated = admitted_in_checkpoint(text) if text else set()
+        waiting = 0
+        for obj in items:
+            meta, status = obj["metadata"], obj.get("status") or {}
+            grants = ann.read_grants(meta.get("annotations") or {})
+            if grants is None or status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            pod = PodRef(namespace=meta["namespace"], name=meta["name"], uid=PodUID(meta["uid"]))
+            self.held[pod.uid] = grants
+            started = bool(status.get("containerStatuses") or status.get("initContainerStatuses"))
+            if started or (allocated is not None and pod.uid in allocated):
+                self.pods[pod.uid] = pod
+            else:
+                await self.desk.bound(pod, grants)
+                waiting += 1
+        log.info(
+            "recovered %d pods bound here, %d waiting for the kubelet", len(self.held), waiting
         )
 
     def prepare_host(self) -> None:

@@ -80,8 +80,10 @@ async def main(rt: Runtime) -> None:
     node = NodeName(rt.args.node)
     source = open_source(rt.cfg, rt.args.source, node)
     rt.on_stop(lambda: _close(source))
+    api = await kube.connect(rt.cfg.kubernetes)
+    rt.on_stop(api.close)
     agent = Agent(rt, node, source)
-    await agent.start()
+    await agent.start(api)
     rt.spawn(agent.health_loop(), "health")
     rt.spawn(agent.heartbeat(), "heartbeat")
 

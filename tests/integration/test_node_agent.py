@@ -74,6 +74,13 @@ async def pipeline(
     )
     await p.start(f"node-agent@{NODE}")
     yield p
+    # The next test's agent must not find this one's pods bound to the node (no kubelet
+    # here ever starts them: they would all wait for an Allocate).
+    left, _ = await kube.list_all(p.api, "/api/v1/pods", {"fieldSelector": f"spec.nodeName={NODE}"})
+    for obj in left:
+        await kube.delete_pod(
+            p.api, obj["metadata"]["namespace"], obj["metadata"]["name"], grace_s=0
+        )
     await kube.request(p.api, "DELETE", f"/api/v1/nodes/{NODE}")
     await p.close()
 
@@ -173,3 +180,35 @@ async def test_twenty_pods_bound_at_once_each_get_their_own_limits(
     assert admitted == len(pods)
     # The agent prepared the host side: the preload file names the library.
     assert (pipeline.workdir / "vgpu/ld.so.preload").read_text() == "/usr/local/vgpu/libvgpu.so\n"
+
+
+async def test_a_restarted_agent_still_hands_over_a_grant_bound_before_it(
+    pipeline: Pipeline, kubelet: Kubelet
+) -> None:
+    async def registered() -> str | None:
+        while not kubelet.registered.empty():
+            r = kubelet.registered.get_nowait()
+            if r.resource_name == "nvidia.com/gpu":
+                return r.endpoint
+        return None
+
+    await eventually(registered, timeout_s=30, what="nvidia.com/gpu registered")
+    ns = await pipeline.namespace()
+    await pipeline.create(ns, pod("early", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}))
+    await pipeline.bound(ns, "early")
+
+    async def seen() -> bool:  # the agent took the bind (and acked its event)
+        return "got tessera.v1.allocation.bound" in pipeline.log(f"node-agent@{NODE}")
+
+    await eventually(seen, timeout_s=30, what="the agent saw the bind")
+    # The agent restarts before the kubelet admits the pod: its event is gone.
+    await pipeline.stop(f"node-agent@{NODE}")
+    await pipeline.start(f"node-agent@{NODE}")
+    endpoint = await eventually(registered, timeout_s=30, what="registered again")
+    channel = kubelet.channel(endpoint)
+    try:
+        (handed,) = (await allocate(channel, 1)).container_responses
+    finally:
+        await channel.close()
+    assert handed.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert "recovered 1 pods bound here, 1 waiting" in pipeline.log(f"node-agent@{NODE}")
