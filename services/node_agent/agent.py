@@ -253,6 +253,11 @@ class Agent:
                 )
             self._dirty.clear()
             devices = await asyncio.to_thread(self.source.read)
+            log.debug(
+                "devices re-read: %d, %d unhealthy",
+                len(devices),
+                sum(not d.healthy for d in devices),
+            )
             if devices == self.devices:
                 continue
             sick = sorted(d.uuid for d in devices if not d.healthy)

@@ -5,7 +5,9 @@
   card runs, and health from NVML's critical XID events.
 - ``AscendSource``: Huawei Ascend NPUs from ``npu-smi info`` (chip, HBM or DDR memory,
   health); AI cores and templates come from the config's ``vnpus`` entry for the chip.
-- ``StaticSource``: a fixed list (the simulated nodes of an inventory file, and tests).
+- ``FileSource``: one node of an inventory file (simulate.py's format), read again at
+  each read: a kubelet-side trial without a GPU, where editing the file (``unhealthy``)
+  plays a failing card.
 
 Every source returns devices before node overrides; the ledger applies those, and the
 device plugin leaves out what ``filterDevices`` names.
@@ -22,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from services.node_agent.simulate import expand, load_inventory
 from shared.config import Config
-from shared.core.model import DeviceInfo, DeviceUUID, MigInstance
+from shared.core.model import DeviceInfo, DeviceUUID, MigInstance, NodeName
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +49,15 @@ class InventorySource(Protocol):
 
 
 @dataclass
-class StaticSource:
-    devices: tuple[DeviceInfo, ...]
+class FileSource:
+    path: Path
+    node: str
 
     def read(self) -> tuple[DeviceInfo, ...]:
-        return self.devices
+        nodes = expand(load_inventory(self.path))
+        if self.node not in nodes:
+            raise SystemExit(f"tessera node-agent: {self.path} has no node {self.node}")
+        return nodes[NodeName(self.node)][1]
 
     def usage(self) -> dict[str, tuple[int, float]]:
         return {}

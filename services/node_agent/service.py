@@ -13,15 +13,16 @@ import argparse
 import logging
 import os
 import socket
+from pathlib import Path
 
 from services.node_agent.agent import Agent
 from services.node_agent.inventory import (
     AscendSource,
+    FileSource,
     InventorySource,
     NvmlSource,
-    StaticSource,
 )
-from services.node_agent.simulate import Simulator, expand, load_inventory
+from services.node_agent.simulate import Simulator, load_inventory
 from shared import kube
 from shared.config import Config
 from shared.core.model import NodeName
@@ -59,11 +60,9 @@ def open_source(cfg: Config, spec: str, node: NodeName) -> InventorySource:
         return AscendSource(cfg)
     if spec.startswith("file:"):
         path, _, name = spec.removeprefix("file:").partition("#")
-        nodes = expand(load_inventory(path))
-        wanted = NodeName(name or node)
-        if wanted not in nodes:
-            raise SystemExit(f"tessera node-agent: {path} has no node {wanted}")
-        return StaticSource(nodes[wanted][1])
+        source = FileSource(Path(path), name or node)
+        source.read()  # a missing node or a bad file stops the agent now, with the reason
+        return source
     raise SystemExit(f"tessera node-agent: unknown --source {spec!r} (nvml, ascend, file:...)")
 
 

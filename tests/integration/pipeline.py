@@ -47,6 +47,8 @@ class Pipeline:
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     keepers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     restarts: list[str] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    """Made by ``namespace()``: a fixture may clear what its tests left there."""
 
     async def start(self, service: str) -> None:
         """Start a service and keep it running: like the kubelet, restart it if it exits
@@ -97,6 +99,7 @@ class Pipeline:
 
     async def namespace(self) -> str:
         name = f"t-{uuid.uuid4().hex[:8]}"
+        self.namespaces.append(name)
         await kube.request(
             self.api,
             "POST",

@@ -57,6 +57,7 @@ async def pipeline(
         config={
             "nodeAgent": {
                 "devicePluginDir": str(kubelet.directory),
+                "healthIntervalS": 1.0,
                 "isolation": {  # the host side in the test's folder, not the machine's
                     "libraryHostPath": str(workdir / "vgpu/libvgpu.so"),
                     "preloadHostPath": str(workdir / "vgpu/ld.so.preload"),
@@ -74,13 +75,13 @@ async def pipeline(
     )
     await p.start(f"node-agent@{NODE}")
     yield p
-    # The next test's agent must not find this one's pods bound to the node (no kubelet
-    # here ever starts them: they would all wait for an Allocate).
-    left, _ = await kube.list_all(p.api, "/api/v1/pods", {"fieldSelector": f"spec.nodeName={NODE}"})
-    for obj in left:
-        await kube.delete_pod(
-            p.api, obj["metadata"]["namespace"], obj["metadata"]["name"], grace_s=0
-        )
+    # Nothing this test made may outlive it: the next test's agent would find its pods
+    # bound to the node waiting for an Allocate (no kubelet here starts them), and a pod
+    # left pending would take the next test's cards.
+    for ns in p.namespaces:
+        left, _ = await kube.list_all(p.api, f"/api/v1/namespaces/{ns}/pods")
+        for obj in left:
+            await kube.delete_pod(p.api, ns, obj["metadata"]["name"], grace_s=0)
     await kube.request(p.api, "DELETE", f"/api/v1/nodes/{NODE}")
     await p.close()
 
@@ -212,3 +213,40 @@ async def test_a_restarted_agent_still_hands_over_a_grant_bound_before_it(
         await channel.close()
     assert handed.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
     assert "recovered 1 pods bound here, 1 waiting" in pipeline.log(f"node-agent@{NODE}")
+
+
+async def test_a_card_turning_unhealthy_is_out_of_new_placements_within_seconds(
+    pipeline: Pipeline, kubelet: Kubelet
+) -> None:
+    async def serving() -> bool:
+        return "node agent for gpu-0: 8 devices" in pipeline.log(f"node-agent@{NODE}")
+
+    await eventually(serving, timeout_s=30, what="the agent serving its 8 healthy cards")
+    ns = await pipeline.namespace()
+    # Every card but one fails (the file plays the node's devices; the agent re-reads it
+    # every healthIntervalS, 1 s here).
+    sick = {**GPU_NODE["nodes"][0]}
+    sick["devices"] = [{**GPU_NODE["nodes"][0]["devices"][0], "unhealthy": list(range(1, 8))}]
+    (pipeline.workdir / f"{NODE}.yaml").write_text(yaml.safe_dump({"nodes": [sick]}))
+
+    async def out_of_service() -> bool:
+        return "inventory of gpu-0 changed (unhealthy:" in pipeline.log(f"node-agent@{NODE}")
+
+    await eventually(out_of_service, timeout_s=15, what="the agent to report the cards")
+    # Two whole cards no longer fit; one does, on the one healthy card.
+    await pipeline.create(
+        ns, pod("two", {"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 100})
+    )
+    await pipeline.create(
+        ns, pod("one", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100})
+    )
+    placed = await pipeline.bound(ns, "one")
+    (grant,) = ann.read_grants(placed["metadata"]["annotations"]) or ()
+    assert [d.index for d in grant.devices] == [0]
+
+    async def told() -> bool:
+        events = await pipeline.events(ns, "two")
+        return any(e["reason"] == "FailedScheduling" for e in events)
+
+    await eventually(told, timeout_s=15, what="a FailedScheduling event on the 2-card pod")
+    assert not (await pipeline.get(ns, "two"))["spec"].get("nodeName")
