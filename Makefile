@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: all install controlplane lint typecheck test test-fast demo down schema bench clean
+.PHONY: all install controlplane lint typecheck test test-fast demo down schema proto bench clean
 
 all: test
 
@@ -54,6 +54,11 @@ bench: controlplane
 
 schema: install
 	$(BIN)/tessera schema
+
+# The kubelet device-plugin messages, from our api.proto (the generated files are committed).
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+		services/node_agent/deviceplugin/api.proto
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
