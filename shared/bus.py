@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Literal, Self
 
@@ -408,6 +408,18 @@ class Bus:
     async def delete_inventory(self, node: NodeName) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self.kv.delete(node)
+
+    async def inventory_heartbeats(
+        self, every_s: float
+    ) -> AsyncIterator[dict[NodeName, events.NodeInventory]]:
+        """Every node's inventory, once per ``every_s``: what reconcile loops compare with
+        what they have. A read the bus is too busy for is skipped, not fatal."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                yield await self.inventories()
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.warning("inventory read skipped (the bus is slow): %r", exc)
 
     async def inventories(self, timeout_s: float = 10.0) -> dict[NodeName, events.NodeInventory]:
         """Every node's latest inventory, read in one pass: a watcher delivers each key's

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import nats.errors
 import nats.js.errors
 from kubernetes_asyncio.client import ApiException
 from nats.js.kv import KeyValue
@@ -211,13 +210,7 @@ class Allocator:
     async def reconcile_loop(self) -> None:
         """Every heartbeat, apply any node whose KV inventory differs from what the ledger
         has: a missed or lost inventory event heals within one heartbeat."""
-        while True:
-            await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
-            try:
-                latest = await self.rt.bus.inventories()
-            except (TimeoutError, nats.errors.Error) as exc:  # a busy bus: next heartbeat
-                log.warning("inventory reconcile skipped: %r", exc)
-                continue
+        async for latest in self.rt.bus.inventory_heartbeats(self.rt.cfg.scheduler.heartbeat_s):
             for inv in latest.values():
                 known = self.applied.get(inv.node)
                 if (

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import nats.errors
 from kubernetes_asyncio.client import ApiException
 from opentelemetry import context as otel_context
 
@@ -660,13 +659,7 @@ class Coordinator:
 
     async def inventory_loop(self) -> None:
         """Every heartbeat, take the node inventories from the KV (missed events heal)."""
-        while True:
-            await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
-            try:
-                latest = await self.rt.bus.inventories()
-            except (TimeoutError, nats.errors.Error) as exc:  # a busy bus: next heartbeat
-                log.warning("inventory reconcile skipped: %r", exc)
-                continue
+        async for latest in self.rt.bus.inventory_heartbeats(self.rt.cfg.scheduler.heartbeat_s):
             if {n: i.devices for n, i in latest.items()} != {
                 n: i.devices for n, i in self.inventory.items()
             }:
