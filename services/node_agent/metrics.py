@@ -21,8 +21,10 @@ warning, rather than misread.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +164,10 @@ class NodeMetrics:
             "tessera_allocate", description="Allocate calls answered, by resource and result."
         )
         self._bad: set[Path] = set()
+        self._usage: Mapping[str, tuple[int, float]] = {}
+        self._containers: list[tuple[dict[str, str], DeviceAccount]] = []
+        """One scrape's reading, shared by every instrument (see ``text``)."""
+        self._scrape = threading.Lock()
 
     # --- collection -------------------------------------------------------------------
 
@@ -174,7 +180,7 @@ class NodeMetrics:
         }
 
     def _host_mem(self, _o: CallbackOptions) -> list[Observation]:
-        now = self.usage()
+        now = self._usage
         return [
             Observation(now[d.uuid][0], self._device_labels(d))
             for d in self.devices()
@@ -182,7 +188,7 @@ class NodeMetrics:
         ]
 
     def _host_util(self, _o: CallbackOptions) -> list[Observation]:
-        now = self.usage()
+        now = self._usage
         return [
             Observation(now[d.uuid][1], self._device_labels(d))
             for d in self.devices()
@@ -229,22 +235,31 @@ class NodeMetrics:
         return out
 
     def _limits(self, _o: CallbackOptions) -> list[Observation]:
-        return [Observation(a.limit_bytes, labels) for labels, a in self.containers()]
+        return [Observation(a.limit_bytes, labels) for labels, a in self._containers]
 
     def _used(self, _o: CallbackOptions) -> list[Observation]:
-        return [Observation(a.used_bytes, labels) for labels, a in self.containers()]
+        return [Observation(a.used_bytes, labels) for labels, a in self._containers]
 
     def _util(self, _o: CallbackOptions) -> list[Observation]:
-        return [Observation(a.sm_util, labels) for labels, a in self.containers()]
+        return [Observation(a.sm_util, labels) for labels, a in self._containers]
 
     # --- serving ----------------------------------------------------------------------
 
     def text(self) -> bytes:
-        return generate_latest(self.registry)
+        """One scrape. The devices' usage and every accounting file are read once, and
+        every instrument reports from that reading (each read them again before: NVML
+        twice and each file four times per scrape). Blocking: call it off the loop."""
+        with self._scrape:  # two scrapes at once would share one reading otherwise
+            self._usage, self._containers = self.usage(), self.containers()
+            try:
+                return generate_latest(self.registry)
+            finally:
+                self._usage, self._containers = {}, []
 
     async def serve(self, port: int, host: str = "0.0.0.0") -> web.AppRunner:
         async def metrics(_request: web.Request) -> web.Response:
-            return web.Response(body=self.text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+            body = await asyncio.to_thread(self.text)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)

@@ -131,7 +131,6 @@ def _fgd_pick(
         after = dict(free)
         after[d.uuid] = max(0.0, free[d.uuid] - share(d))
         delta = workload.fragmentation(after.values()) - base
-
         if delta < best_delta - 1e-12:
             best, best_delta = d, delta
     return best
