@@ -18,7 +18,6 @@ import random
 import time
 import tracemalloc
 
-from shared.core.families import Reason
 from shared.core.ledger import Ledger, NodeState, PodGrant
 from shared.core.model import (
     ContainerGrant,
@@ -26,6 +25,7 @@ from shared.core.model import (
     DeviceInfo,
     DeviceRequest,
     DeviceUUID,
+    GangKey,
     NodeName,
     PodRef,
     PodRequest,
@@ -33,6 +33,7 @@ from shared.core.model import (
 )
 from shared.core.placement import GangMember, Placement, Placer
 from shared.core.spec import DeviceSpecs
+from shared.core.status import Status
 
 SPECS = DeviceSpecs()
 GPU_MIB = 81920
@@ -104,7 +105,7 @@ def rate(nodes: int, pods: list[tuple[PodRef, PodRequest]], naive: bool = False)
             best: tuple[float, NodeState, tuple[ContainerGrant, ...]] | None = None
             for node in ledger.nodes.values():
                 grants = placer.fit_node(node, req, ctx)
-                if isinstance(grants, Reason):
+                if isinstance(grants, Status):
                     continue
                 used = sum(d.used_mem for d in node.devices) + sum(
                     g.memory_mib for c in grants for g in c.devices
@@ -132,7 +133,9 @@ def gangs(nodes: int, count: int, size: int = 64) -> tuple[float, float]:
         members = []
         for m in range(size):
             ref, req = vgpu_pod(g * size + m, 20480, 25)
-            members.append(GangMember(pod=ref, request=req, group=f"gang-{g}"))
+            members.append(
+                GangMember(pod=ref, request=req, group=GangKey(namespace="bench", name=f"gang-{g}"))
+            )
         ok += placer.place_gang(members, min_member=size).ok
     elapsed = time.perf_counter() - start
     return count / elapsed, ok / count

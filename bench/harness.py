@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from services.cli import SERVICES, _ping, spawn_services
 from shared import kube
 from shared.config import KubernetesConfig
+from tools.cli import SERVICES, _ping, spawn_services
 from tools.localcluster import LocalCluster
 
 A100 = {"vendor": "nvidia", "model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 8}

@@ -114,7 +114,7 @@ class TelemetryConfig(_Cfg, frozen=True, kw_only=True):
 
 class CompatConfig(_Cfg, frozen=True, kw_only=True):
     annotations: Literal["none", "hami", "volcano"] = "none"
-    """Also write upstream's assignment annotations (COMPAT.md section 5) so HAMi's or
+    """Also write upstream's assignment annotations (docs/compat.md, section 3) so HAMi's or
     Volcano's own device plugin can consume Tessera's grants."""
 
 

@@ -1,9 +1,10 @@
-"""Every event the five services exchange, with its NATS subject: the public contract.
+"""Every event the services exchange, with its NATS subject: the public contract.
 
 Each event is a frozen, tagged msgspec Struct; the wire format is JSON so any client can
 read it, and ``tessera schema`` publishes the JSON Schema (docs/events.schema.json).
-Subjects are ``tessera.v1.<area>.<verb>[.<key>]``; ``tessera.v1.allocation.*`` is the
-API external tools subscribe to.
+An event's subject is ``tessera.v1.<its tag>``, followed for events keyed by namespace or
+node (``KEY``) by that key as one more token, so a consumer can filter on it;
+``tessera.v1.allocation.>`` is the API external tools subscribe to.
 
 Evolution: a new field gets a default; no field is renamed or retyped; a breaking change
 is a new event type on a ``v2`` subject. Unknown fields are ignored when decoding, so an
@@ -15,18 +16,22 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, get_args
 
 import msgspec
 
 from shared.core.model import (
     ContainerGrant,
     DeviceInfo,
+    GangKey,
     NodeName,
     PodRef,
     PodRequest,
     RequestError,
+    VictimUnit,
 )
+from shared.core.status import Status
 
 SUBJECT_PREFIX = "tessera.v1"
 STREAM_SUBJECTS = f"{SUBJECT_PREFIX}.>"
@@ -48,6 +53,14 @@ def subject_token(value: str) -> str:
     return "".join(out) or "%00"
 
 
+def _key(path: str) -> Callable[[Any], str]:
+    """The subject key of an event: the value at ``path`` (``pod.namespace``, ``node``)."""
+    first, _, rest = path.partition(".")
+    if rest:
+        return lambda e: str(getattr(getattr(e, first), rest))
+    return lambda e: str(getattr(e, first))
+
+
 def _now() -> float:
     return time.time()
 
@@ -61,12 +74,24 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
     """Base of every event: a unique id and the wall-clock time it was emitted."""
 
     SUBJECT: ClassVar[str] = ""
+    """``tessera.v1.<tag>`` (set for every event type below the definitions)."""
+    KEY: ClassVar[Callable[[Any], str] | None] = None
+    """The subject's last token for events keyed per namespace or node (a subscriber
+    filters on it): ``SUBJECT.<token>``; None for events on ``SUBJECT`` itself."""
     event_id: str = msgspec.field(default_factory=new_id)
     emitted_at: float = msgspec.field(default_factory=_now)
 
     def subject(self) -> str:
         """The subject this event is published on."""
-        return self.SUBJECT
+        key = type(self).KEY
+        return self.SUBJECT if key is None else f"{self.SUBJECT}.{subject_token(key(self))}"
+
+    @classmethod
+    def filter_subject(cls, key: str | None = None) -> str:
+        """What a consumer of this event filters on: every key, or only ``key``."""
+        if cls.KEY is None:
+            return cls.SUBJECT
+        return f"{cls.SUBJECT}.{'>' if key is None else subject_token(key)}"
 
     def dedup_id(self) -> str:
         """JetStream de-duplication id (``Nats-Msg-Id``): a retried publish is stored once."""
@@ -88,6 +113,12 @@ class GangRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     namespace: str
     name: str
     queue: str = "default"
+    lone: bool = False
+    """A lone pod (``name`` is the pod's): no PodGroup."""
+
+    @property
+    def key(self) -> GangKey:
+        return GangKey(namespace=self.namespace, name=self.name, lone=self.lone)
 
 
 class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -103,7 +134,7 @@ class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 class PodPending(Event, frozen=True, kw_only=True, tag="pod.pending"):
     """A pod of one of our schedulers waits for placement; its request is parsed and valid."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.pod.pending"
+    KEY = _key("pod.namespace")
     pod: PodRef
     request: PodRequest
     scheduler_name: str
@@ -115,45 +146,35 @@ class PodPending(Event, frozen=True, kw_only=True, tag="pod.pending"):
     created_at: float = 0.0
     resource_version: str = ""
 
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.pod.namespace)}"
-
 
 class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
     """A pod we placed changed (bound, phase moved, grant annotations seen)."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.pod.updated"
+    KEY = _key("pod.namespace")
     pod: PodRef
     node: NodeName | None = None
     phase: str = "Pending"
     grants: tuple[ContainerGrant, ...] = ()
     resource_version: str = ""
 
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.pod.namespace)}"
-
 
 class PodDeleted(Event, frozen=True, kw_only=True, tag="pod.deleted"):
     """A pod is gone (or finished): whatever it held can be released."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.pod.deleted"
+    KEY = _key("pod.namespace")
     pod: PodRef
     node: NodeName | None = None
     grants: tuple[ContainerGrant, ...] = ()
-
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.pod.namespace)}"
+    phase: str = ""
+    """``Succeeded`` or ``Failed`` when the pod finished rather than was deleted."""
 
 
 class PodRejected(Event, frozen=True, kw_only=True, tag="pod.rejected"):
     """A pod's request is invalid as written; no retry helps until the pod changes."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.pod.rejected"
+    KEY = _key("pod.namespace")
     pod: PodRef
     errors: tuple[RequestError, ...]
-
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.pod.namespace)}"
 
 
 # --- nodes --------------------------------------------------------------------------
@@ -162,7 +183,7 @@ class PodRejected(Event, frozen=True, kw_only=True, tag="pod.rejected"):
 class NodeInventory(Event, frozen=True, kw_only=True, tag="node.inventory"):
     """A node agent's full device inventory (also kept in the inventory KV bucket)."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.node.inventory"
+    KEY = _key("node")
     node: NodeName
     devices: tuple[DeviceInfo, ...]
     config_hash: str
@@ -175,31 +196,22 @@ class NodeInventory(Event, frozen=True, kw_only=True, tag="node.inventory"):
     """The agent serves the kubelet's device-plugin API: a pod bound here is "admitting"
     until the agent reports ``allocation.admitted`` (see shared/core/admission.py)."""
 
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.node)}"
-
 
 class NodeUpdated(Event, frozen=True, kw_only=True, tag="node.updated"):
     """What the Node object says about its devices: cordoned or unhealthy UUIDs
     (``hami.io/device-cordon``, ``volcano.sh/gpu-unhealthy-ids``) and node cordon."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.node.updated"
+    KEY = _key("node")
     node: NodeName
     cordoned_devices: tuple[str, ...] = ()
     unschedulable: bool = False
-
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.node)}"
 
 
 class NodeDeleted(Event, frozen=True, kw_only=True, tag="node.deleted"):
     """A Node object was deleted: nothing more may be placed on it."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.node.deleted"
+    KEY = _key("node")
     node: NodeName
-
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.node)}"
 
 
 # --- Volcano batch objects -----------------------------------------------------------
@@ -208,7 +220,7 @@ class NodeDeleted(Event, frozen=True, kw_only=True, tag="node.deleted"):
 class PodGroupUpdated(Event, frozen=True, kw_only=True, tag="podgroup.updated"):
     """A Volcano PodGroup as the watcher read it: who belongs together and how many."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.podgroup.updated"
+    KEY = _key("namespace")
     namespace: str
     name: str
     uid: str = ""
@@ -218,23 +230,16 @@ class PodGroupUpdated(Event, frozen=True, kw_only=True, tag="podgroup.updated"):
     priority_class: str = ""
     min_resources: dict[str, str] = msgspec.field(default_factory=dict)
 
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.namespace)}"
-
 
 class PodGroupDeleted(Event, frozen=True, kw_only=True, tag="podgroup.deleted"):
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.podgroup.deleted"
+    KEY = _key("namespace")
     namespace: str
     name: str
-
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.namespace)}"
 
 
 class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
     """A Volcano Queue: weight, capability, guarantee, reclaimable, priority, state."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.queue.updated"
     name: str
     weight: int = 1
     capability: dict[str, str] = msgspec.field(default_factory=dict)
@@ -245,49 +250,32 @@ class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
 
 
 class QueueDeleted(Event, frozen=True, kw_only=True, tag="queue.deleted"):
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.queue.deleted"
     name: str
 
 
 class JobUpdated(Event, frozen=True, kw_only=True, tag="job.updated"):
     """A Volcano Job (``batch.volcano.sh/v1alpha1``); ``spec`` is the object's spec as is."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.job.updated"
+    KEY = _key("namespace")
     namespace: str
     name: str
     uid: str
     spec: dict[str, Any] = msgspec.field(default_factory=dict)
 
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.namespace)}"
-
 
 class JobDeleted(Event, frozen=True, kw_only=True, tag="job.deleted"):
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.job.deleted"
+    KEY = _key("namespace")
     namespace: str
     name: str
     uid: str = ""
-
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.namespace)}"
 
 
 # --- gangs --------------------------------------------------------------------------
 
 
-class VictimUnit(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Bound pods that may be evicted for a gang, all together (a lone pod, a gang's
-    member beyond its ``minMember``, or a whole gang: never cut below ``minMember``)."""
-
-    pods: tuple[PodRef, ...]
-    why: str
-    """Why they may go, for the Events: lower priority, or a queue over its share."""
-
-
 class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     """A gang has at least ``min_member`` pending pods: place them all or none."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.gang.ready"
     gang: GangRef
     min_member: int
     members: tuple[PodPending, ...]
@@ -311,7 +299,6 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
 class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decided"):
     """The allocator placed one pod and reserved its devices; the binder writes it."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.decided"
     pod: PodRef
     node: NodeName
     grants: tuple[ContainerGrant, ...]
@@ -323,9 +310,10 @@ class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decide
 
 
 class AllocationFailed(Event, frozen=True, kw_only=True, tag="allocation.failed"):
-    """No placement for these pods now; ``message`` aggregates per-node reasons."""
+    """No placement for these pods now: ``status`` says why, structured (code, reasons
+    with resource, requested, free, capacity and node counts); ``message``, ``reasons``
+    and ``unresolvable`` are its rendering, kept for readers of the first version."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.failed"
     pods: tuple[PodRef, ...]
     message: str
     reasons: tuple[ReasonCount, ...] = ()
@@ -333,6 +321,27 @@ class AllocationFailed(Event, frozen=True, kw_only=True, tag="allocation.failed"
     attempt: int = 1
     unresolvable: bool = False
     """True when no change of the cluster's load can help (only a new node or pod spec)."""
+    status: Status | None = None
+
+    @classmethod
+    def of(
+        cls,
+        pods: tuple[PodRef, ...],
+        status: Status,
+        *,
+        gang: GangRef | None = None,
+        attempt: int = 1,
+    ) -> AllocationFailed:
+        """The event for ``status``, with its rendered fields filled in."""
+        return cls(
+            pods=pods,
+            message=status.message(),
+            reasons=tuple(ReasonCount(reason=r.text(), nodes=r.nodes) for r in status.reasons),
+            gang=gang,
+            attempt=attempt,
+            unresolvable=status.unresolvable,
+            status=status,
+        )
 
     def dedup_id(self) -> str:
         first = self.pods[0].uid if self.pods else ""
@@ -343,7 +352,6 @@ class PreemptionDecided(Event, frozen=True, kw_only=True, tag="allocation.preemp
     """Pods to evict so that ``gang`` fits; the binder evicts them and the allocator keeps
     what they free for the gang."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.preempting"
     gang: GangRef
     preemptor: tuple[PodRef, ...]
     victims: tuple[VictimUnit, ...]
@@ -358,7 +366,7 @@ class PreemptionDecided(Event, frozen=True, kw_only=True, tag="allocation.preemp
 class AllocationBound(Event, frozen=True, kw_only=True, tag="allocation.bound"):
     """The Binding with the grant annotations was written: the grant is durable."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.bound"
+    KEY = _key("node")
     pod: PodRef
     node: NodeName
     grants: tuple[ContainerGrant, ...]
@@ -367,14 +375,10 @@ class AllocationBound(Event, frozen=True, kw_only=True, tag="allocation.bound"):
     def dedup_id(self) -> str:
         return f"bound:{self.pod.uid}:{self.attempt}"
 
-    def subject(self) -> str:  # per node: each node agent reads its own
-        return f"{self.SUBJECT}.{subject_token(self.node)}"
-
 
 class BindFailed(Event, frozen=True, kw_only=True, tag="allocation.bind-failed"):
     """The Binding write failed for good; the reservation must be released."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.bind-failed"
     pod: PodRef
     node: NodeName
     error: str
@@ -387,7 +391,7 @@ class BindFailed(Event, frozen=True, kw_only=True, tag="allocation.bind-failed")
 class AllocationReleased(Event, frozen=True, kw_only=True, tag="allocation.released"):
     """A pod's grant was returned to the ledger (pod deleted, finished, or bind failed)."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.released"
+    KEY = _key("node")
     pod: PodRef
     node: NodeName
     reason: str
@@ -395,23 +399,17 @@ class AllocationReleased(Event, frozen=True, kw_only=True, tag="allocation.relea
     def dedup_id(self) -> str:
         return f"released:{self.pod.uid}:{self.node}"
 
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.node)}"
-
 
 class AllocationAdmitted(Event, frozen=True, kw_only=True, tag="allocation.admitted"):
     """The node's kubelet took the pod's devices (every ``Allocate`` for it was answered
     with its own grant); another pod of its admission key may now bind to the node."""
 
-    SUBJECT: ClassVar[str] = f"{SUBJECT_PREFIX}.allocation.admitted"
+    KEY = _key("node")
     pod: PodRef
     node: NodeName
 
     def dedup_id(self) -> str:
         return f"admitted:{self.pod.uid}:{self.node}"
-
-    def subject(self) -> str:
-        return f"{self.SUBJECT}.{subject_token(self.node)}"
 
 
 AnyEvent = (
@@ -439,29 +437,11 @@ AnyEvent = (
 )
 """The tagged union of every event; decoding yields the concrete type."""
 
-EVENT_TYPES: tuple[type[Event], ...] = (
-    PodPending,
-    PodUpdated,
-    PodDeleted,
-    PodRejected,
-    NodeInventory,
-    NodeUpdated,
-    NodeDeleted,
-    PodGroupUpdated,
-    PodGroupDeleted,
-    QueueUpdated,
-    QueueDeleted,
-    JobUpdated,
-    JobDeleted,
-    GangReady,
-    AllocationDecided,
-    AllocationFailed,
-    AllocationBound,
-    PreemptionDecided,
-    BindFailed,
-    AllocationReleased,
-    AllocationAdmitted,
-)
+EVENT_TYPES: tuple[type[Event], ...] = get_args(AnyEvent)
+"""Every event type, in the order of the union."""
+
+for _type in EVENT_TYPES:  # one rule: an event's subject is the prefix and its tag
+    _type.SUBJECT = f"{SUBJECT_PREFIX}.{_type.__struct_config__.tag}"
 
 _encoder = msgspec.json.Encoder()
 _decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)

@@ -26,7 +26,7 @@ from kubernetes_asyncio.client import ApiException
 
 from shared.aio import raise_if_cancelling
 from shared.config import KubernetesConfig
-from shared.core.model import NodeName, PodRef
+from shared.core.model import NodeName, PodRef, PodUID
 
 REPORTING_COMPONENT = "tessera"
 
@@ -80,6 +80,12 @@ async def connect(cfg: KubernetesConfig) -> Client:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     # One connection pool sized for the binder's concurrency.
     return Client(configuration, pool=max(cfg.burst // 4, 16))
+
+
+def pod_ref(obj: Mapping[str, Any]) -> PodRef:
+    """The reference to a pod object as the API server returns it."""
+    meta = obj["metadata"]
+    return PodRef(namespace=meta.get("namespace", ""), name=meta["name"], uid=PodUID(meta["uid"]))
 
 
 async def bind(

@@ -1,12 +1,12 @@
 """How every service process runs: config, logging, tracing, the bus, named tasks, shutdown.
 
-A service is one coroutine ``main(rt)`` that starts its work with :meth:`Runtime.spawn`
-and returns. The runtime then supervises: every task is named; a task that ends
-unexpectedly (returns or raises) is logged and brings the service down, so a broken
-service restarts (its pod restarts) instead of half-running. SIGTERM or SIGINT cancels
-the tasks, gives them a grace period to unwind, runs the ``on_stop`` steps (close
-clients, give up a lease), drains the bus, then exits; a failure is re-raised after the
-clean-up.
+A service is a :class:`Service` subclass: its handlers per event type, what it reads at
+start and its loops; :func:`serve` starts every service the same way. The runtime then
+supervises: every task is named; a task that ends unexpectedly (returns or raises) is
+logged and brings the service down, so a broken service restarts (its pod restarts)
+instead of half-running. SIGTERM or SIGINT cancels the tasks, gives them a grace period
+to unwind, runs the ``on_stop`` steps (close clients, give up a lease), drains the bus,
+then exits; a failure is re-raised after the clean-up.
 
 Every service answers ``tessera.ctl.ping`` with its name, instance and config hash
 (``tessera ping`` lists them; the demo uses it to show the services are alive).
@@ -24,14 +24,14 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from importlib import metadata
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
 
 from shared import config as config_module
-from shared import events
-from shared.bus import Bus
+from shared import events, kube
+from shared.bus import Bus, Delivery, Lease
 from shared.config import Config, config_hash
 from shared.telemetry import setup_logging, setup_tracing
 
@@ -161,13 +161,140 @@ class Runtime:
             )
 
 
-ServiceMain = Callable[[Runtime], Awaitable[None]]
+E = TypeVar("E", bound=events.Event)
+EventHandler = Callable[[Any, E], Awaitable[None]]
+
+
+def handles(*types: type[events.Event]) -> Callable[[EventHandler[E]], EventHandler[E]]:
+    """Mark a :class:`Service` method as the handler of these event types; the service's
+    consumer then filters on their subjects (see ``Service.subjects``)."""
+
+    def mark(method: EventHandler[E]) -> EventHandler[E]:
+        method.__dict__[_HANDLES] = types
+        return method
+
+    return mark
+
+
+_HANDLES = "__tessera_handles__"
+
+
+class Service:
+    """One service's shell: the events it handles, what it reads at start, its loops.
+
+    A subclass names itself (``NAME``), marks its handlers with :func:`handles` (one
+    method per event type; the consumer's subjects follow from them), and may override
+    :meth:`start` (read state once the consumer exists, before the first event: nothing
+    published meanwhile is missed) and :meth:`tasks` (named loops). :func:`serve` does
+    the rest for every service alike: connects to the API server (``USES_API``), waits
+    for the lease (``LEADER``: one active replica), creates the durable consumer,
+    starts, consumes and supervises the loops.
+    """
+
+    NAME: ClassVar[str]
+    USES_API: ClassVar[bool] = True
+    LEADER: ClassVar[bool] = False
+    """Only the replica holding the ``NAME`` lease acts; the others wait as standbys."""
+    ACK_WAIT_S: ClassVar[float | None] = None
+    _table: ClassVar[dict[type[events.Event], str]]
+
+    def __init__(self, rt: Runtime, api: kube.Client | None) -> None:
+        self.rt = rt
+        self._api = api
+
+    @property
+    def api(self) -> kube.Client:
+        """The API server (services with ``USES_API``)."""
+        if self._api is None:
+            raise RuntimeError(f"{self.NAME} runs without the API server")
+        return self._api
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        table: dict[type[events.Event], str] = {}
+        for klass in reversed(cls.__mro__):
+            for name, member in vars(klass).items():
+                for event_type in getattr(member, _HANDLES, ()):
+                    table[event_type] = name
+        cls._table = table
+
+    @classmethod
+    def handled(cls) -> tuple[type[events.Event], ...]:
+        """The event types this service handles."""
+        return tuple(cls._table)
+
+    def durable(self) -> str:
+        """The durable consumer's name (one per service; a node agent's is per node)."""
+        return self.NAME
+
+    def subjects(self) -> list[str]:
+        """The consumer's filter subjects: one per handled event type."""
+        return sorted({t.filter_subject() for t in self._table})
+
+    def concurrency(self) -> int:
+        """Handlers that may run at once (1: one at a time, in stream order)."""
+        return 1
+
+    async def start(self) -> None:
+        """Read what the service needs before its first event (the consumer exists)."""
+
+    def tasks(self) -> dict[str, Coroutine[Any, Any, Any]]:
+        """The service's named loops, supervised by the runtime."""
+        return {}
+
+    async def handle(self, event: events.AnyEvent, _delivery: Delivery) -> None:
+        """Call the handler of the event's type; other events are not this service's."""
+        name = self._table.get(type(event))
+        if name is not None:
+            await getattr(self, name)(event)
+
+
+async def serve(rt: Runtime, service: type[Service]) -> None:
+    """Start ``service`` in ``rt`` (see :class:`Service`); a leader waits for its lease in
+    a supervised task, so a standby is alive and answering pings meanwhile."""
+    if service.LEADER:
+        lease = Lease(rt.bus, service.NAME, rt.instance, rt.cfg.scheduler.leader_lease_s)
+        rt.spawn(_lead(rt, service, lease), "lead")
+    else:
+        await _start(rt, service)
+
+
+async def _lead(rt: Runtime, service: type[Service], lease: Lease) -> None:
+    await lease.acquire()
+    rt.on_stop(lease.release)
+    await _start(rt, service)
+    await lease.hold()  # raises when the lease is lost: the service stops and restarts
+
+
+async def _start(rt: Runtime, service: type[Service]) -> None:
+    api = None
+    if service.USES_API:
+        api = await kube.connect(rt.cfg.kubernetes)
+        rt.on_stop(api.close)
+    svc = service(rt, api)
+    durable, subjects = svc.durable(), svc.subjects()
+    if subjects:
+        # The consumer first, so nothing published while ``start`` reads is missed.
+        await rt.bus.ensure_consumer(durable, subjects, deliver="new", ack_wait_s=svc.ACK_WAIT_S)
+    await svc.start()
+    if subjects:
+        rt.adopt(
+            rt.bus.consume(
+                durable,
+                subjects,
+                svc.handle,
+                deliver="new",
+                ack_wait_s=svc.ACK_WAIT_S,
+                concurrency=svc.concurrency(),
+            )
+        )
+    for name, coro in svc.tasks().items():
+        rt.spawn(coro, name)
 
 
 async def run_service(
-    service: str,
+    service: type[Service],
     cfg: Config,
-    main: ServiceMain,
     *,
     args: argparse.Namespace | None = None,
     stop: asyncio.Event | None = None,
@@ -177,32 +304,32 @@ async def run_service(
     Given ``stop``, the service runs inside the caller's process and loop: no signal
     handlers, no logging or tracing set-up (tests run several services this way).
     """
+    name = service.NAME
     if stop is None:
-        setup_logging(service, cfg.telemetry.log_level)
-        setup_tracing(service, cfg.telemetry)
+        setup_logging(name, cfg.telemetry.log_level)
+        setup_tracing(name, cfg.telemetry)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
-    async with Bus(cfg.nats, name=service) as bus:
-        rt = Runtime(service, cfg, bus, args)
+    async with Bus(cfg.nats, name=name) as bus:
+        rt = Runtime(name, cfg, bus, args)
         log.info(
-            "%s %s starting (config %s, nats %s)", service, version(), rt.config_hash, cfg.nats.url
+            "%s %s starting (config %s, nats %s)", name, version(), rt.config_hash, cfg.nats.url
         )
-        await main(rt)
+        await serve(rt, service)
         await rt.serve(stop)
-        log.info("%s stopped", service)
+        log.info("%s stopped", name)
 
 
 def main_entry(
-    service: str,
-    main: ServiceMain,
+    service: type[Service],
     argv: list[str] | None = None,
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> None:
     """``python -m services.<name> [--config FILE] [service options]``: load and run."""
-    parser = argparse.ArgumentParser(prog=f"tessera {service}")
+    parser = argparse.ArgumentParser(prog=f"tessera {service.NAME}")
     parser.add_argument("--config", help="tessera.yaml (default: $TESSERA_CONFIG, else built-in)")
     if add_arguments is not None:
         add_arguments(parser)
@@ -210,5 +337,5 @@ def main_entry(
     try:
         cfg = config_module.load(args.config)
     except config_module.ConfigError as exc:
-        raise SystemExit(f"tessera {service}: {exc}") from None
-    asyncio.run(run_service(service, cfg, main, args=args))
+        raise SystemExit(f"tessera {service.NAME}: {exc}") from None
+    asyncio.run(run_service(service, cfg, args=args))

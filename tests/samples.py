@@ -18,6 +18,7 @@ from shared.core.model import (
     PodUID,
     RequestError,
 )
+from shared.core.status import Code, Reason, Status
 
 
 def pod(name: str = "train-0", ns: str = "ml") -> PodRef:
@@ -183,15 +184,25 @@ def sample_events() -> list[ev.Event]:
             hold=True,
         ),
         ev.AllocationDecided(pod=pod(), node=node, grants=GRANTS, gang=GANG, attempt=2),
-        ev.AllocationFailed(
-            pods=(pod(), pod("train-1")),
+        ev.AllocationFailed.of(
+            (pod(), pod("train-1")),
+            Status(
+                code=Code.UNSCHEDULABLE,
+                nodes=12,
+                reasons=(
+                    Reason(
+                        kind="device-insufficient",
+                        resource="nvidia.com/gpumem",
+                        requested=20000,
+                        free=8192,
+                        capacity=81920,
+                        nodes=7,
+                    ),
+                    Reason(kind="type-excluded", code=Code.UNRESOLVABLE, nodes=5),
+                ),
+            ),
             gang=GANG,
             attempt=3,
-            message="0/12 nodes fit: 7 insufficient nvidia.com/gpumem, 5 gpu type excluded",
-            reasons=(
-                ev.ReasonCount(reason="insufficient nvidia.com/gpumem", nodes=7),
-                ev.ReasonCount(reason="gpu type excluded", nodes=5),
-            ),
         ),
         ev.AllocationBound(pod=pod(), node=node, grants=GRANTS, attempt=2),
         ev.PreemptionDecided(

@@ -28,10 +28,9 @@ from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
 from shared import kube
-from shared.bus import Delivery
 from shared.core import annotations as ann
 from shared.core.model import PodRef, PodUID
-from shared.runtime import Runtime
+from shared.runtime import Runtime, Service, handles
 from shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -40,26 +39,33 @@ RETRIES = 5
 TRANSIENT = {429, 500, 502, 503, 504}
 
 
-class Binder:
-    def __init__(self, rt: Runtime, api: kube.Client) -> None:
-        self.rt = rt
-        self.api = api
+class Binder(Service):
+    """Owns the API writes of a placement: Bindings, Events, conditions, evictions."""
+
+    NAME = "binder"
+
+    def __init__(self, rt: Runtime, api: kube.Client | None) -> None:
+        super().__init__(rt, api)
         self.told: dict[PodUID, str] = {}
         self.bound: set[PodUID] = set()
         """Pods this binder bound: a late failure message must not reach them."""
 
-    async def handle(self, event: ev.AnyEvent, _delivery: Delivery) -> None:
-        match event:
-            case ev.AllocationDecided():
-                await self.bind(event)
-            case ev.AllocationFailed():
-                for pod in event.pods:
-                    await self.tell_unschedulable(pod, event.message)
-            case ev.PodDeleted():
-                self.told.pop(event.pod.uid, None)
-                self.bound.discard(event.pod.uid)
-            case ev.PreemptionDecided():
-                await asyncio.gather(*(self.evict(v.pods, v.why, event) for v in event.victims))
+    def concurrency(self) -> int:
+        return self.rt.cfg.scheduler.bind_concurrency
+
+    @handles(ev.AllocationFailed)
+    async def on_failed(self, event: ev.AllocationFailed) -> None:
+        for pod in event.pods:
+            await self.tell_unschedulable(pod, event.message)
+
+    @handles(ev.PodDeleted)
+    async def on_deleted(self, event: ev.PodDeleted) -> None:
+        self.told.pop(event.pod.uid, None)
+        self.bound.discard(event.pod.uid)
+
+    @handles(ev.PreemptionDecided)
+    async def on_preempting(self, event: ev.PreemptionDecided) -> None:
+        await asyncio.gather(*(self.evict(v.pods, v.why, event) for v in event.victims))
 
     async def evict(
         self, pods: tuple[PodRef, ...], why: str, decided: ev.PreemptionDecided
@@ -86,6 +92,7 @@ class Binder:
                 if exc.status != 404:  # gone already
                     log.warning("cannot evict %s for gang %s: %s", pod, gang, exc.status)
 
+    @handles(ev.AllocationDecided)
     async def bind(self, decided: ev.AllocationDecided) -> None:
         annotations = ann.grant_annotations(
             decided.node, decided.grants, time.time(), self.rt.cfg.compat.annotations
@@ -99,6 +106,7 @@ class Binder:
             )
             error = await self._bind(decided, annotations)
         if error is None:
+            self.bound.add(decided.pod.uid)
             await self.rt.bus.publish(
                 ev.AllocationBound(
                     pod=decided.pod,
@@ -197,27 +205,3 @@ class Binder:
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("cannot post %s event on %s: %s", reason, pod, exc.status)
-
-
-SUBJECTS = [
-    "tessera.v1.allocation.decided",
-    "tessera.v1.allocation.failed",
-    "tessera.v1.allocation.preempting",
-    "tessera.v1.pod.deleted.>",
-]
-
-
-async def main(rt: Runtime) -> None:
-    api = await kube.connect(rt.cfg.kubernetes)
-    rt.on_stop(api.close)
-    binder = Binder(rt, api)
-    await rt.bus.ensure_consumer("binder", SUBJECTS, deliver="new")
-    rt.adopt(
-        rt.bus.consume(
-            "binder",
-            SUBJECTS,
-            binder.handle,
-            deliver="new",
-            concurrency=rt.cfg.scheduler.bind_concurrency,
-        )
-    )

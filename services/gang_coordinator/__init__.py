@@ -1,6 +1,5 @@
-"""Groups pending pods by PodGroup and hands a gang to the allocator.
+"""Decides which gangs go to the allocator and when; writes PodGroup status.
 
-A lone pod is a gang of one. Gangs are ordered by queue fair share and priority and
-forwarded once ``minMember`` pods are pending; the coordinator owns PodGroup status and
-runs the Volcano Job controller (jobs.py).
+A lone pod is a gang of one. The decisions (readiness, queue fair share, order, retries,
+victims) are shared/core/gangs.py's; this package is their shell.
 """

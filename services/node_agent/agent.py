@@ -26,7 +26,6 @@ from services.node_agent.mig import MigDriver, MigError, NvmlMig, changes_for, r
 from services.node_agent.resources import count_resources
 from shared import events as ev
 from shared import kube
-from shared.bus import Delivery
 from shared.core import annotations as ann
 from shared.core.model import ContainerGrant, DeviceInfo, DeviceUUID, NodeName, PodRef, PodUID
 from shared.runtime import Runtime
@@ -65,25 +64,15 @@ class Agent:
             lambda: len(self.desk.admissions.waiting),
         )
 
-    @property
-    def subjects(self) -> list[str]:
-        token = ev.subject_token(self.node)
-        return [
-            f"{ev.AllocationBound.SUBJECT}.{token}",
-            f"{ev.AllocationReleased.SUBJECT}.{token}",
-        ]
-
     async def start(self, api: kube.Client | None = None) -> None:
+        """Read the devices, recover what a previous run knew, publish, serve. The
+        service's consumer of binds exists already, so none published meanwhile is lost."""
         await asyncio.to_thread(self.prepare_host)
         self.devices = await asyncio.to_thread(self.source.read)
-        durable = consumer_name(self.node)
-        # The consumer first: no bind published from here on is missed.
-        await self.rt.bus.ensure_consumer(durable, self.subjects, deliver="new")
         if api is not None:
             await self.recover(api)
         await self._publish()
         await self._serve()
-        self.rt.adopt(self.rt.bus.consume(durable, self.subjects, self.handle, deliver="new"))
         port = self.rt.cfg.telemetry.metrics_port
         if port:
             runner = await self.metrics.serve(port)
@@ -121,7 +110,7 @@ class Agent:
             grants = ann.read_grants(meta.get("annotations") or {})
             if grants is None or status.get("phase") in ("Succeeded", "Failed"):
                 continue
-            pod = PodRef(namespace=meta["namespace"], name=meta["name"], uid=PodUID(meta["uid"]))
+            pod = kube.pod_ref(obj)
             self.held[pod.uid] = grants
             started = bool(status.get("containerStatuses") or status.get("initContainerStatuses"))
             if started or (allocated is not None and pod.uid in allocated):
@@ -152,16 +141,16 @@ class Agent:
                 iso.library_host_path,
             )
 
-    async def handle(self, event: ev.AnyEvent, _delivery: Delivery) -> None:
-        match event:
-            case ev.AllocationBound() if event.node == self.node:
-                await self._cut_mig(event)
-                self.held[event.pod.uid] = event.grants
-                await self.desk.bound(event.pod, event.grants)
-            case ev.AllocationReleased() if event.node == self.node:
-                self.desk.gone(event.pod.uid)
-                self.pods.pop(event.pod.uid, None)
-                self.held.pop(event.pod.uid, None)
+    async def bound(self, event: ev.AllocationBound) -> None:
+        """A pod was bound here: its Allocate calls will get this grant."""
+        await self._cut_mig(event)
+        self.held[event.pod.uid] = event.grants
+        await self.desk.bound(event.pod, event.grants)
+
+    def released(self, event: ev.AllocationReleased) -> None:
+        self.desk.gone(event.pod.uid)
+        self.pods.pop(event.pod.uid, None)
+        self.held.pop(event.pod.uid, None)
 
     async def _cut_mig(self, bound: ev.AllocationBound) -> None:
         """Dynamic MIG: cut the cards this pod's grant needs into its geometry first.

@@ -1,9 +1,10 @@
 """What one container is handed at Allocate: environment, mounts and device nodes.
 
 Pure: a container's grant (from the pod's own ``allocation.bound``), the node's config
-and its devices as the agent reads them go in; the kubelet's answer comes out. COMPAT.md §6
-lists what HAMi's device plugin hands over; the names and paths are configuration
-(``nodeAgent.isolation``), HAMi-core's by default, so an existing ``libvgpu.so`` works.
+and its devices as the agent reads them go in; the kubelet's answer comes out.
+docs/compat.md (section 3) lists what HAMi's device plugin hands over; the names and
+paths are configuration (``nodeAgent.isolation``), HAMi-core's by default, so an
+existing ``libvgpu.so`` works.
 
 - Sliced NVIDIA devices (``hami-core``): ``NVIDIA_VISIBLE_DEVICES``, a memory limit per
   visible device (``CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m``, in visible order), the core

@@ -1,7 +1,7 @@
 """The node's metrics on ``telemetry.metricsPort`` (9394): Prometheus text, produced by
 OpenTelemetry instruments through its Prometheus reader.
 
-Names are those users' dashboards already query (COMPAT.md §8, HAMi's device monitor),
+Names are those users' dashboards already query (docs/compat.md, section 6; HAMi's device monitor),
 plus Tessera's own:
 
 - ``hami_host_gpu_memory_used_bytes``, ``hami_host_gpu_utilization_ratio`` (percent, as

@@ -15,7 +15,7 @@ import os
 import socket
 from pathlib import Path
 
-from services.node_agent.agent import Agent
+from services.node_agent.agent import Agent, consumer_name
 from services.node_agent.inventory import (
     AscendSource,
     FileSource,
@@ -23,10 +23,11 @@ from services.node_agent.inventory import (
     NvmlSource,
 )
 from services.node_agent.simulate import Simulator, load_inventory
+from shared import events as ev
 from shared import kube
 from shared.config import Config
 from shared.core.model import NodeName
-from shared.runtime import Runtime
+from shared.runtime import Runtime, Service, handles
 
 log = logging.getLogger(__name__)
 
@@ -66,25 +67,49 @@ def open_source(cfg: Config, spec: str, node: NodeName) -> InventorySource:
     raise SystemExit(f"tessera node-agent: unknown --source {spec!r} (nvml, ascend, file:...)")
 
 
-async def main(rt: Runtime) -> None:
-    path = getattr(rt.args, "simulate", None)
-    if path:
-        inventory = load_inventory(path)
-        api = await kube.connect(rt.cfg.kubernetes)
-        rt.on_stop(api.close)
-        simulator = Simulator(rt, api, inventory)
-        await simulator.start()
-        rt.spawn(simulator.heartbeat(), "heartbeat")
-        return
-    node = NodeName(rt.args.node)
-    source = open_source(rt.cfg, rt.args.source, node)
-    rt.on_stop(lambda: _close(source))
-    api = await kube.connect(rt.cfg.kubernetes)
-    rt.on_stop(api.close)
-    agent = Agent(rt, node, source)
-    await agent.start(api)
-    rt.spawn(agent.health_loop(), "health")
-    rt.spawn(agent.heartbeat(), "heartbeat")
+class NodeAgent(Service):
+    """One node's agent (or, with ``--simulate``, many simulated nodes'): owns the
+    node's inventory and its kubelet device plugin."""
+
+    NAME = "node-agent"
+
+    def __init__(self, rt: Runtime, api: kube.Client | None) -> None:
+        super().__init__(rt, api)
+        self.simulate: str | None = getattr(rt.args, "simulate", None)
+        self.node = NodeName(getattr(rt.args, "node", None) or socket.gethostname())
+        self.agent: Agent | None = None
+
+    def durable(self) -> str:
+        return consumer_name(self.node)
+
+    def subjects(self) -> list[str]:
+        """Its own node's binds and releases; none when it only simulates nodes."""
+        if self.simulate:
+            return []
+        return sorted(t.filter_subject(self.node) for t in self.handled())
+
+    async def start(self) -> None:
+        if self.simulate:
+            simulator = Simulator(self.rt, self.api, load_inventory(self.simulate))
+            await simulator.start()
+            self.rt.spawn(simulator.heartbeat(), "heartbeat")
+            return
+        source = open_source(self.rt.cfg, self.rt.args.source, self.node)
+        self.rt.on_stop(lambda: _close(source))
+        self.agent = Agent(self.rt, self.node, source)
+        await self.agent.start(self.api)
+        self.rt.spawn(self.agent.health_loop(), "health")
+        self.rt.spawn(self.agent.heartbeat(), "heartbeat")
+
+    @handles(ev.AllocationBound)
+    async def on_bound(self, event: ev.AllocationBound) -> None:
+        if self.agent is not None and event.node == self.node:
+            await self.agent.bound(event)
+
+    @handles(ev.AllocationReleased)
+    async def on_released(self, event: ev.AllocationReleased) -> None:
+        if self.agent is not None and event.node == self.node:
+            self.agent.released(event)
 
 
 async def _close(source: InventorySource) -> None:

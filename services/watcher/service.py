@@ -1,4 +1,4 @@
-"""The watcher: the API server's pods and nodes, turned into typed events.
+"""The watcher: the API server's pods, nodes and Volcano objects, turned into typed events.
 
 Pods of our schedulers (one watch per ``scheduler.names`` entry, filtered by the API
 server): a pending pod's request is parsed and validated here, once; a valid one becomes
@@ -6,7 +6,8 @@ server): a pending pod's request is parsed and validated here, once; a valid one
 a coordinator asks on ``tessera.ctl.resync``); an invalid one gets a ``FailedScheduling``
 Event and a ``PodScheduled=False`` condition naming the field, and ``PodRejected``. A
 bound pod becomes ``PodUpdated`` with the grant read from its annotations; a deleted or
-finished one ``PodDeleted``. Nodes: cordoned device lists and deletions.
+finished one ``PodDeleted``. Nodes: cordoned device lists and deletions. PodGroups,
+Queues and Jobs are mirrored by one generic :class:`Mirror` each.
 
 Each pending announcement opens the root span of one scheduling attempt; the bus carries
 it through coordinator, allocator and binder.
@@ -17,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from typing import Any
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from kubernetes_asyncio.client import ApiException
@@ -26,9 +29,9 @@ from nats.aio.msg import Msg
 from shared import events as ev
 from shared import kube
 from shared.core import annotations as ann
-from shared.core.model import NodeName, PodRef, PodRequest, PodUID
+from shared.core.model import NodeName, PodRef, PodRequest, PodUID, RequestError
 from shared.core.request import GROUP_NAME, TASK_SPEC, RequestParser
-from shared.runtime import Runtime
+from shared.runtime import Runtime, Service
 from shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -38,10 +41,8 @@ VOLCANO_BATCH = "/apis/batch.volcano.sh/v1alpha1"
 DISCOVERY_RETRY_S = 30.0
 TERMINAL = ("Succeeded", "Failed")
 
-
-def pod_ref(obj: dict[str, Any]) -> PodRef:
-    meta = obj["metadata"]
-    return PodRef(namespace=meta.get("namespace", ""), name=meta["name"], uid=PodUID(meta["uid"]))
+K = TypeVar("K")
+U = TypeVar("U", bound=ev.Event)
 
 
 def _timestamp(text: str | None) -> float:
@@ -50,10 +51,88 @@ def _timestamp(text: str | None) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-class Watcher:
-    def __init__(self, rt: Runtime, api: kube.Client) -> None:
-        self.rt = rt
-        self.api = api
+@dataclass
+class Mirror(Generic[K, U]):
+    """One kind of object as its last announced event: a change is published, a repeat
+    is not, a deletion (seen, or missed while relisting) publishes ``deleted(key)``."""
+
+    bus_publish: Callable[[ev.Event], Coroutine[Any, Any, None]]
+    key: Callable[[dict[str, Any]], K]
+    update: Callable[[dict[str, Any]], U]
+    deleted: Callable[[K, dict[str, Any]], ev.Event]
+    known: dict[K, U] = field(default_factory=dict)
+
+    async def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        key = self.key(obj)
+        if kind == "DELETED":
+            if self.known.pop(key, None) is not None:
+                await self.bus_publish(self.deleted(key, obj))
+            return
+        update = self.update(obj)
+        if ev.changed(self.known.get(key), update):
+            self.known[key] = update
+            await self.bus_publish(update)
+
+    async def on_relist(self, items: list[dict[str, Any]]) -> None:
+        present = {self.key(o) for o in items}
+        for key in set(self.known) - present:
+            await self.bus_publish(self.deleted(key, {}))
+            del self.known[key]
+        for obj in items:
+            await self.on_event("ADDED", obj)
+
+
+def _namespaced(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def podgroup_event(obj: dict[str, Any]) -> ev.PodGroupUpdated:
+    namespace, name = _namespaced(obj)
+    spec = obj.get("spec") or {}
+    return ev.PodGroupUpdated(
+        namespace=namespace,
+        name=name,
+        uid=obj["metadata"].get("uid", ""),
+        min_member=max(int(spec.get("minMember") or 1), 1),
+        min_task_member={str(k): int(v) for k, v in (spec.get("minTaskMember") or {}).items()},
+        queue=spec.get("queue") or "default",
+        priority_class=spec.get("priorityClassName") or "",
+        min_resources={str(k): str(v) for k, v in (spec.get("minResources") or {}).items()},
+    )
+
+
+def queue_event(obj: dict[str, Any]) -> ev.QueueUpdated:
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    guarantee = (spec.get("guarantee") or {}).get("resource") or {}
+    return ev.QueueUpdated(
+        name=obj["metadata"]["name"],
+        weight=max(int(spec.get("weight") or 1), 0),
+        capability={str(k): str(v) for k, v in (spec.get("capability") or {}).items()},
+        guarantee={str(k): str(v) for k, v in guarantee.items()},
+        reclaimable=bool(spec.get("reclaimable", True)),
+        priority=int(spec.get("priority") or 0),
+        state=str(status.get("state") or spec.get("state") or "Open"),
+    )
+
+
+def job_event(obj: dict[str, Any]) -> ev.JobUpdated:
+    namespace, name = _namespaced(obj)
+    return ev.JobUpdated(
+        namespace=namespace,
+        name=name,
+        uid=obj["metadata"].get("uid", ""),
+        spec=obj.get("spec") or {},
+    )
+
+
+class Watcher(Service):
+    """The only service that watches the API server; owns no state others need."""
+
+    NAME = "watcher"
+
+    def __init__(self, rt: Runtime, api: kube.Client | None) -> None:
+        super().__init__(rt, api)
         self.parser = RequestParser(
             rt.cfg.devices, clamp_cores=rt.cfg.scheduler.cores_above_100 == "clamp"
         )
@@ -64,21 +143,61 @@ class Watcher:
         """Pods seen per scheduler-name watch, to notice deletions missed while relisting."""
         self.refs: dict[PodUID, PodRef] = {}
         self.node_cordons: dict[str, ev.NodeUpdated] = {}
-        self.podgroups: dict[tuple[str, str], ev.PodGroupUpdated] = {}
-        self.queues: dict[str, ev.QueueUpdated] = {}
-        self.jobs: dict[tuple[str, str], ev.JobUpdated] = {}
+        publish = rt.bus.publish
+        self.podgroups = Mirror(
+            publish,
+            _namespaced,
+            podgroup_event,
+            lambda k, _: ev.PodGroupDeleted(namespace=k[0], name=k[1]),
+        )
+        self.queues = Mirror(
+            publish,
+            lambda o: str(o["metadata"]["name"]),
+            queue_event,
+            lambda k, _: ev.QueueDeleted(name=k),
+        )
+        self.jobs = Mirror(
+            publish,
+            _namespaced,
+            job_event,
+            lambda k, o: ev.JobDeleted(
+                namespace=k[0], name=k[1], uid=(o.get("metadata") or {}).get("uid", "")
+            ),
+        )
+
+    async def start(self) -> None:
+        await self.rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=self.on_resync_request)
+        self.rt.spawn(self.watch_volcano(), "discover-volcano", finite=True)
+        log.info("watching pods of schedulers %s", ", ".join(self.rt.cfg.scheduler.names))
+
+    def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
+        loops: dict[str, Coroutine[Any, Any, None]] = {
+            f"watch-pods-{name}": kube.list_watch(
+                self.api,
+                "/api/v1/pods",
+                self.pod_handler(name),
+                on_relist=self.relister(name),
+                query={"fieldSelector": f"spec.schedulerName={name}"},
+            )
+            for name in self.rt.cfg.scheduler.names
+        }
+        loops["watch-nodes"] = kube.list_watch(
+            self.api, "/api/v1/nodes", self.on_node, on_relist=self.on_node_relist
+        )
+        loops["resync"] = self.resync_loop()
+        return loops
 
     # --- pods -------------------------------------------------------------------------
 
     async def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
-        ref = pod_ref(obj)
+        ref = kube.pod_ref(obj)
         meta = obj["metadata"]
         spec = obj.get("spec") or {}
         phase = (obj.get("status") or {}).get("phase", "Pending")
         node = spec.get("nodeName") or None
         grants = ann.read_grants(meta.get("annotations") or {}) or ()
         if kind == "DELETED" or phase in TERMINAL:
-            await self._gone(ref, node, grants)
+            await self._gone(ref, node, grants, phase if phase in TERMINAL else "")
             return
         self.refs[ref.uid] = ref
         if node:
@@ -117,10 +236,9 @@ class Watcher:
         )
         previous = self.pending.get(ref.uid)
         self.pending[ref.uid] = pending
-        if (
-            previous is None
-            or previous.request != pending.request
-            or previous.group != (pending.group)
+        if previous is None or (previous.request, previous.group) != (
+            pending.request,
+            pending.group,
         ):
             await self._announce(pending)
 
@@ -132,7 +250,9 @@ class Watcher:
             span.set_attribute("k8s.pod.uid", pending.pod.uid)
             await self.rt.bus.publish(pending)
 
-    async def _gone(self, ref: PodRef, node: str | None, grants: tuple[Any, ...]) -> None:
+    async def _gone(
+        self, ref: PodRef, node: str | None, grants: tuple[Any, ...], phase: str = ""
+    ) -> None:
         known = ref.uid in self.refs or ref.uid in self.pending or ref.uid in self.bound
         self.pending.pop(ref.uid, None)
         self.rejected.pop(ref.uid, None)
@@ -140,10 +260,15 @@ class Watcher:
         was_bound = self.bound.pop(ref.uid, None)
         if known or node:
             await self.rt.bus.publish(
-                ev.PodDeleted(pod=ref, node=NodeName(node) if node else was_bound, grants=grants)
+                ev.PodDeleted(
+                    pod=ref,
+                    node=NodeName(node) if node else was_bound,
+                    grants=grants,
+                    phase=phase,
+                )
             )
 
-    async def _reject(self, ref: PodRef, errors: tuple[Any, ...]) -> None:
+    async def _reject(self, ref: PodRef, errors: tuple[RequestError, ...]) -> None:
         message = "; ".join(f"{e.field}: {e.message}" for e in errors)
         self.pending.pop(ref.uid, None)
         if self.rejected.get(ref.uid) == message:
@@ -208,9 +333,9 @@ class Watcher:
         of the first announcement as a duplicate, and a coordinator whose consumer did
         not exist then would never learn of it (a Queue unknown forever)."""
         known: list[ev.Event] = [
-            *self.queues.values(),
-            *self.podgroups.values(),
-            *self.jobs.values(),
+            *self.queues.known.values(),
+            *self.podgroups.known.values(),
+            *self.jobs.known.values(),
             *self.pending.values(),
         ]
         if known:
@@ -223,10 +348,11 @@ class Watcher:
         if msg.reply:
             await msg.respond(str(len(self.pending)).encode())
 
-    # --- Volcano PodGroups and Queues -----------------------------------------------
+    # --- Volcano PodGroups, Queues and Jobs --------------------------------------------
 
     async def watch_volcano(self) -> None:
-        """Watch PodGroups and Queues once their API is served (the CRDs may come later)."""
+        """Watch PodGroups, Queues and Jobs once their API is served (the CRDs may come
+        later)."""
         while True:
             try:
                 await kube.request(self.api, "GET", VOLCANO)
@@ -235,110 +361,16 @@ class Watcher:
                 if exc.status != 404:
                     raise
             await asyncio.sleep(DISCOVERY_RETRY_S)
-        self.rt.spawn(
-            kube.list_watch(
-                self.api,
-                f"{VOLCANO}/podgroups",
-                self.on_podgroup,
-                on_relist=self.on_podgroup_relist,
-            ),
-            "watch-podgroups",
-        )
-        self.rt.spawn(
-            kube.list_watch(
-                self.api, f"{VOLCANO}/queues", self.on_queue, on_relist=self.on_queue_relist
-            ),
-            "watch-queues",
-        )
-        self.rt.spawn(
-            kube.list_watch(
-                self.api, f"{VOLCANO_BATCH}/jobs", self.on_job, on_relist=self.on_job_relist
-            ),
-            "watch-jobs",
-        )
+        for path, mirror in (
+            (f"{VOLCANO}/podgroups", self.podgroups),
+            (f"{VOLCANO}/queues", self.queues),
+            (f"{VOLCANO_BATCH}/jobs", self.jobs),
+        ):
+            self.rt.spawn(
+                kube.list_watch(self.api, path, mirror.on_event, on_relist=mirror.on_relist),
+                f"watch-{path.rsplit('/', 1)[1]}",
+            )
         log.info("watching Volcano PodGroups, Queues and Jobs")
-
-    async def on_job(self, kind: str, obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        key = (meta.get("namespace", ""), meta["name"])
-        if kind == "DELETED":
-            if self.jobs.pop(key, None) is not None:
-                await self.rt.bus.publish(
-                    ev.JobDeleted(namespace=key[0], name=key[1], uid=meta.get("uid", ""))
-                )
-            return
-        update = ev.JobUpdated(
-            namespace=key[0], name=key[1], uid=meta.get("uid", ""), spec=obj.get("spec") or {}
-        )
-        if ev.changed(self.jobs.get(key), update):
-            self.jobs[key] = update
-            await self.rt.bus.publish(update)
-
-    async def on_job_relist(self, items: list[dict[str, Any]]) -> None:
-        present = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in items}
-        for ns, name in set(self.jobs) - present:
-            await self.on_job("DELETED", {"metadata": {"namespace": ns, "name": name}})
-        for obj in items:
-            await self.on_job("ADDED", obj)
-
-    async def on_podgroup(self, kind: str, obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        key = (meta.get("namespace", ""), meta["name"])
-        if kind == "DELETED":
-            if self.podgroups.pop(key, None) is not None:
-                await self.rt.bus.publish(ev.PodGroupDeleted(namespace=key[0], name=key[1]))
-            return
-        spec = obj.get("spec") or {}
-        update = ev.PodGroupUpdated(
-            namespace=key[0],
-            name=key[1],
-            uid=meta.get("uid", ""),
-            min_member=max(int(spec.get("minMember") or 1), 1),
-            min_task_member={str(k): int(v) for k, v in (spec.get("minTaskMember") or {}).items()},
-            queue=spec.get("queue") or "default",
-            priority_class=spec.get("priorityClassName") or "",
-            min_resources={str(k): str(v) for k, v in (spec.get("minResources") or {}).items()},
-        )
-        if ev.changed(self.podgroups.get(key), update):
-            self.podgroups[key] = update
-            await self.rt.bus.publish(update)
-
-    async def on_podgroup_relist(self, items: list[dict[str, Any]]) -> None:
-        present = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in items}
-        for ns, name in set(self.podgroups) - present:
-            await self.on_podgroup("DELETED", {"metadata": {"namespace": ns, "name": name}})
-        for obj in items:
-            await self.on_podgroup("ADDED", obj)
-
-    async def on_queue(self, kind: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        if kind == "DELETED":
-            if self.queues.pop(name, None) is not None:
-                await self.rt.bus.publish(ev.QueueDeleted(name=name))
-            return
-        spec = obj.get("spec") or {}
-        status = obj.get("status") or {}
-        guarantee = (spec.get("guarantee") or {}).get("resource") or {}
-        state = status.get("state") or spec.get("state") or "Open"
-        update = ev.QueueUpdated(
-            name=name,
-            weight=max(int(spec.get("weight") or 1), 0),
-            capability={str(k): str(v) for k, v in (spec.get("capability") or {}).items()},
-            guarantee={str(k): str(v) for k, v in guarantee.items()},
-            reclaimable=bool(spec.get("reclaimable", True)),
-            priority=int(spec.get("priority") or 0),
-            state=str(state),
-        )
-        if ev.changed(self.queues.get(name), update):
-            self.queues[name] = update
-            await self.rt.bus.publish(update)
-
-    async def on_queue_relist(self, items: list[dict[str, Any]]) -> None:
-        present = {o["metadata"]["name"] for o in items}
-        for name in set(self.queues) - present:
-            await self.on_queue("DELETED", {"metadata": {"name": name}})
-        for obj in items:
-            await self.on_queue("ADDED", obj)
 
     # --- nodes ------------------------------------------------------------------------
 
@@ -368,28 +400,3 @@ class Watcher:
             await self.on_node("DELETED", {"metadata": {"name": name}})
         for obj in items:
             await self.on_node("ADDED", obj)
-
-
-async def main(rt: Runtime) -> None:
-    api = await kube.connect(rt.cfg.kubernetes)
-    watcher = Watcher(rt, api)
-    for name in rt.cfg.scheduler.names:
-        rt.spawn(
-            kube.list_watch(
-                api,
-                "/api/v1/pods",
-                watcher.pod_handler(name),
-                on_relist=watcher.relister(name),
-                query={"fieldSelector": f"spec.schedulerName={name}"},
-            ),
-            f"watch-pods-{name}",
-        )
-    rt.spawn(
-        kube.list_watch(api, "/api/v1/nodes", watcher.on_node, on_relist=watcher.on_node_relist),
-        "watch-nodes",
-    )
-    rt.spawn(watcher.resync_loop(), "resync")
-    rt.spawn(watcher.watch_volcano(), "discover-volcano", finite=True)
-    await rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=watcher.on_resync_request)
-    rt.on_stop(api.close)
-    log.info("watching pods of schedulers %s", ", ".join(rt.cfg.scheduler.names))

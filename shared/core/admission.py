@@ -1,8 +1,8 @@
 """Which pod a kubelet ``Allocate`` is for: the shape both sides agree on.
 
 The kubelet's ``Allocate`` names device IDs only, one container at a time, never the pod
-(COMPAT.md §5). HAMi serialises every bind to a node behind a node lock so that only one
-pod can be meant; Volcano guesses the oldest pod, and under concurrent binds the guess
+(docs/compat.md, section 3). HAMi serialises every bind to a node behind a node lock so
+that only one pod can be meant; Volcano guesses the oldest pod, and under concurrent binds the guess
 hands one pod's limits to another.
 
 Tessera makes the answer unambiguous without a node lock. The kubelet admits one pod at

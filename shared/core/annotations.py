@@ -2,7 +2,7 @@
 
 Tessera's own record is ``tessera.io/grant`` (JSON of every container's grant) with
 ``tessera.io/node``; the allocator rebuilds its ledger from these. With
-``compat.annotations: hami`` or ``volcano`` the upstream keys of COMPAT.md section 5 are
+``compat.annotations: hami`` or ``volcano`` the upstream keys (docs/compat.md, section 3) are
 written too (device list ``UUID,Type,memMiB,cores:`` per device, ``;`` after every
 container, init containers first) so HAMi's or Volcano's own device plugin can consume
 the grant. All of them ride on the Binding: one API write.
@@ -23,7 +23,7 @@ BIND_TIME = "tessera.io/bind-time"
 
 Compat = Literal["none", "hami", "volcano"]
 
-# Upstream's assignment annotations (COMPAT.md section 5), by role.
+# Upstream's assignment annotations (docs/compat.md, section 3), by role.
 COMPAT_KEYS: dict[str, dict[str, str]] = {
     "hami": {
         "node": "hami.io/vgpu-node",

@@ -6,8 +6,9 @@ Every family implements one Protocol, :class:`DeviceFamily`:
 - ``demand(request, index)``: the least free memory and cores one device must offer, so
   the ledger's index can skip devices that cannot fit;
 - ``filter(node, request, constraints, ctx)``: the devices and grants chosen on this node,
-  or a :class:`Reason` why none fit. Reasons are structured: ``static`` ones (type excluded,
-  larger than the card, no such template) cannot change with load; the others can.
+  or a :class:`~shared.core.status.Reason` why none fit. Unresolvable reasons (type
+  excluded, larger than the card, no such template) cannot change with load; the others
+  can.
 
 Reserve and unreserve are the ledger's, for every family alike (``Ledger.grant`` /
 ``Ledger.release`` through ``Dev.apply``): idempotent and exact inverses.
@@ -27,14 +28,7 @@ from shared.core.ledger import Dev, MigSlot, NodeState, PoolIndex, PoolKey, geom
 from shared.core.model import Constraints, DeviceGrant, DeviceRequest, Policy
 from shared.core.policy import Workload, device_score, prefer_high
 from shared.core.spec import DeviceSpecs, VnpuChip, VnpuTemplate
-
-
-@dataclass(frozen=True, slots=True)
-class Reason:
-    """Why a node cannot take a request: text for people, ``static`` if load cannot help."""
-
-    text: str
-    static: bool = False
+from shared.core.status import UNRESOLVABLE, Reason
 
 
 @dataclass(slots=True)
@@ -68,14 +62,16 @@ class DeviceFamily(Protocol):
 
 # --- shared static filters ------------------------------------------------------------
 
-TYPE_EXCLUDED = Reason("gpu type excluded", static=True)
-UUID_EXCLUDED = Reason("gpu uuid excluded", static=True)
-INDEX_EXCLUDED = Reason("gpu index excluded", static=True)
-UNHEALTHY = Reason("device unhealthy or cordoned")
-SPLIT_REACHED = Reason("device split count reached")
-BUSY = Reason("no idle device for an exclusive request")
-GROUP_SPREAD = Reason("card already used by the PodGroup (vgpu-podgroup-policy: spread)")
-NUMA = Reason("not enough devices on one NUMA node")
+TYPE_EXCLUDED = Reason(kind="type-excluded", code=UNRESOLVABLE)
+UUID_EXCLUDED = Reason(kind="uuid-excluded", code=UNRESOLVABLE)
+INDEX_EXCLUDED = Reason(kind="index-excluded", code=UNRESOLVABLE)
+UNHEALTHY = Reason(kind="unhealthy")
+SPLIT_REACHED = Reason(kind="split-reached")
+BUSY = Reason(kind="busy")
+GROUP_SPREAD = Reason(kind="group-spread")
+NUMA = Reason(kind="numa")
+MIG_NONE_FREE = Reason(kind="mig-none-free")
+MIG_TOO_SMALL = Reason(kind="mig-too-small", code=UNRESOLVABLE)
 
 
 def _static_filter(dev: Dev, c: Constraints) -> Reason | None:
@@ -96,7 +92,7 @@ def _static_filter(dev: Dev, c: Constraints) -> Reason | None:
 def _no_devices(request: DeviceRequest, pools: Sequence[PoolKey]) -> Reason:
     modes = sorted({p[1] for p in pools})
     what = (request.chip and f"Ascend{request.chip}") or request.vendor
-    return Reason(f"no {what} devices in mode {'/'.join(modes)}", static=True)
+    return Reason(kind="no-pool", code=UNRESOLVABLE, resource=what, detail="/".join(modes))
 
 
 def _pool_devices(node: NodeState, pools: Sequence[PoolKey]) -> list[Dev]:
@@ -188,8 +184,15 @@ class SlicedFamily:
             if ctx.clamp_memory and need > d.phys_mem:
                 need = d.phys_mem
             if reason is None and (need > d.total_mem or cores > d.total_cores > 0):
-                res = request.memory_resource if need > d.total_mem else request.core_resource
-                reason = Reason(f"{res or request.resource} larger than the card", static=True)
+                big_mem = need > d.total_mem
+                res = request.memory_resource if big_mem else request.core_resource
+                reason = Reason(
+                    kind="larger-than-card",
+                    code=UNRESOLVABLE,
+                    resource=res or request.resource,
+                    requested=need if big_mem else cores,
+                    capacity=d.total_mem if big_mem else d.total_cores,
+                )
             if reason is not None:
                 static = static or reason
                 continue
@@ -201,11 +204,23 @@ class SlicedFamily:
             elif exclusive and d.used_slots:
                 reason = BUSY
             elif d.total_mem - d.used_mem < need:
-                reason = Reason(f"insufficient {request.memory_resource or request.resource}")
+                reason = Reason(
+                    kind="device-insufficient",
+                    resource=request.memory_resource or request.resource,
+                    requested=need,
+                    free=d.total_mem - d.used_mem,
+                    capacity=d.total_mem,
+                )
             elif d.total_cores and (
                 d.total_cores - d.used_cores < cores or d.used_cores >= d.total_cores
             ):
-                reason = Reason(f"insufficient {request.core_resource or request.resource}")
+                reason = Reason(
+                    kind="device-insufficient",
+                    resource=request.core_resource or request.resource,
+                    requested=cores,
+                    free=d.total_cores - d.used_cores,
+                    capacity=d.total_cores,
+                )
             elif d.uuid in ctx.avoid:
                 reason = GROUP_SPREAD
             if reason is not None:
@@ -218,13 +233,14 @@ class SlicedFamily:
             if eligible == 0 and static is not None:
                 return static
             return Reason(
-                f"{request.resource}: {count} devices asked, {eligible} eligible on the node"
-                + (
-                    ""
-                    if ctx.allow_more_devices_than_cards
-                    else " (scheduler.allowMoreDevicesThanCards lets one card serve several)"
-                ),
-                static=True,
+                kind="too-few-devices",
+                code=UNRESOLVABLE,
+                resource=request.resource,
+                requested=count,
+                free=eligible,
+                detail=""
+                if ctx.allow_more_devices_than_cards
+                else " (scheduler.allowMoreDevicesThanCards lets one card serve several)",
             )
         if len(ok) < count and not (more and ok):
             return dynamic or static or BUSY
@@ -351,9 +367,9 @@ class MigFamily:
         for d in devs:
             reason = _static_filter(d, constraints)
             if reason is None and d.mig is None:
-                reason = Reason(f"no MIG geometry known for {d.model}", static=True)
+                reason = Reason(kind="no-mig-geometry", code=UNRESOLVABLE, detail=d.model)
             if reason is None and d.mig is not None and self._need(request, d) > d.mig.largest:
-                reason = Reason("no MIG instance large enough", static=True)
+                reason = MIG_TOO_SMALL
             if reason is not None:
                 static = static or reason
                 continue
@@ -380,7 +396,7 @@ class MigFamily:
                     if best is None or rank < best[0]:
                         best = (rank, d, a, slot)
             if best is None:
-                return Reason("no free MIG instance large enough")
+                return MIG_NONE_FREE
             _, d, a, slot = best
             assert d.mig is not None
             alt[d.uuid] = a
@@ -467,8 +483,11 @@ def _template_picks(
         if len(idle) < request.count:
             if len(eligible) < request.count:
                 return Reason(
-                    f"{request.resource}: {request.count} NPUs asked, {len(eligible)} on the node",
-                    static=True,
+                    kind="too-few-npus",
+                    code=UNRESOLVABLE,
+                    resource=request.resource,
+                    requested=request.count,
+                    free=len(eligible),
                 )
             return BUSY
         ordered = _order(idle, lambda d: d.index, "spread")[: request.count]
@@ -512,7 +531,7 @@ def _template_picks(
                 ),
             )
         ]
-    return Reason(f"no free {templates[0].name} vNPU template")
+    return Reason(kind="no-template", detail=templates[0].name)
 
 
 class TemplateFamily:
@@ -629,10 +648,11 @@ class MindClusterFamily:
         templates = self.templates(request, constraints)
         if not templates:
             return Reason(
-                f"no vNPU template for {request.npu_cores} AI cores with "
+                kind="no-template-for",
+                code=UNRESOLVABLE,
+                detail=f"{request.npu_cores} AI cores with "
                 f"vnpu-dvpp={constraints.vnpu_dvpp or 'null'}, "
                 f"vnpu-level={constraints.vnpu_level or 'low'}",
-                static=True,
             )
         if not devs:
             return _no_devices(request, pools)

@@ -16,6 +16,15 @@ inventory arrived): it is kept and applied when :meth:`set_node` brings the devi
 Replacing a node's inventory re-applies every grant on that node to the new devices, so
 usage always equals the sum of the grants that are in force.
 
+A :class:`Statement` records the grants and releases made through it, and the tentative
+device use of a trial, so a gang that does not fit, a trial placement and a preemption
+plan are undone exactly, in reverse (Volcano's Statement).
+
+Admission: on nodes whose kubelet asks Tessera's device plugin (``plugin_nodes``), a pod
+granted for real is *admitting* until its kubelet has taken its devices; its admission
+keys (shared/core/admission.py) are kept in ``admitting`` so no second pod of the same
+key is placed there meanwhile. A release clears them.
+
 Indexes: for each device pool (vendor, sharing mode, chip) every node sits in one bucket
 keyed by the largest free memory of any usable device in that pool (GiB granularity).
 Placement walks the buckets from the smallest one that could fit upwards (binpack) or
@@ -31,10 +40,12 @@ from typing import Any
 
 import msgspec
 
+from shared.core.admission import AdmissionKey, keys_of_grants
 from shared.core.model import (
     ContainerGrant,
     DeviceGrant,
     DeviceInfo,
+    GangKey,
     NodeName,
     PodRef,
     PodUID,
@@ -398,7 +409,8 @@ class PodGrant:
     pod: PodRef
     node: NodeName
     containers: tuple[ContainerGrant, ...]
-    group: str | None = None
+    group: GangKey | None = None
+    """The PodGroup the pod belongs to (``vgpu-podgroup-policy: spread`` avoids its cards)."""
 
     def device_grants(self) -> Iterator[DeviceGrant]:
         for c in self.containers:
@@ -419,8 +431,12 @@ class Ledger:
         self.pools: dict[PoolKey, PoolIndex] = {}
         self.pods: dict[PodUID, PodGrant] = {}
         self.node_pods: dict[NodeName, set[PodUID]] = {}
-        self.group_devices: dict[str, dict[str, int]] = {}
+        self.group_devices: dict[GangKey, dict[str, int]] = {}
         self._mig_cache: dict[str, MigLayout | None] = {}
+        self.plugin_nodes: set[NodeName] = set()
+        """Nodes whose kubelet asks Tessera's device plugin (see shared/core/admission.py)."""
+        self.admitting: dict[NodeName, dict[AdmissionKey, PodUID]] = {}
+        """On those nodes, the admission keys of pods granted and not yet admitted."""
 
     # --- inventory -------------------------------------------------------------------
 
@@ -507,13 +523,14 @@ class Ledger:
         blocked = set(uuids)
         for dev in node.devices:
             dev.cordoned = dev.uuid in blocked
-        self._reindex(node.devices)
+        self.reindex(node.devices)
 
     def remove_node(self, name: NodeName) -> list[PodUID]:
         """Forget a node; returns the pods that still hold grants on it (kept, unapplied)."""
         node = self.nodes.pop(name, None)
         if node is not None:
             self._unindex(node)
+        self.set_plugin_node(name, False)
         return sorted(self.node_pods.get(name, ()))
 
     def _index(self, node: NodeState) -> None:
@@ -536,7 +553,18 @@ class Ledger:
             for dev in devs:
                 index.remove(dev)
 
-    def _reindex(self, devs: Iterable[Dev]) -> None:
+    def filed(self, dev: Dev) -> bool:
+        """Is ``dev`` where its free capacity says it belongs in its pool's index?"""
+        index = self.pools.get(dev.pool)
+        if index is None:
+            return True
+        where = index.where.get(dev)
+        mem = dev.mem_key()
+        if where is None:
+            return mem < 0
+        return where[1] == mem and where[2] == dev.core_key()
+
+    def reindex(self, devs: Iterable[Dev]) -> None:
         """Re-file the devices whose usage changed, with every device of their node in the
         same pool: the node moves last in each cell, so cell order is node recency, and
         binpack walks the newest node first (keeps filling it), spread the oldest first."""
@@ -575,11 +603,13 @@ class Ledger:
             del self.group_devices[grant.group]
         return touched
 
-    def grant(self, grant: PodGrant) -> bool:
+    def grant(self, grant: PodGrant, *, admitting: bool = False) -> bool:
         """Record a pod's grant; False (and no change) if the pod already holds this one.
 
         A different grant for a pod that holds one replaces it (the old is released
-        first), so a replayed or corrected decision never double-books.
+        first), so a replayed or corrected decision never double-books. ``admitting``:
+        a new placement, whose kubelet has yet to take the devices (on plugin nodes its
+        admission keys are held until :meth:`admitted`).
         """
         held = self.pods.get(grant.pod.uid)
         if held is not None:
@@ -588,7 +618,11 @@ class Ledger:
             self.release(grant.pod.uid)
         self.pods[grant.pod.uid] = grant
         self.node_pods.setdefault(grant.node, set()).add(grant.pod.uid)
-        self._reindex(self._apply(grant, 1, self.nodes.get(grant.node)))
+        self.reindex(self._apply(grant, 1, self.nodes.get(grant.node)))
+        if admitting and grant.node in self.plugin_nodes:
+            busy = self.admitting.setdefault(grant.node, {})
+            for key in keys_of_grants(grant.containers):
+                busy[key] = grant.pod.uid
         return True
 
     def release(self, uid: PodUID) -> PodGrant | None:
@@ -601,8 +635,32 @@ class Ledger:
             pods.discard(uid)
             if not pods:
                 del self.node_pods[grant.node]
-        self._reindex(self._apply(grant, -1, self.nodes.get(grant.node)))
+        self.reindex(self._apply(grant, -1, self.nodes.get(grant.node)))
+        self.admitted(uid, grant.node)
         return grant
+
+    def admitted(self, uid: PodUID, node: NodeName) -> bool:
+        """The pod's kubelet took its devices (or it is gone): its keys are free. True if
+        it held any."""
+        busy = self.admitting.get(node)
+        if not busy:
+            return False
+        mine = [k for k, holder in busy.items() if holder == uid]
+        for key in mine:
+            del busy[key]
+        return bool(mine)
+
+    def set_plugin_node(self, name: NodeName, plugin: bool) -> None:
+        """Whether the node's kubelet asks Tessera's device plugin (its inventory says)."""
+        if plugin:
+            self.plugin_nodes.add(name)
+        else:
+            self.plugin_nodes.discard(name)
+            self.admitting.pop(name, None)
+
+    def statement(self, parent: Statement | None = None) -> Statement:
+        """A new transaction on this ledger (see :class:`Statement`)."""
+        return Statement(self, parent)
 
     @classmethod
     def rebuild(
@@ -643,7 +701,103 @@ class Ledger:
         )
         pods = tuple(sorted((uid, g) for uid, g in self.pods.items()))
         groups = tuple(sorted((g, tuple(sorted(c.items()))) for g, c in self.group_devices.items()))
-        return devices, pods, groups
+        admitting = tuple(
+            sorted((n, tuple(sorted(keys.items()))) for n, keys in self.admitting.items() if keys)
+        )
+        return devices, pods, groups, admitting
 
     def device_count(self) -> int:
         return sum(len(n.devices) for n in self.nodes.values())
+
+
+_GRANT, _RELEASE, _USE = 0, 1, 2
+
+
+class Statement:
+    """A transaction on the ledger: what is done through it can be undone exactly.
+
+    ``grant`` and ``release`` go to the ledger at once (later placements in the same
+    transaction see them) and are recorded; ``use`` applies a device grant tentatively,
+    with no pod and no re-indexing (a trial on one node: a pod's second container must
+    see what its first took). ``commit`` keeps the grants and releases; ``discard``
+    undoes every step in reverse order, restoring the ledger to its state before the
+    first (a property test checks it). Leaving a ``with`` block without ``commit``
+    discards; a statement that holds uses must be discarded.
+
+    States::
+
+        open --commit()--> committed (steps kept)
+        open --discard() / leaving the block--> discarded (ledger as before)
+    """
+
+    __slots__ = ("ledger", "parent", "steps")
+
+    def __init__(self, ledger: Ledger, parent: Statement | None = None) -> None:
+        self.ledger = ledger
+        self.parent = parent
+        """An enclosing statement: a commit hands the steps to it, so discarding the
+        parent undoes them too (a gang placed inside a preemption plan's trial)."""
+        self.steps: list[tuple[int, Any, Any]] = []
+
+    def grant(self, grant: PodGrant, *, admitting: bool = False) -> bool:
+        """``Ledger.grant`` inside the transaction."""
+        ledger = self.ledger
+        held = ledger.pods.get(grant.pod.uid)
+        was_admitting = held is not None and self._admitting(held)
+        if not ledger.grant(grant, admitting=admitting):
+            return False
+        self.steps.append((_GRANT, grant, (held, was_admitting)))
+        return True
+
+    def release(self, uid: PodUID) -> PodGrant | None:
+        """``Ledger.release`` inside the transaction."""
+        ledger = self.ledger
+        held = ledger.pods.get(uid)
+        was_admitting = held is not None and self._admitting(held)
+        grant = ledger.release(uid)
+        if grant is not None:
+            self.steps.append((_RELEASE, grant, was_admitting))
+        return grant
+
+    def use(self, dev: Dev, grant: DeviceGrant) -> None:
+        """Take ``grant`` on ``dev`` tentatively (a trial; see the class docstring)."""
+        dev.apply(grant, 1)
+        self.steps.append((_USE, dev, grant))
+
+    def _admitting(self, grant: PodGrant) -> bool:
+        busy = self.ledger.admitting.get(grant.node)
+        return busy is not None and grant.pod.uid in busy.values()
+
+    def commit(self) -> None:
+        assert all(kind != _USE for kind, _, _ in self.steps), "a trial is never committed"
+        if self.parent is not None:
+            self.parent.steps.extend(self.steps)
+        self.steps.clear()
+
+    def discard(self) -> None:
+        ledger = self.ledger
+        steps, self.steps = self.steps, []
+        used: list[Dev] = []
+        for kind, subject, undo in reversed(steps):
+            if kind == _USE:
+                subject.apply(undo, -1)
+                used.append(subject)
+            elif kind == _RELEASE:
+                ledger.grant(subject, admitting=undo)
+            else:
+                held, was_admitting = undo
+                ledger.release(subject.pod.uid)
+                if held is not None:
+                    ledger.grant(held, admitting=was_admitting)
+        # A grant made over a tentative use (here or in a nested statement) filed its
+        # devices by the used amounts; a trial alone never moved them.
+        stale = [d for d in used if not ledger.filed(d)]
+        if stale:
+            ledger.reindex(stale)
+
+    def __enter__(self) -> Statement:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.steps:
+            self.discard()

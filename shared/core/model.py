@@ -3,7 +3,7 @@
 They are msgspec Structs because the same values travel on the bus (inside events), sit
 in the ledger by the hundred thousand, and are written into pod annotations: one compact
 frozen type serves all three. New fields get defaults; nothing is renamed or retyped
-(see the schema-evolution rule in DESIGN.md).
+(see the evolution rule in shared/events.py).
 """
 
 from __future__ import annotations
@@ -60,6 +60,39 @@ class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return f"{self.namespace}/{self.name}"
 
 
+class GangKey(msgspec.Struct, frozen=True, order=True):
+    """One gang's identity: a PodGroup in its namespace, or a lone pod (a gang of one).
+
+    The one spelling every service and the core use (dict keys, holds, nominations,
+    the PodGroup a grant belongs to). ``str()`` gives ``namespace/name`` for people.
+    """
+
+    namespace: str
+    name: str
+    """The PodGroup's name, or the pod's name for a lone pod."""
+    lone: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def of(cls, pod: PodRef, group: str | None) -> GangKey:
+        """The gang of ``pod``: its PodGroup (``scheduling.k8s.io/group-name``) or itself."""
+        if group:
+            return cls(namespace=pod.namespace, name=group)
+        return cls(namespace=pod.namespace, name=pod.name, lone=True)
+
+
+class VictimUnit(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Pods that may be evicted together to make room for a gang: a lone pod, a gang's
+    member beyond its ``minMember``, a whole gang (never cut below ``minMember``), or
+    every pod of a node (a hold)."""
+
+    pods: tuple[PodRef, ...]
+    why: str = ""
+    """Why they may go, for the Events: lower priority, or a queue over its share."""
+
+
 class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What one container asks of one device vendor, already validated.
 
@@ -102,7 +135,7 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
 
 
 class Constraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Pod-level placement constraints, from the annotations of COMPAT.md section 2."""
+    """Pod-level placement constraints, from the annotations of docs/compat.md, section 2."""
 
     use_types: tuple[str, ...] = ()
     nouse_types: tuple[str, ...] = ()

@@ -7,46 +7,52 @@ spread), or the best of the first ``fgd_candidates`` nodes that fit (fgd). It th
 reserves the grant in the ledger: assume first, bind later; the caller releases the
 reservation if the bind fails.
 
-When nothing fits, every node is asked why, and the reasons are counted like
-kube-scheduler's (``0/12 nodes fit: 7 insufficient volcano.sh/vgpu-memory, 5 gpu type
-excluded``). A failure is ``unresolvable`` when every node's reason is static: no change
-of load can help, only a new node or a changed pod.
+When nothing fits, every node is asked why, and the answer is a counted
+:class:`~shared.core.status.Status` (``0/12 nodes are available: 5 gpu type excluded,
+7 insufficient volcano.sh/vgpu-memory.``), unresolvable when every node's reason is:
+no change of load can help, only a new node or a changed pod.
 
-``Placer.place_gang`` is a transaction (Volcano's Statement): members are reserved one
-by one; if one of the first ``min_member`` cannot be placed, every reservation made is
-released in reverse order, leaving the ledger exactly as before.
+``Placer.place_gang`` is a transaction (a :class:`~shared.core.ledger.Statement`):
+members are reserved one by one; if one of the first ``min_member`` cannot be placed,
+every reservation made is undone in reverse order, leaving the ledger exactly as before.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.core.admission import AdmissionKey, keys_of_grants
+from shared.core.admission import keys_of_grants
 from shared.core.families import (
     DeviceFamily,
     FitContext,
     MigFamily,
     MindClusterFamily,
     Picks,
-    Reason,
     SlicedFamily,
     TemplateFamily,
 )
-from shared.core.ledger import Ledger, NodeState, PodGrant, PoolKey
+from shared.core.ledger import Ledger, NodeState, PodGrant, PoolKey, Statement
 from shared.core.model import (
     ContainerGrant,
     DeviceRequest,
+    GangKey,
     NodeName,
     PodRef,
     PodRequest,
-    PodUID,
     Policy,
-    RequestError,
 )
 from shared.core.policy import Shape, Workload, shape_fraction
+from shared.core.status import (
+    SUCCESS,
+    UNRESOLVABLE,
+    Code,
+    Reason,
+    Status,
+    counted,
+    fail,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,32 +79,54 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Why a pod was not placed: a message for people and the counted reasons."""
+    """Why a pod was not placed."""
 
     pod: PodRef
-    message: str
-    reasons: tuple[tuple[str, int], ...] = ()
-    unresolvable: bool = False
+    status: Status
+
+    @property
+    def message(self) -> str:
+        return self.status.message()
+
+    @property
+    def unresolvable(self) -> bool:
+        return self.status.unresolvable
 
 
 @dataclass(frozen=True, slots=True)
 class GangMember:
     pod: PodRef
     request: PodRequest
-    group: str | None = None
+    group: GangKey | None = None
 
 
 @dataclass
 class GangResult:
-    """All placed (``ok``) or none; ``failures`` says why members did not fit."""
+    """All placed (``status.ok``) or none; ``failures`` says why members did not fit."""
 
-    ok: bool
+    status: Status
     placed: list[Placement] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
-    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status.ok
+
+    @property
+    def message(self) -> str:
+        return self.status.message()
 
 
 _Route = tuple[PoolKey, DeviceFamily]
+
+
+def _mode_mismatch(request: DeviceRequest, pod: PodRequest) -> Reason:
+    return Reason(
+        kind="mode-mismatch",
+        code=UNRESOLVABLE,
+        resource=request.resource,
+        detail=str(pod.constraints.mode),
+    )
 
 
 class Placer:
@@ -118,13 +146,9 @@ class Placer:
         self.mindcluster = MindClusterFamily()
         self.fixed_workload = workload is not None
         self.workload = workload or Workload()
-        self.reserved_nodes: dict[NodeName, str] = {}
+        self.reserved_nodes: dict[NodeName, GangKey] = {}
         """Nodes held for a gang that waited too long (the starvation guard): node → the
-        gang's key. Only that gang is placed there until the hold is dropped."""
-        self.plugin_nodes: set[NodeName] = set()
-        """Nodes whose kubelet asks Tessera's device plugin (see shared/core/admission.py)."""
-        self.admitting: dict[NodeName, dict[AdmissionKey, PodUID]] = {}
-        """On those nodes, the admission keys of pods placed and not yet admitted."""
+        gang. Only that gang is placed there until the hold is dropped."""
 
     # --- families -------------------------------------------------------------------
 
@@ -144,9 +168,10 @@ class Placer:
 
     # --- checks ---------------------------------------------------------------------
 
-    def check(self, request: PodRequest) -> tuple[RequestError, ...]:
-        """Errors no placement can cure: memory above every card of the family."""
-        errors = []
+    def check(self, request: PodRequest) -> Status:
+        """Errors no placement can cure (memory above every card of the family):
+        unresolvable, one reason per field; success otherwise."""
+        reasons = []
         for c in request.containers:
             for r in c.devices:
                 if r.memory_mib is None or r.kind in ("npu-template", "npu-core"):
@@ -158,18 +183,22 @@ class Placer:
                         largest = max(largest, index.max_total)
                 clamped = self.config.memory_larger_than_card == "clamp"
                 if largest and r.memory_mib > largest and not clamped:
-                    errors.append(
-                        RequestError(
-                            field=f"{r.memory_resource or r.resource} (container {c.name})",
-                            message=f"{r.memory_mib} MiB is larger than any {r.vendor} card in "
+                    reasons.append(
+                        Reason(
+                            kind="invalid",
+                            code=UNRESOLVABLE,
+                            resource=f"{r.memory_resource or r.resource} (container {c.name})",
+                            requested=r.memory_mib,
+                            capacity=largest,
+                            detail=f"{r.memory_mib} MiB is larger than any {r.vendor} card in "
                             f"the cluster ({largest} MiB); ask for at most {largest}",
                         )
                     )
-        return tuple(errors)
+        return Status(code=Code.UNRESOLVABLE, reasons=tuple(reasons)) if reasons else SUCCESS
 
     # --- one node -------------------------------------------------------------------
 
-    def _context(self, request: PodRequest, group: str | None) -> FitContext:
+    def _context(self, request: PodRequest, group: GangKey | None) -> FitContext:
         c = request.constraints
         avoid: frozenset[str] = frozenset()
         if c.group_spread and group:
@@ -184,20 +213,19 @@ class Placer:
 
     def fit_node(
         self, node: NodeState, request: PodRequest, ctx: FitContext
-    ) -> tuple[ContainerGrant, ...] | Reason:
-        """The pod's grants on ``node``, or the reason it does not fit. Leaves no trace."""
-        applied: Picks = []
+    ) -> tuple[ContainerGrant, ...] | Status:
+        """The pod's grants on ``node``, or why it does not fit. Leaves no trace: each
+        container's picks are used tentatively, so the next container sees them."""
         grants: list[ContainerGrant] = []
-        try:
+        with Statement(self.ledger) as trial:
             for container in request.containers:
                 picks: Picks = []
                 for r in container.devices:
                     found = self._fit_request(node, r, request, ctx)
                     if isinstance(found, Reason):
-                        return found
+                        return fail(found)
                     for dev, g in found:
-                        dev.apply(g, 1)
-                        applied.append((dev, g))
+                        trial.use(dev, g)
                     picks.extend(found)
                 grants.append(
                     ContainerGrant(
@@ -212,41 +240,32 @@ class Placer:
                         core_policy=container.core_policy,
                     )
                 )
-            busy = self.admitting.get(node.name)
-            if busy:
-                for vendor, count in keys_of_grants(grants):
-                    if (vendor, count) in busy:
-                        return Reason(
-                            f"another pod asking {count} {vendor} device(s) is being "
-                            "admitted by its kubelet"
-                        )
-            return tuple(grants)
-        finally:
-            for dev, g in reversed(applied):
-                dev.apply(g, -1)
+        busy = self.ledger.admitting.get(node.name)
+        if busy:
+            for vendor, count in keys_of_grants(grants):
+                if (vendor, count) in busy:
+                    return fail(Reason(kind="admitting", resource=vendor, requested=count))
+        return tuple(grants)
 
     def _fit_request(
         self, node: NodeState, r: DeviceRequest, request: PodRequest, ctx: FitContext
     ) -> Picks | Reason:
         reason: Reason | None = None
         tried: set[int] = set()
-        for pool, family in self.routes(r, request):
+        routes = self.routes(r, request)
+        for pool, family in routes:
             if pool not in node.pools or id(family) in tried:
                 continue
             tried.add(id(family))
             found = family.filter(node, r, request.constraints, ctx)
             if not isinstance(found, Reason):
                 return found
-            if reason is None or (reason.static and not found.static):
+            if reason is None or (reason.unresolvable and not found.unresolvable):
                 reason = found
         if reason is None:
             # The node has none of the pools that could serve the request.
-            routes = self.routes(r, request)
             if not routes:
-                return Reason(
-                    f"{r.resource}: vgpu-mode {request.constraints.mode} cannot serve it",
-                    static=True,
-                )
+                return _mode_mismatch(r, request)
             found = routes[0][1].filter(_EMPTY, r, request.constraints, ctx)
             assert isinstance(found, Reason)
             reason = found
@@ -260,15 +279,19 @@ class Placer:
                 return c.devices[0]
         return None
 
-    def _held_for_other(self, node: NodeName, owner: str | None) -> Reason | None:
+    def _held_for_other(self, node: NodeName, owner: GangKey | None) -> Status | None:
         """Why ``node`` is not open to ``owner``: it is held for another waiting gang."""
         holder = self.reserved_nodes.get(node) if self.reserved_nodes else None
         if holder is None or holder == owner:
             return None
-        return Reason(f"node held for gang {holder}, which has waited longest")
+        return fail(Reason(kind="held", detail=str(holder)))
 
     def _candidates(
-        self, request: PodRequest, primary: DeviceRequest, policy: Policy, owner: str | None
+        self,
+        request: PodRequest,
+        primary: DeviceRequest,
+        policy: Policy,
+        owner: GangKey | None,
     ) -> Iterator[NodeState]:
         """Nodes holding a device that could take the primary request, in policy order."""
         seen: set[str] = set()
@@ -288,20 +311,22 @@ class Placer:
         self,
         pod: PodRef,
         request: PodRequest,
-        group: str | None = None,
+        group: GangKey | None = None,
         *,
-        owner: str | None = None,
+        owner: GangKey | None = None,
         trial: bool = False,
+        statement: Statement | None = None,
     ) -> Placement | Failure:
         """Place and reserve one pod, or say why not.
 
-        ``owner`` is the pod's gang key (nodes held for it stay open to it). A ``trial``
+        ``owner`` is the pod's gang (nodes held for it stay open to it). A ``trial``
         (a preemption plan asking "would it fit?") neither learns the workload's shape
-        nor scans every node for the reasons of a failure.
+        nor scans every node for the reasons of a failure. Given a ``statement``, the
+        grant is made inside it (a gang's transaction).
         """
         primary = self._primary(request)
         if primary is None:
-            return Failure(pod=pod, message="the pod asks for no devices", unresolvable=True)
+            return Failure(pod=pod, status=Status(code=Code.UNRESOLVABLE, reasons=(_NO_DEVICES,)))
         ctx = self._context(request, group)
         policy = request.constraints.node_policy or self.config.node_policy
         chosen: tuple[NodeState, tuple[ContainerGrant, ...]] | None = None
@@ -310,52 +335,48 @@ class Placer:
         else:
             for node in self._candidates(request, primary, policy, owner):
                 grants = self.fit_node(node, request, ctx)
-                if not isinstance(grants, Reason):
+                if not isinstance(grants, Status):
                     chosen = (node, grants)
                     break
         if chosen is None:
             if trial:
-                return Failure(pod=pod, message="does not fit")
+                return Failure(pod=pod, status=_TRIAL_MISS)
             # Full scan: it finds every node's reason, and a node the index's bounds missed.
-            scanned = self._scan(pod, request, ctx, owner)
-            if isinstance(scanned, Failure):
-                return scanned
+            scanned = self._scan(request, ctx, owner)
+            if isinstance(scanned, Status):
+                return Failure(pod=pod, status=scanned)
             chosen = scanned
         node, grants = chosen
-        self.ledger.grant(PodGrant(pod=pod, node=node.name, containers=grants, group=group))
+        grant = PodGrant(pod=pod, node=node.name, containers=grants, group=group)
+        if statement is not None:
+            statement.grant(grant, admitting=not trial)
+        else:
+            self.ledger.grant(grant, admitting=not trial)
         if not trial:
             self._observe(request)
-            if node.name in self.plugin_nodes:
-                busy = self.admitting.setdefault(node.name, {})
-                for key in keys_of_grants(grants):
-                    busy[key] = pod.uid
         return Placement(pod=pod, node=node.name, grants=grants)
 
-    def admitted(self, pod: PodRef, node: NodeName) -> None:
-        """The pod's kubelet took its devices (or it is gone): its keys are free."""
-        busy = self.admitting.get(node)
-        if busy:
-            for key in [k for k, uid in busy.items() if uid == pod.uid]:
-                del busy[key]
-
     def _best_fgd(
-        self, request: PodRequest, primary: DeviceRequest, ctx: FitContext, owner: str | None
+        self,
+        request: PodRequest,
+        primary: DeviceRequest,
+        ctx: FitContext,
+        owner: GangKey | None,
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
         limit = self.config.fgd_candidates or len(self.ledger.nodes)
         best: tuple[float, NodeState, tuple[ContainerGrant, ...]] | None = None
         found = 0
         for node in self._candidates(request, primary, "binpack", owner):
             grants = self.fit_node(node, request, ctx)
-            if isinstance(grants, Reason):
+            if isinstance(grants, Status):
                 continue
             found += 1
             before = self.workload.fragmentation(d.free_fraction() for d in node.devices)
-            applied = [(node.by_uuid[g.uuid], g) for c in grants for g in c.devices]
-            for dev, g in applied:
-                dev.apply(g, 1)
-            after = self.workload.fragmentation(d.free_fraction() for d in node.devices)
-            for dev, g in reversed(applied):
-                dev.apply(g, -1)
+            with Statement(self.ledger) as trial:
+                for c in grants:
+                    for g in c.devices:
+                        trial.use(node.by_uuid[g.uuid], g)
+                after = self.workload.fragmentation(d.free_fraction() for d in node.devices)
             delta = after - before
             if best is None or delta < best[0] - 1e-12:
                 best = (delta, node, grants)
@@ -376,38 +397,27 @@ class Placer:
                 frac = shape_fraction(mem, r.cores / 100, r.exclusive)
                 self.workload.observe(Shape(r.count, frac))
 
-    def explain(self, pod: PodRef, request: PodRequest, group: str | None = None) -> Failure:
-        """Ask every node why the pod does not fit (now); count the reasons."""
-        scanned = self._scan(pod, request, self._context(request, group), None)
-        if isinstance(scanned, Failure):
-            return scanned
-        return Failure(pod=pod, message=f"fits on {scanned[0].name} now")
+    def explain(self, pod: PodRef, request: PodRequest, group: GangKey | None = None) -> Status:
+        """Ask every node why the pod does not fit (now); the counted reasons, or success
+        when some node would take it."""
+        scanned = self._scan(request, self._context(request, group), None)
+        return scanned if isinstance(scanned, Status) else SUCCESS
 
     def _scan(
-        self, pod: PodRef, request: PodRequest, ctx: FitContext, owner: str | None
-    ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | Failure:
+        self, request: PodRequest, ctx: FitContext, owner: GangKey | None
+    ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | Status:
         """Fit every node: the first that fits, or the counted reasons of all."""
-        counts: Counter[str] = Counter()
-        static = True
+        rejected: list[Status] = []
         for node in self.ledger.nodes.values():
-            reason = self._held_for_other(node.name, owner) or self.fit_node(node, request, ctx)
-            if not isinstance(reason, Reason):
-                return node, reason
-            counts[reason.text] += 1
-            static = static and reason.static
-
-        total = len(self.ledger.nodes)
-        ranked = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-        detail = ", ".join(f"{n} {text}" for text, n in ranked)
-        message = f"0/{total} nodes fit" + (f": {detail}" if detail else "") + "."
-        return Failure(pod=pod, message=message, reasons=ranked, unresolvable=static and total > 0)
+            status = self._held_for_other(node.name, owner) or self.fit_node(node, request, ctx)
+            if not isinstance(status, Status):
+                return node, status
+            rejected.append(status)
+        return counted(rejected, len(self.ledger.nodes))
 
     def release(self, pod: PodRef) -> bool:
         """Return a pod's reservation (bind failed, pod deleted); idempotent."""
-        grant = self.ledger.release(pod.uid)
-        if grant is not None:
-            self.admitted(pod, grant.node)
-        return grant is not None
+        return self.ledger.release(pod.uid) is not None
 
     # --- gangs ----------------------------------------------------------------------
 
@@ -416,33 +426,33 @@ class Placer:
         members: Sequence[GangMember],
         min_member: int,
         *,
-        owner: str | None = None,
+        owner: GangKey | None = None,
         trial: bool = False,
+        statement: Statement | None = None,
     ) -> GangResult:
-        """Place the first ``min_member`` members all together or none; extras if they fit."""
+        """Place the first ``min_member`` members all together or none; extras if they fit.
+        Given a ``statement``, a placed gang's grants are committed into it."""
         placed: list[Placement] = []
         failures: list[Failure] = []
         required = min(max(min_member, 1), len(members))
-        for i, m in enumerate(members):
-            result = self.place(m.pod, m.request, m.group, owner=owner, trial=trial)
-
-            if isinstance(result, Placement):
-                placed.append(result)
-                continue
-            failures.append(result)
-            if i < required:
-                for p in reversed(placed):
-                    self.ledger.release(p.pod.uid)
-                    self.admitted(p.pod, p.node)
-                # As Volcano counts it: minMember less the tasks ready (none, after rollback).
-                return GangResult(
-                    ok=False,
-                    failures=failures,
-                    message=f"{required}/{len(members)} tasks in gang unschedulable: "
-                    f"{result.message}",
+        with Statement(self.ledger, statement) as gang:
+            for i, m in enumerate(members):
+                result = self.place(
+                    m.pod, m.request, m.group, owner=owner, trial=trial, statement=gang
                 )
-
-        return GangResult(ok=True, placed=placed, failures=failures)
+                if isinstance(result, Placement):
+                    placed.append(result)
+                    continue
+                failures.append(result)
+                if i < required:
+                    # As Volcano counts it: minMember less the tasks ready (none, after
+                    # the rollback the statement does on leaving the block).
+                    context = f"{required}/{len(members)} tasks in gang unschedulable"
+                    return GangResult(status=result.status.with_context(context), failures=failures)
+            gang.commit()
+        return GangResult(status=SUCCESS, placed=placed, failures=failures)
 
 
 _EMPTY = NodeState(NodeName(""))
+_NO_DEVICES = Reason(kind="no-devices", code=UNRESOLVABLE)
+_TRIAL_MISS = fail(Reason(kind="waiting", detail="does not fit"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shared.core.model import PodRequest
+from shared.core.model import ContainerGrant, DeviceInfo, PodRequest
 from shared.core.quantity import parse_quantity
 from shared.core.request import ResourceTable, Role
 
@@ -42,6 +42,41 @@ def within(need: Mapping[str, float], limit: Mapping[str, float], *, absent: flo
     """Every dimension of ``need`` fits in ``limit``; a dimension ``limit`` does not name
     counts as ``absent`` (0 for a share, ``math.inf`` for a capability)."""
     return all(v <= limit.get(k, absent) + EPS for k, v in need.items() if v > EPS)
+
+
+def grant_vector(grants: Iterable[ContainerGrant]) -> Resources:
+    """What a placed pod holds, from its grant (exact, where a request is an estimate)."""
+    out: Resources = {}
+    for c in grants:
+        for d in c.devices:
+            for key, value in (
+                ("count", 1),
+                ("memory", d.memory_mib),
+                ("cores", 100 if d.exclusive else d.cores),
+            ):
+                out[f"{d.vendor}.{key}"] = out.get(f"{d.vendor}.{key}", 0.0) + value
+    return out
+
+
+def cluster_capacity(
+    devices: Iterable[DeviceInfo], split: Mapping[str, int]
+) -> tuple[Resources, dict[str, int]]:
+    """The cluster's devices as queues share them, and the largest card per vendor.
+
+    A card counts as its vGPU slots (``split``: the vendor's ``deviceSplitCount``, as a
+    device plugin advertises it), its memory and its cores.
+    """
+    total: Resources = {}
+    largest: dict[str, int] = {}
+    for d in devices:
+        for key, amount in (
+            ("count", split.get(d.vendor, 1)),
+            ("memory", d.memory_mib),
+            ("cores", d.cores),
+        ):
+            total[f"{d.vendor}.{key}"] = total.get(f"{d.vendor}.{key}", 0.0) + amount
+        largest[d.vendor] = max(largest.get(d.vendor, 0), d.memory_mib)
+    return total, largest
 
 
 def request_vector(request: PodRequest, card_memory: Mapping[str, int]) -> Resources:
@@ -91,6 +126,28 @@ def resource_vector(table: ResourceTable, resources: Mapping[str, object]) -> Re
         key = f"{res.vendor}.{dim}"
         out[key] = out.get(key, 0.0) + value
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """A Volcano PodGroup: how many members must go together, and its queue."""
+
+    min_member: int = 1
+    min_task_member: Mapping[str, int] = field(default_factory=dict)
+    queue: str = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A Volcano Queue, its resource lists already as vectors (``resource_vector``)."""
+
+    name: str
+    weight: float = 1.0
+    capability: Resources | None = None
+    guarantee: Resources = field(default_factory=dict)
+    reclaimable: bool = True
+    priority: int = 0
+    state: str = "Open"
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Turn a pod (plain data, as the API server returns it) into a validated PodRequest.
 
-Every resource name of COMPAT.md section 1 is recognised through the configured names
+Every resource name of docs/compat.md (section 1) is recognised through the configured names
 (HAMi's and Volcano's at once by default), together with the annotations of section 2.
 The semantics follow upstream (``count`` devices, memory and cores per device,
 ``defaultMemory``/``defaultCores``/``defaultGPUNum``, ``gpuMemoryFactor``, exclusivity).
@@ -36,7 +36,7 @@ from shared.core.model import (
 from shared.core.quantity import parse_whole
 from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, VendorSpec, VnpuChip, names
 
-# --- annotation and label keys (COMPAT.md section 2) -------------------------------------
+# --- annotation and label keys (docs/compat.md, section 2) -------------------------------------
 
 USE_GPUTYPE = "nvidia.com/use-gputype"
 NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"

@@ -16,10 +16,10 @@ import nats.js.errors
 import yaml
 from kubernetes_asyncio.client import ApiException
 
-from services.cli import SERVICES, _ping
 from shared import kube
 from shared.config import KubernetesConfig
 from tests.helpers import eventually
+from tools.cli import SERVICES, _ping
 
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 2.0

@@ -246,7 +246,7 @@ async def test_gang_of_4_that_fits_3_waits_whole_while_a_later_pod_is_placed(
         return found[0] if found else None
 
     cond = await eventually(unschedulable, what="the PodGroup's Unschedulable condition")
-    assert cond["message"].startswith("4/4 tasks in gang unschedulable: 0/1 nodes fit")
+    assert cond["message"].startswith("4/4 tasks in gang unschedulable: 0/1 nodes are available")
     await pipeline.create(ns, pod("small", {"nvidia.com/gpumem": 1000}))
     await pipeline.bound(ns, "small")
     assert set((await nodes_of(pipeline, ns, names)).values()) == {None}

@@ -15,7 +15,14 @@ from tools.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-SERVICES = ["watcher", "gang-coordinator", "device-allocator", "binder", "node-agent"]
+SERVICES = [
+    "watcher",
+    "gang-coordinator",
+    "device-allocator",
+    "binder",
+    "job-controller",
+    "node-agent",
+]
 
 
 def _render(overlay: str) -> list[dict[str, Any]]:

@@ -161,7 +161,7 @@ async def test_unfittable_pod_waits_with_reasons_then_binds_when_capacity_frees(
         return None
 
     message = await eventually(told, what="FailedScheduling on the waiter")
-    assert message.startswith("0/6 nodes fit: ")
+    assert message.startswith("0/6 nodes are available: ")
     assert "no idle device for an exclusive request" in message
     waiting = await pipeline.get(ns, "waiter")
     assert not waiting["spec"].get("nodeName")

@@ -18,17 +18,17 @@ import yaml
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.binder import service as binder
-from services.cli import SERVICES, _ping
-from services.device_allocator import service as allocator
-from services.gang_coordinator import service as coordinator
-from services.watcher import service as watcher
+from services.binder.service import Binder
+from services.device_allocator.service import Allocator
+from services.gang_coordinator.service import Coordinator
+from services.watcher.service import Watcher
 from shared import events as ev
 from shared.config import config_hash, load
 from shared.runtime import run_service
 from shared.telemetry import setup_tracing
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, reset_stream, start_pipeline
+from tools.cli import SERVICES, _ping
 
 pytestmark = pytest.mark.integration
 
@@ -102,15 +102,9 @@ async def traced(
         await p.stop(service)
     cfg = load(p.config)
     stop = asyncio.Event()
-    mains = {
-        "watcher": watcher.main,
-        "gang-coordinator": coordinator.main,
-        "device-allocator": allocator.main,
-        "binder": binder.main,
-    }
     tasks = [
-        asyncio.create_task(run_service(name, cfg, main, stop=stop), name=f"in-proc:{name}")
-        for name, main in mains.items()
+        asyncio.create_task(run_service(service, cfg, stop=stop), name=f"in-proc:{service.NAME}")
+        for service in (Watcher, Coordinator, Allocator, Binder)
     ]
     try:
 

@@ -9,6 +9,7 @@ from shared.core.ledger import Ledger
 from shared.core.model import (
     DeviceInfo,
     DeviceUUID,
+    GangKey,
     MigInstance,
     NodeName,
     PodRef,
@@ -104,6 +105,11 @@ def ref(name: str | None = None) -> PodRef:
     return PodRef(namespace="ns", name=n, uid=PodUID(f"uid-{n}"))
 
 
+def group(name: str) -> GangKey:
+    """A PodGroup of the test namespace."""
+    return GangKey(namespace="ns", name=name)
+
+
 def place(
     placer: Placer,
     limits: dict[str, Any],
@@ -111,7 +117,8 @@ def place(
     group: str | None = None,
     **kw: Any,
 ) -> Placement:
-    result = placer.place(ref(name), request(limits, **kw), group)
+    gang = GangKey(namespace="ns", name=group) if group else None
+    result = placer.place(ref(name), request(limits, **kw), gang)
     assert isinstance(result, Placement), result
     return result
 

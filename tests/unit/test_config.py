@@ -146,7 +146,7 @@ def test_cli_reports_a_malformed_config_and_exits_2(tmp_path: Path) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text("devices:\n  nvidia:\n    deviceSplitCount: many\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "config", "--file", str(f)],
+        [sys.executable, "-m", "tools.cli", "config", "--file", str(f)],
         capture_output=True,
         text=True,
         check=False,

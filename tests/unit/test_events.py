@@ -8,9 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.cli import DEFAULT_SCHEMA, _schema_text
 from shared import events as ev
 from tests.samples import sample_events
+from tools.cli import DEFAULT_SCHEMA, _schema_text
 
 REPO = Path(__file__).resolve().parents[2]
 

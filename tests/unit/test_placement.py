@@ -1,4 +1,4 @@
-"""Placement on the pure core: COMPAT.md section 4 behaviours, MIG and vNPU tables, gangs."""
+"""Placement on the pure core: upstream behaviours (docs/compat.md), MIG, vNPU, gangs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from shared.core.ledger import PodGrant
 from shared.core.model import DeviceGrant, MigInstance, NodeName
 from shared.core.placement import Failure, GangMember, Placement, PlacementConfig, Placer
 from shared.core.spec import FilterDevices, NodeOverride
+from tests.unit import corekit
 from tests.unit.corekit import gpu, gpus, ledger, npu, place, placer, ref, request
 
 
@@ -20,7 +21,7 @@ def devices_of(p: Placement) -> list[DeviceGrant]:
 
 
 def fail(pl: Placer, limits: dict[str, Any], group: str | None = None, **kw: Any) -> Failure:
-    result = pl.place(ref(), request(limits, **kw), group)
+    result = pl.place(ref(), request(limits, **kw), corekit.group(group) if group else None)
     assert isinstance(result, Failure), result
     return result
 
@@ -127,7 +128,7 @@ def test_filtered_devices_are_never_offered() -> None:
     pl = placer({"n": devs}, overrides={"n": over})
     assert devices_of(place(pl, {"nvidia.com/gpu": 1}))[0].index == 2
     assert fail(pl, {"nvidia.com/gpu": 1}).message == (
-        "0/1 nodes fit: 1 no idle device for an exclusive request."
+        "0/1 nodes are available: 1 no idle device for an exclusive request."
     )
 
 
@@ -149,9 +150,12 @@ def test_type_uuid_and_index_filters(annotations: dict[str, str], expected_index
 def test_excluded_everywhere_is_unresolvable_with_counted_reasons() -> None:
     pl = placer({f"n{i}": gpus(2) for i in range(3)} | {"npu": [npu()]})
     failure = fail(pl, MIB, annotations={"nvidia.com/use-gputype": "V100"})
-    assert failure.message.startswith("0/4 nodes fit: 3 gpu type excluded, 1 no nvidia devices")
+    assert failure.message.startswith(
+        "0/4 nodes are available: 1 no nvidia devices in mode hami-core/mps, 3 gpu type excluded."
+    )
     assert failure.unresolvable
-    assert dict(failure.reasons)["gpu type excluded"] == 3
+    [excluded] = [r for r in failure.status.reasons if r.kind == "type-excluded"]
+    assert excluded.nodes == 3
 
 
 def test_unhealthy_and_cordoned_devices_get_no_new_work() -> None:
@@ -284,10 +288,12 @@ def test_neuron_cores_are_counted_not_percent() -> None:
 
 def test_memory_larger_than_every_card_is_found_by_check() -> None:
     pl = placer({"n": gpus(1, memory=40960)})
-    [error] = pl.check(request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 50000}))
-    assert "larger than any nvidia card" in error.message
-    assert "40960" in error.message
-    assert pl.check(request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 40000})) == ()
+    checked = pl.check(request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 50000}))
+    [error] = checked.reasons
+    assert checked.unresolvable
+    assert "larger than any nvidia card" in error.text()
+    assert (error.requested, error.capacity) == (50000, 40960)
+    assert pl.check(request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 40000})).ok
     assert fail(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 50000}).unresolvable
 
 
@@ -495,7 +501,7 @@ def test_mindcluster_table_covers_every_documented_row() -> None:
 
 
 def member(limits: dict[str, Any], group: str = "job") -> GangMember:
-    return GangMember(pod=ref(), request=request(limits), group=group)
+    return GangMember(pod=ref(), request=request(limits), group=corekit.group(group))
 
 
 def test_gang_is_all_or_nothing_and_a_failed_gang_changes_nothing() -> None:
@@ -505,7 +511,7 @@ def test_gang_is_all_or_nothing_and_a_failed_gang_changes_nothing() -> None:
     result = pl.place_gang([member(whole) for _ in range(4)], min_member=4)
     assert not result.ok
     assert result.placed == []
-    assert result.message.startswith("4/4 tasks in gang unschedulable: 0/2 nodes fit")
+    assert result.message.startswith("4/4 tasks in gang unschedulable: 0/2 nodes are available")
     assert pl.ledger.snapshot() == before
     ok = pl.place_gang([member(whole) for _ in range(3)], min_member=3)
     assert ok.ok
@@ -568,9 +574,9 @@ def test_config_overrides_reach_the_ledger() -> None:
 def test_memory_larger_than_the_card_clamps_when_configured() -> None:
     limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100000}
     strict = placer({"n": gpus(1, memory=40960)})
-    assert strict.check(request(limits))
+    assert strict.check(request(limits)).unresolvable
     clamp = placer({"n": gpus(1, memory=40960)}, PlacementConfig(memory_larger_than_card="clamp"))
-    assert clamp.check(request(limits)) == ()
+    assert clamp.check(request(limits)).ok
     assert devices_of(place(clamp, limits))[0].memory_mib == 40960
 
 

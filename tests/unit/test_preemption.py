@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.core.model import NodeName
+from shared.core.model import GangKey, NodeName, VictimUnit
 from shared.core.placement import Failure, GangMember, Placement
-from shared.core.preemption import Unit, plan
+from shared.core.preemption import plan
 from tests.unit.corekit import gpus, place, placer, ref, request
 
 WHOLE = {"nvidia.com/gpu": 1}
@@ -19,12 +19,15 @@ def half() -> dict[str, Any]:
     return {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}
 
 
+BIG = GangKey(namespace="ns", name="big")
+
+
 def gang(n: int, limits: dict[str, Any] = WHOLE) -> list[GangMember]:
-    return [GangMember(pod=ref(), request=request(limits), group="big") for _ in range(n)]
+    return [GangMember(pod=ref(), request=request(limits), group=BIG) for _ in range(n)]
 
 
-def unit(*placements: Placement) -> Unit:
-    return Unit(pods=tuple(p.pod.uid for p in placements))
+def unit(*placements: Placement) -> VictimUnit:
+    return VictimUnit(pods=tuple(p.pod for p in placements))
 
 
 def test_cheapest_units_are_taken_until_the_gang_fits_and_the_ledger_is_untouched() -> None:
@@ -72,7 +75,7 @@ def test_no_plan_when_all_units_are_not_enough_and_nothing_changes() -> None:
 def test_units_holding_nothing_are_skipped() -> None:
     pl = placer({"a": gpus(1)})
     held = place(pl, WHOLE)
-    ghost = Unit(pods=(ref().uid,))  # a pod the ledger does not know
+    ghost = VictimUnit(pods=(ref(),))  # a pod the ledger does not know
     result = plan(pl, gang(1), 1, [ghost, unit(held)])
     assert result is not None
     assert result.units == (unit(held),)
@@ -80,14 +83,14 @@ def test_units_holding_nothing_are_skipped() -> None:
 
 def test_nodes_held_for_a_gang_are_closed_to_others_and_open_to_it() -> None:
     pl = placer({"a": gpus(1), "b": gpus(1)})
-    pl.reserved_nodes[NodeName("a")] = "ns/big"
+    pl.reserved_nodes[NodeName("a")] = BIG
     first = place(pl, WHOLE)
     assert first.node == NodeName("b")
     refused = pl.place(ref(), request(WHOLE))
     assert isinstance(refused, Failure)
     assert "held for gang ns/big" in refused.message
     assert not refused.unresolvable  # the hold ends; the pod is retried
-    mine = pl.place_gang(gang(1), 1, owner="ns/big")
+    mine = pl.place_gang(gang(1), 1, owner=BIG)
     assert mine.ok
     assert mine.placed[0].node == NodeName("a")
 

@@ -18,7 +18,7 @@ from shared.core.ledger import Ledger
 from shared.core.model import DeviceInfo, NodeName, PodRequest
 from shared.core.placement import GangMember, Placement, PlacementConfig, Placer
 from shared.core.spec import NodeOverride
-from tests.unit.corekit import PARSER, SPECS, gpu, npu, pod_json, ref
+from tests.unit.corekit import PARSER, SPECS, gpu, group, npu, pod_json, ref
 
 DEVICE_KINDS = ["a100-80", "a100-40", "t4", "mig-a100-40", "mps", "910B3", "310P3"]
 
@@ -182,12 +182,12 @@ def test_random_streams_keep_every_invariant(
         if op == "place":
             req = data.draw(requests())
             before = ledger.snapshot()
-            result = placer.place(ref(), req, group="g" if pick % 2 else None)
+            result = placer.place(ref(), req, group=group("g") if pick % 2 else None)
             if isinstance(result, Placement):
                 # release restores the exact prior state; then keep it placed
                 assert placer.release(result.pod)
                 assert ledger.snapshot() == before
-                again = placer.place(result.pod, req, group="g" if pick % 2 else None)
+                again = placer.place(result.pod, req, group=group("g") if pick % 2 else None)
                 assert isinstance(again, Placement)
                 placed.append(again)
             else:
@@ -198,7 +198,7 @@ def test_random_streams_keep_every_invariant(
             assert not placer.release(victim.pod)
         elif op == "gang":
             members = [
-                GangMember(pod=ref(), request=data.draw(requests()), group=f"gang{pick}")
+                GangMember(pod=ref(), request=data.draw(requests()), group=group(f"gang{pick}"))
                 for _ in range(data.draw(st.integers(1, 4)))
             ]
             before = ledger.snapshot()
@@ -213,3 +213,47 @@ def test_random_streams_keep_every_invariant(
             ledger.set_node(NodeName(name), inventory[name])  # heartbeat: same inventory
         check_capacity(ledger)
     assert rebuilt(ledger, inventory, overrides).snapshot()[:3] == ledger.snapshot()[:3]
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(cluster=clusters(), data=st.data())
+def test_a_discarded_statement_restores_the_ledger_exactly(
+    cluster: tuple[dict[str, list[DeviceInfo]], dict[str, NodeOverride]], data: st.DataObject
+) -> None:
+    """Any mix of grants, replacements, releases and tentative device uses made through a
+    Statement (nested ones committed into it included) is undone exactly by discard."""
+    nodes, overrides = cluster
+    ledger = Ledger(SPECS, overrides)
+    for name, devices in nodes.items():
+        ledger.set_node(NodeName(name), devices)
+    plugin = data.draw(st.sets(st.sampled_from(sorted(nodes))))
+    for name in plugin:
+        ledger.set_plugin_node(NodeName(name), True)
+    placer = Placer(ledger)
+    for _ in range(data.draw(st.integers(0, 6))):  # some pods held before
+        placer.place(ref(), data.draw(requests()))
+    before = ledger.snapshot()
+    with ledger.statement() as st_outer:
+        for _ in range(data.draw(st.integers(1, 12))):
+            step = data.draw(st.sampled_from(["place", "release", "use", "nested", "regrant"]))
+            held = sorted(ledger.pods)
+            if step == "place":
+                placer.place(ref(), data.draw(requests()), statement=st_outer)
+            elif step == "release" and held:
+                st_outer.release(data.draw(st.sampled_from(held)))
+            elif step == "regrant" and held:
+                old = ledger.pods[data.draw(st.sampled_from(held))]
+                st_outer.grant(old, admitting=data.draw(st.booleans()))
+            elif step == "use":
+                node = ledger.nodes[NodeName(data.draw(st.sampled_from(sorted(nodes))))]
+                if node.devices:
+                    dev = node.devices[0]
+                    st_outer.use(dev, dev.grant(memory_mib=1, cores=0, exclusive=False))
+            elif step == "nested":
+                members = [
+                    GangMember(pod=ref(), request=data.draw(requests()))
+                    for _ in range(data.draw(st.integers(1, 3)))
+                ]
+                placer.place_gang(members, len(members), statement=st_outer)
+        assert st_outer.steps or ledger.snapshot() == before
+    assert ledger.snapshot() == before

@@ -1,4 +1,4 @@
-"""The request parser, row by row of COMPAT.md sections 1 and 2, and every bad input."""
+"""The request parser, row by row of docs/compat.md sections 1 and 2, and every bad input."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def errors(limits: dict[str, Any], parser: RequestParser = PARSER, **kw: Any) ->
     return [f"{e.field}: {e.message}" for e in parsed]
 
 
-# COMPAT.md section 1: every resource name, with what it must parse to.
+# docs/compat.md section 1: every resource name, with what it must parse to.
 # (limits, vendor, kind, count, memory_mib, memory_percent, cores, exclusive)
 ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, bool]] = [
     # HAMi NVIDIA

@@ -1,7 +1,7 @@
 """``tessera``: one command for every service and the developer tools.
 
 tessera <service> [--config FILE]     run watcher | gang-coordinator | device-allocator
-                                      | binder | node-agent
+                                      | binder | job-controller | node-agent
 tessera schema [--out F] [--check]    write (or check) the events' JSON Schema
 tessera config [--file F] [--hash]    validate a config and print the effective one
 tessera dev build|up|down|status      the local control plane + NATS on loopback
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -31,6 +31,7 @@ SERVICES = {
     "gang-coordinator": "services.gang_coordinator",
     "device-allocator": "services.device_allocator",
     "binder": "services.binder",
+    "job-controller": "services.job_controller",
     "node-agent": "services.node_agent",
 }
 DEFAULT_SCHEMA = Path("docs/events.schema.json")
@@ -317,10 +318,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SERVICES:
-        module = importlib.import_module(f"{SERVICES[argv[0]]}.service")
-        from shared.runtime import main_entry
-
-        main_entry(argv[0], module.main, argv[1:], getattr(module, "add_arguments", None))
+        # The same entry as ``python -m services.<name>``: its __main__ module.
+        sys.argv = [f"tessera {argv[0]}", *argv[1:]]
+        runpy.run_module(SERVICES[argv[0]], run_name="__main__", alter_sys=True)
         return
     parser = argparse.ArgumentParser(
         prog="tessera", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

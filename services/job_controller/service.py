@@ -1,4 +1,8 @@
-"""A Volcano Job controller (``batch.volcano.sh/v1alpha1``), inside the gang-coordinator.
+"""The Volcano Job controller (``batch.volcano.sh/v1alpha1``), a service of its own.
+
+It acts only on Jobs whose ``schedulerName`` is one of ``scheduler.names`` (a Job that
+names none is Volcano's default, ``volcano``, and is ours only when that name is): beside
+a running Volcano, each controller keeps to its own Jobs.
 
 For each Job it keeps: a PodGroup of the Job's name (``minMember`` = ``minAvailable``,
 the Job's queue and priority class), and one pod per task replica, named
@@ -7,12 +11,13 @@ group annotation, so the coordinator places them as one gang. Plugins: ``env`` s
 ``VC_TASK_INDEX``/``VK_TASK_INDEX``; ``svc`` creates a headless Service of the Job's name
 and gives each pod its hostname and subdomain. Policies: ``PodEvicted`` with
 ``RestartJob`` deletes every pod of the Job and creates them anew when one is evicted or
-deleted; without it a missing pod is created again.
+deleted; without it a missing pod is created again. A pod that finished (Succeeded or
+Failed) is neither recreated nor a reason to restart: it counts as done.
 
 Deleting the Job deletes its pods, PodGroup and Service (no garbage collector is assumed;
 owner references are set too, for clusters that run one). Job status: ``state.phase``
-Pending until ``minAvailable`` pods are bound, then Running; counts of pending and
-running pods.
+Pending until ``minAvailable`` pods are bound, then Running, and Completed once every
+pod has finished; counts of pending, running, succeeded and failed pods.
 """
 
 from __future__ import annotations
@@ -27,29 +32,52 @@ from kubernetes_asyncio.client import ApiException
 from shared import events as ev
 from shared import kube
 from shared.core.request import GROUP_NAME, TASK_SPEC
+from shared.runtime import Runtime, Service, handles
 
 log = logging.getLogger(__name__)
 
 BATCH = "/apis/batch.volcano.sh/v1alpha1"
 SCHEDULING = "/apis/scheduling.volcano.sh/v1beta1"
 JOB_NAME = "volcano.sh/job-name"
+PHASES = ("Pending", "Running", "Succeeded", "Failed")
 
 
 @dataclass
 class JobState:
     job: ev.JobUpdated
     pods: dict[str, str] = field(default_factory=dict)
-    """Pod name -> phase as known here: Pending or Running (bound)."""
+    """Pod name -> phase as known here: Pending, Running (bound), Succeeded or Failed."""
     phase: str = ""
     restarting: bool = False
 
 
-class JobController:
-    def __init__(self, api: kube.Client, grace_s: int | None = None) -> None:
-        self.api = api
-        self.grace_s = grace_s
+class JobController(Service):
+    """Owns the PodGroup, pods, Service and status of each of its Jobs."""
+
+    NAME = "job-controller"
+
+    def __init__(self, rt: Runtime, api: kube.Client | None) -> None:
+        super().__init__(rt, api)
+        self.names = set(rt.cfg.scheduler.names)
+        self.grace_s = rt.cfg.scheduler.eviction_grace_s
         """Grace period of the pods it deletes (``scheduler.evictionGraceS``)."""
         self.jobs: dict[tuple[str, str], JobState] = {}
+
+    def ours(self, job: ev.JobUpdated) -> bool:
+        return (job.spec.get("schedulerName") or "volcano") in self.names
+
+    @handles(ev.JobUpdated)
+    async def on_job_event(self, job: ev.JobUpdated) -> None:
+        known = self.jobs.get((job.namespace, job.name))
+        if not self.ours(job):
+            return
+        if known is None or ev.changed(known.job, job):  # not a re-announcement
+            await self.on_job(job)
+
+    @handles(ev.JobDeleted)
+    async def on_job_deleted_event(self, event: ev.JobDeleted) -> None:
+        if (event.namespace, event.name) in self.jobs:
+            await self.on_job_deleted(event.namespace, event.name)
 
     def _pod_names(self, job: ev.JobUpdated) -> list[tuple[str, str, int, dict[str, Any]]]:
         out = []
@@ -88,20 +116,22 @@ class JobController:
         if state is not None:
             log.info("job %s/%s deleted with its %d pods", namespace, name, len(pods["items"]))
 
-    async def on_pod(self, event: ev.AnyEvent) -> None:
-        """Follow the Job's pods: bound ones count as running; a deleted one is replaced
-        (or, with ``PodEvicted: RestartJob``, the whole Job restarts)."""
-        match event:
-            case ev.PodPending(pod=pod) | ev.PodUpdated(pod=pod) | ev.PodDeleted(pod=pod):
-                pass
-            case _:
-                return
+    @handles(ev.PodUpdated, ev.PodDeleted)
+    async def on_pod(self, event: ev.PodUpdated | ev.PodDeleted) -> None:
+        """Follow the Job's pods: bound ones count as running, finished ones as done; a
+        deleted one is replaced (or, with ``PodEvicted: RestartJob``, the whole Job
+        restarts)."""
+        pod = event.pod
         state = self._owner(pod.namespace, pod.name)
         if state is None:
             return
         if isinstance(event, ev.PodUpdated) and event.node:
             state.pods[pod.name] = "Running"
             await self._status(state)
+        elif isinstance(event, ev.PodDeleted) and event.phase in ("Succeeded", "Failed"):
+            if state.pods.get(pod.name) is not None:
+                state.pods[pod.name] = event.phase
+                await self._status(state)
         elif isinstance(event, ev.PodDeleted):
             state.pods.pop(pod.name, None)
             if state.restarting:
@@ -225,14 +255,20 @@ class JobController:
 
     async def _status(self, state: JobState) -> None:
         job = state.job
-        running = sum(1 for p in state.pods.values() if p == "Running")
+        counts = {p: sum(1 for v in state.pods.values() if v == p) for p in PHASES}
         minimum = int(job.spec.get("minAvailable") or 1)
-        phase = "Running" if running >= minimum else "Pending"
+        done = counts["Succeeded"] + counts["Failed"]
+        if state.pods and done == len(state.pods):
+            phase = "Completed" if counts["Failed"] == 0 else "Failed"
+        else:
+            phase = "Running" if counts["Running"] + done >= minimum else "Pending"
         status = {
             "state": {"phase": phase},
             "minAvailable": minimum,
-            "running": running,
-            "pending": len(state.pods) - running,
+            "running": counts["Running"],
+            "pending": counts["Pending"],
+            "succeeded": counts["Succeeded"],
+            "failed": counts["Failed"],
         }
         try:
             await kube.request(

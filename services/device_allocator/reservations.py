@@ -1,0 +1,117 @@
+"""What a new allocator leader rebuilds its ledger from, and the reservations it keeps.
+
+Durable truth is in Kubernetes (the grant annotations of bound pods) and in the
+``tessera-reservations`` KV bucket: a placement decided but not yet confirmed bound is
+written there before its decision is published, and deleted once the pod is bound (it
+then holds the grant itself) or released. So a restarted allocator rebuilds exactly:
+node inventories (KV) + bound pods' grants + open reservations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import msgspec
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from shared import kube
+from shared.core import annotations as ann
+from shared.core.ledger import Ledger, PodGrant
+from shared.core.model import GangKey, NodeName, PodUID
+from shared.core.request import GROUP_NAME
+
+log = logging.getLogger(__name__)
+
+BUCKET = "tessera-reservations"
+
+
+class Reservation(msgspec.Struct, frozen=True, kw_only=True):
+    """A decided placement not yet confirmed bound (the KV record)."""
+
+    grant: PodGrant
+    attempt: int
+    at: float
+
+
+_decoder = msgspec.json.Decoder(Reservation)
+
+
+def bound_grant(pod: dict[str, Any]) -> PodGrant | None:
+    """The grant a bound pod holds, from its annotations; None if it holds none."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return None
+    annotations = pod["metadata"].get("annotations") or {}
+    grants = ann.read_grants(annotations)
+    if grants is None:
+        return None
+    ref = kube.pod_ref(pod)
+    group = annotations.get(GROUP_NAME)
+    key = GangKey(namespace=ref.namespace, name=group) if group else None
+    return PodGrant(pod=ref, node=NodeName(node), containers=grants, group=key)
+
+
+class Reservations:
+    """The open reservations: in memory and in the KV bucket."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+        self.open: dict[PodUID, Reservation] = {}
+
+    async def put(self, grant: PodGrant, attempt: int) -> None:
+        r = Reservation(grant=grant, attempt=attempt, at=time.time())
+        self.open[grant.pod.uid] = r
+        await self.kv.put(grant.pod.uid, msgspec.json.encode(r))
+
+    async def forget(self, uid: PodUID) -> None:
+        self.open.pop(uid, None)
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self.kv.delete(uid)
+
+    async def load(self, ledger: Ledger) -> int:
+        """Grant every stored reservation whose pod is not bound yet; forget the rest."""
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            keys = []
+        loaded = 0
+        for key in keys:
+            try:
+                entry = await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            if not entry.value:
+                continue
+            try:
+                r = _decoder.decode(entry.value)
+            except msgspec.DecodeError as exc:
+                log.warning("reservation %s cannot be read (%s): dropped", key, exc)
+                await self.forget(PodUID(key))
+                continue
+            if r.grant.pod.uid in ledger.pods:
+                await self.forget(r.grant.pod.uid)  # bound meanwhile
+                continue
+            ledger.grant(r.grant)
+            self.open[r.grant.pod.uid] = r
+            loaded += 1
+        return loaded
+
+
+async def rebuild(ledger: Ledger, api: kube.Client) -> int:
+    """Grant every bound pod's grant (all schedulers' pods that hold one); their count."""
+    pods, _ = await kube.list_all(
+        api,
+        "/api/v1/pods",
+        {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"},
+    )
+    bound = 0
+    for pod in pods:
+        grant = bound_grant(pod)
+        if grant is not None:
+            ledger.grant(grant)
+            bound += 1
+    return bound

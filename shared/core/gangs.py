@@ -1,0 +1,442 @@
+"""Which gangs go to the allocator, when, and in what order: the coordinator's decisions.
+
+:class:`Gangs` is the gang-coordinator's state and judgement with no I/O: the service
+tells it what happened (a pod is pending, was placed, failed, bound, deleted; a
+PodGroup, Queue or node changed) and asks :meth:`Gangs.dispatch` what to send now.
+
+Readiness. A lone pod is a gang of one and is ready at once. Pods of a PodGroup
+(``scheduling.k8s.io/group-name``) wait until the PodGroup is known (as Volcano's do),
+then go together once ``minMember`` of them (and ``minTaskMember`` per task role) are
+pending or already placed.
+
+Queues (Volcano's). With queues known, the pods of a gang whose queue is missing or
+not Open wait and are told why. Each queue gets its deserved share of the cluster's
+devices (shared/core/queues.py); a gang whose queue's allocated + in-flight + gang
+would pass its capability (always) or its deserved share (while another queue has a
+gang waiting) waits while the others are served. A group may be sent in part: the
+members its queue allows, if they reach ``minMember``.
+
+Order. Ready gangs go by queue priority, then the queue furthest below its share, then
+pod priority, then age.
+
+Retries. A gang the allocator could not place is parked and retried when something
+could help (a node changed, a grant was released) or after a backoff doubling up to a
+minute; an unresolvable one waits for a node change. One the allocator did not answer
+in ``INFLIGHT_TIMEOUT_S`` is sent again (the allocator repeats a decision it made).
+A gang that failed for lack of room is sent with the bound pods that may be preempted
+for it (shared/core/preemption.py ``victims``), and once it has waited past the
+starvation guard with ``hold``.
+
+Per pod::
+
+    pending --dispatch--> inflight --decided--> placed --bound--> bound --deleted--> (gone)
+       ^                      |  failed             |  bind failed
+       +------ retry ------ parked <----------------+
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from shared.core.model import (
+    DeviceInfo,
+    GangKey,
+    NodeName,
+    PodRef,
+    PodRequest,
+    PodUID,
+    VictimUnit,
+)
+from shared.core.preemption import victims
+from shared.core.queues import (
+    GroupSpec,
+    QueueShare,
+    QueueSpec,
+    Resources,
+    accumulate,
+    add,
+    cluster_capacity,
+    deserved,
+    request_vector,
+    within,
+)
+from shared.core.status import UNRESOLVABLE, Code, Reason, Status
+
+MAX_BACKOFF_S = 60.0
+INFLIGHT_TIMEOUT_S = 20.0
+"""A gang the allocator has not answered in this time is sent again (it may have been
+published before the allocator's consumer existed); the allocator answers a pod it
+already placed by repeating its decision, so a resend never places twice."""
+
+State = Literal["pending", "inflight", "placed", "bound", "parked"]
+
+
+@dataclass(slots=True)
+class Member:
+    """One pod of a gang, as the coordinator tracks it (see the module's state chart)."""
+
+    pod: PodRef
+    key: GangKey
+    request: PodRequest
+    priority: int = 0
+    created_at: float = 0.0
+    task: str | None = None
+    """Its task role in a Volcano Job (``minTaskMember`` counts per role)."""
+    since: float = 0.0
+    """When it started to wait (monotonic): the starvation guard counts from here."""
+    state: State = "pending"
+    attempt: int = 0
+    retry_at: float = 0.0
+    sent_at: float = 0.0
+    unresolvable: bool = False
+    failed: bool = False
+    """The allocator's last answer was "does not fit now": preemption may help."""
+    queue: str = "default"
+    vector: Resources = field(default_factory=dict)
+    """What it takes of its queue: estimated from the request, exact once placed."""
+    told: str = ""
+    """What it was last told by the coordinator (queue closed...): said once."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyGang:
+    """A gang to send now: the members to place, ``min_member`` of them all together."""
+
+    key: GangKey
+    queue: str
+    members: tuple[Member, ...]
+    min_member: int
+    attempt: int
+    victims: tuple[VictimUnit, ...] = ()
+    hold: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """What :meth:`Gangs.dispatch` decided: gangs to send, in order, and pods to tell why
+    they wait (each once)."""
+
+    ready: tuple[ReadyGang, ...] = ()
+    told: tuple[tuple[Member, Status], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The coordinator's knobs (``scheduler:`` in the config)."""
+
+    retry_backoff_s: float = 1.0
+    starvation_guard_s: float = 300.0
+    preemption: bool = True
+
+
+class Gangs:
+    """Every pod not yet bound, the bound ones by gang, PodGroups, Queues and capacity."""
+
+    def __init__(
+        self, policy: Policy | None = None, split: Mapping[str, int] | None = None
+    ) -> None:
+        self.policy = policy or Policy()
+        self.split = dict(split or {})
+        """Each vendor's ``deviceSplitCount``: a card counts as that many slots."""
+        self.pods: dict[PodUID, Member] = {}
+        """Pods not bound: pending, in flight, placed or parked."""
+        self.bound: dict[GangKey, dict[PodUID, Member]] = {}
+        """Bound pods by gang. Kept out of the per-dispatch scan (at 10,000 pods that scan
+        was most of the coordinator's CPU); their use is summed as they come and go."""
+        self.bound_pods: dict[PodUID, Member] = {}
+        self.bound_use: dict[str, Resources] = {}
+        """Per queue, what its bound pods hold."""
+        self.groups: dict[GangKey, GroupSpec] = {}
+        self.queues: dict[str, QueueSpec] = {}
+        self.nodes: dict[NodeName, tuple[DeviceInfo, ...]] = {}
+        """Every node's devices (their inventories)."""
+        self._capacity: tuple[Resources, dict[str, int]] | None = None
+        """The cluster's devices as queues share them, and the largest card per vendor
+        (queues.cluster_capacity). Kept until an inventory changes: summing every device
+        on each dispatch was most of the coordinator's CPU at 1,000 nodes."""
+
+    # --- what happened ----------------------------------------------------------------
+
+    def pending(self, m: Member) -> bool:
+        """A pod is (still) pending. True if it is new or its request changed."""
+        if m.pod.uid in self.bound_pods:
+            return False  # an old announcement of a pod bound since
+        known = self.pods.get(m.pod.uid)
+        if known is None:
+            self.pods[m.pod.uid] = m
+            return True
+        changed = known.request != m.request
+        known.request, known.key, known.task = m.request, m.key, m.task
+        known.priority, known.created_at = m.priority, m.created_at
+        if changed and known.state == "parked":
+            known.state, known.unresolvable = "pending", False
+        return changed
+
+    def decided(self, uid: PodUID, vector: Resources) -> None:
+        """The allocator placed the pod; ``vector`` is what its grant really holds."""
+        m = self.pods.get(uid)
+        if m is not None and m.state in ("inflight", "pending"):
+            m.state, m.failed, m.vector = "placed", False, vector
+
+    def failed(
+        self, uids: Iterable[PodUID], attempt: int, *, unresolvable: bool, now: float
+    ) -> None:
+        """The allocator could not place these pods (in attempt ``attempt``)."""
+        for uid in uids:
+            m = self.pods.get(uid)
+            if m is None or m.attempt != attempt:
+                continue  # a stale answer to an earlier attempt
+            backoff = min(self.policy.retry_backoff_s * 2 ** (m.attempt - 1), MAX_BACKOFF_S)
+            m.failed = not unresolvable
+            self._park(m, unresolvable=unresolvable, retry_at=now + backoff)
+
+    def bind_failed(self, uid: PodUID) -> None:
+        m = self.pods.get(uid)
+        if m is not None:
+            self._park(m, unresolvable=False, retry_at=0.0)
+
+    def bound_now(self, uid: PodUID) -> GangKey | None:
+        """The pod is bound; its gang's key (None if it was not ours to wait for)."""
+        m = self.pods.pop(uid, None)
+        if m is None:
+            return None
+        m.state = "bound"
+        m.queue = self.queue_of(m.key)
+        self.bound_pods[uid] = m
+        self.bound.setdefault(m.key, {})[uid] = m
+        accumulate(self.bound_use.setdefault(m.queue, {}), m.vector)
+        return m.key
+
+    def forget(self, uid: PodUID) -> None:
+        """The pod is gone (deleted, finished, or rejected as invalid)."""
+        self.pods.pop(uid, None)
+        m = self.bound_pods.pop(uid, None)
+        if m is not None:
+            accumulate(self.bound_use.setdefault(m.queue, {}), m.vector, -1)
+            members = self.bound[m.key]
+            del members[uid]
+            if not members:
+                del self.bound[m.key]
+
+    def set_node(self, name: NodeName, devices: tuple[DeviceInfo, ...]) -> bool:
+        """A node's inventory; True if its devices changed."""
+        if self.nodes.get(name) == devices:
+            return False
+        self.nodes[name] = devices
+        self._capacity = None
+        return True
+
+    def remove_node(self, name: NodeName) -> None:
+        if self.nodes.pop(name, None) is not None:
+            self._capacity = None
+
+    def capacity(self) -> tuple[Resources, dict[str, int]]:
+        """The cluster total as queues share it, and the largest card per vendor."""
+        if self._capacity is None:
+            devices = (d for node in self.nodes.values() for d in node)
+            self._capacity = cluster_capacity(devices, self.split)
+        return self._capacity
+
+    def helpful(self, *, node_changed: bool) -> None:
+        """Capacity may have appeared: retry parked pods now (unresolvable ones only when
+        a node changed, since only a node can make them fit)."""
+        for m in self.pods.values():
+            if m.state == "parked" and (node_changed or not m.unresolvable):
+                m.retry_at = 0.0
+
+    def _park(self, m: Member, *, unresolvable: bool, retry_at: float) -> None:
+        m.state = "parked"
+        m.unresolvable = unresolvable
+        m.retry_at = math.inf if unresolvable else retry_at
+
+    def next_retry(self) -> float:
+        """The earliest time a parked pod is due (``inf`` when none is)."""
+        return min(
+            (m.retry_at for m in self.pods.values() if m.state == "parked"), default=math.inf
+        )
+
+    def queue_of(self, key: GangKey) -> str:
+        """The queue of a gang: its PodGroup's, else ``default``."""
+        group = None if key.lone else self.groups.get(key)
+        return group.queue if group is not None else "default"
+
+    def running(self, key: GangKey) -> int | None:
+        """How many of a PodGroup's pods are bound, once that reaches ``minMember``."""
+        group = self.groups.get(key)
+        count = len(self.bound.get(key, {}))
+        return count if group is not None and count >= group.min_member else None
+
+    # --- shares -----------------------------------------------------------------------
+
+    def shares(self) -> tuple[dict[str, Resources], dict[str, Resources]]:
+        """Each queue's (allocated + in flight) and deserved share, by the demand now."""
+        used = {q: dict(v) for q, v in self.bound_use.items()}
+        demand = {q: dict(v) for q, v in self.bound_use.items()}
+        for m in self.pods.values():  # in place: a new dict per pod was a fifth of dispatch
+            if m.state in ("inflight", "placed"):
+                accumulate(used.setdefault(m.queue, {}), m.vector)
+            accumulate(demand.setdefault(m.queue, {}), m.vector)
+        open_queues = [
+            QueueShare(
+                name=q.name,
+                weight=q.weight,
+                demand=demand.get(q.name, {}),
+                capability=q.capability,
+                guarantee=q.guarantee,
+            )
+            for q in self.queues.values()
+            if q.state == "Open"
+        ]
+        return used, deserved(self.capacity()[0], open_queues)
+
+    # --- decisions --------------------------------------------------------------------
+
+    def dispatch(self, now: float) -> Dispatch:
+        """Every gang ready and allowed by its queue, in the order to send them; the
+        members sent become in flight."""
+        groups: dict[GangKey, list[Member]] = {}
+        settled: dict[GangKey, list[Member]] = {}
+        largest = self.capacity()[1]
+        for m in self.pods.values():
+            if m.state == "parked" and m.retry_at <= now:
+                m.state = "pending"
+            elif m.state == "inflight" and now - m.sent_at > INFLIGHT_TIMEOUT_S:
+                m.state = "pending"  # unanswered: send again
+            m.queue = self.queue_of(m.key)
+            if m.state == "pending":
+                m.vector = request_vector(m.request, largest)
+                groups.setdefault(m.key, []).append(m)
+            elif m.state == "placed":
+                settled.setdefault(m.key, []).append(m)
+        used, share = self.shares()
+        told: list[tuple[Member, Status]] = []
+        ready: list[tuple[tuple[float, ...], ReadyGang]] = []
+        caps = {q.name: q.capability for q in self.queues.values() if q.capability}
+        waiting = {members[0].queue for members in groups.values()}
+        by_priority = sorted(  # within a queue: priority, then age
+            groups.items(),
+            key=lambda kv: (
+                -max(m.priority for m in kv[1]),
+                min(m.created_at for m in kv[1]),
+            ),
+        )
+        floor: list[int] = []
+
+        def lowest() -> int:  # the lowest priority bound, found once a gang needs it
+            if not floor:
+                floor.append(min((m.priority for m in self.bound_pods.values()), default=2**31))
+            return floor[0]
+
+        for key, members in by_priority:
+            here = [*settled.get(key, []), *self.bound.get(key, {}).values()]
+            min_member = self.readiness(key, members, here, told)
+            if min_member is None:
+                continue
+            queue = members[0].queue
+            limits: list[tuple[Resources, float]] = []
+            if queue in caps:  # capability: a hard cap, always; unnamed dimensions are free
+                limits.append((caps[queue] or {}, math.inf))
+            if self.queues and len(waiting) > 1:  # deserved: while another queue waits
+                limits.append((share.get(queue, {}), 0.0))
+            base = used.get(queue, {})
+            taken, need = admit(members, base, limits)
+            if len(taken) < min_member:
+                continue  # over its share or capability: not now
+            offered: tuple[VictimUnit, ...] = ()
+            hold = False
+            if any(m.failed for m in taken):  # it did not fit last time: what could help?
+                if self.policy.preemption:
+                    offered = victims(
+                        key,
+                        taken,
+                        need,
+                        bound=self.bound,
+                        groups=self.groups,
+                        queues=self.queues,
+                        used=used,
+                        share=share,
+                        lowest=lowest(),
+                    )
+                guard = self.policy.starvation_guard_s
+                hold = guard > 0 and now - min(m.since for m in taken) >= guard
+            mine = share.get(queue, {})
+            rank = max((base.get(k, 0.0) / v for k, v in mine.items() if v), default=0.0)
+            q = self.queues.get(queue)
+            first = taken[0]
+            order = (-(q.priority if q else 0), rank, -first.priority, first.created_at)
+            gang = ReadyGang(
+                key=key,
+                queue=queue,
+                members=tuple(taken),
+                min_member=min_member,
+                attempt=max(m.attempt for m in members) + 1,
+                victims=offered,
+                hold=hold,
+            )
+            ready.append((order, gang))
+            used[queue] = add(base, need)
+        ready.sort(key=lambda r: r[0])
+        for _, gang in ready:
+            for m in gang.members:
+                m.state, m.attempt, m.sent_at = "inflight", gang.attempt, now
+        return Dispatch(ready=tuple(g for _, g in ready), told=tuple(told))
+
+    def readiness(
+        self,
+        key: GangKey,
+        members: list[Member],
+        settled: list[Member],
+        told: list[tuple[Member, Status]],
+    ) -> int | None:
+        """How many of the pending ``members`` must go together now (the gang's
+        ``minMember`` less those already placed or bound), or None while they must wait.
+        Sorts ``members`` by priority, then age; pods of a refused queue are told why."""
+        min_member = 1
+        if not key.lone:
+            group = self.groups.get(key)
+            if group is None:
+                return None  # the PodGroup is not known (yet): Volcano waits as well
+            for task, needed in group.min_task_member.items():
+                if sum(1 for m in [*members, *settled] if m.task == task) < needed:
+                    return None
+            min_member = max(group.min_member - len(settled), 1)
+            if len(members) < min_member:
+                return None
+        if self.queues:
+            name = members[0].queue
+            queue = self.queues.get(name)
+            why = ""
+            if queue is None:
+                why = f'queue "{name}" does not exist; create it or name another'
+            elif queue.state != "Open":
+                why = f'queue "{name}" is {queue.state}: it accepts no new pods'
+            if why:
+                refused = Status(
+                    code=Code.UNRESOLVABLE,
+                    reasons=(Reason(kind="queue", code=UNRESOLVABLE, detail=why),),
+                )
+                for m in members:
+                    if m.told != why:
+                        m.told = why
+                        told.append((m, refused))
+                return None
+        members.sort(key=lambda m: (-m.priority, m.created_at))
+        return min_member
+
+
+def admit(
+    members: Iterable[Member], base: Resources, limits: list[tuple[Resources, float]]
+) -> tuple[list[Member], Resources]:
+    """The members (in their order) a queue's ``limits`` allow on top of ``base``, and
+    what they need together. Each limit is (vector, what an unnamed dimension allows)."""
+    taken: list[Member] = []
+    need: Resources = {}
+    for m in members:
+        more = add(need, m.vector)
+        if all(within(add(base, more), lim, absent=a) for lim, a in limits):
+            taken.append(m)
+            need = more
+    return taken, need

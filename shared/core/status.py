@@ -1,0 +1,223 @@
+"""Outcomes of filters and placements: one ``Status`` type, reasons as data, text once.
+
+Every filter (a device family on one node, a node-fit plugin) and every placement (one
+pod, a gang) answers with a :class:`Status`. Its :class:`Code` says what happens next,
+as kube-scheduler's framework does:
+
+- ``SUCCESS``: it fits;
+- ``UNSCHEDULABLE``: not now; retry when the cluster changes (a pod leaves, a node comes);
+- ``UNRESOLVABLE``: unschedulable and unresolvable: no change of load can help, only a
+  new or changed node or a changed pod (preemption never helps either);
+- ``ERROR``: an internal failure; back off and retry.
+
+A :class:`Reason` is structured (what kind, which resource, requested, free, capacity)
+so tools can say what would make a pod fit; people read its :meth:`Reason.text`,
+rendered here and nowhere else. A placement's Status counts its reasons over the nodes
+it looked at and renders them as kube-scheduler does (``0/1000 nodes are available:
+600 Insufficient cpu, 400 node(s) didn't match Pod's node affinity/selector.``): each
+distinct text with its node count, sorted as strings, joined by ``, ``.
+
+Statuses ride on the bus inside ``AllocationFailed``: msgspec Structs, frozen, with
+defaults for every field but the code (see the evolution rule in shared/events.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+import msgspec
+
+
+class Code(enum.IntEnum):
+    """What the caller does next (see the module docstring)."""
+
+    SUCCESS = 0
+    UNSCHEDULABLE = 1
+    UNRESOLVABLE = 2
+    ERROR = 3
+
+
+UNSCHEDULABLE = Code.UNSCHEDULABLE
+UNRESOLVABLE = Code.UNRESOLVABLE
+
+
+# Reason kinds. The texts of kube-scheduler's own plugins are its own, character for
+# character (a user greps Events for them); Tessera's device reasons read the same way.
+_TEXT: dict[str, str] = {
+    # --- node fit (kube-scheduler's plugins) -------------------------------------------
+    "insufficient": "Insufficient {resource}",
+    "too-many-pods": "Too many pods",
+    "node-unschedulable": "node(s) were unschedulable",
+    "node-name": "node(s) didn't match the requested node name",
+    "node-affinity": "node(s) didn't match Pod's node affinity/selector",
+    "taint": "node(s) had untolerated taint {detail}",
+    "node-ports": "node(s) didn't have free ports for the requested pod ports",
+    "pod-affinity": "node(s) didn't match pod affinity rules",
+    "pod-anti-affinity": "node(s) didn't match pod anti-affinity rules",
+    "existing-anti-affinity": "node(s) didn't satisfy existing pods anti-affinity rules",
+    "spread": "node(s) didn't match pod topology spread constraints",
+    "spread-label": "node(s) didn't match pod topology spread constraints (missing required label)",
+    # --- devices ---------------------------------------------------------------------
+    "device-insufficient": "insufficient {resource}",
+    "type-excluded": "gpu type excluded",
+    "uuid-excluded": "gpu uuid excluded",
+    "index-excluded": "gpu index excluded",
+    "unhealthy": "device unhealthy or cordoned",
+    "split-reached": "device split count reached",
+    "busy": "no idle device for an exclusive request",
+    "group-spread": "card already used by the PodGroup (vgpu-podgroup-policy: spread)",
+    "numa": "not enough devices on one NUMA node",
+    "larger-than-card": "{resource} larger than the card",
+    "too-few-devices": "{resource}: {requested} devices asked, {free} eligible on the node{detail}",
+    "too-few-npus": "{resource}: {requested} NPUs asked, {free} on the node",
+    "no-pool": "no {resource} devices in mode {detail}",
+    "mode-mismatch": "{resource}: vgpu-mode {detail} cannot serve it",
+    "no-mig-geometry": "no MIG geometry known for {detail}",
+    "mig-too-small": "no MIG instance large enough",
+    "mig-none-free": "no free MIG instance large enough",
+    "no-template": "no free {detail} vNPU template",
+    "no-template-for": "no vNPU template for {detail}",
+    "admitting": "another pod asking {requested} {resource} device(s) is being admitted by its "
+    "kubelet",
+    "held": "node held for gang {detail}, which has waited longest",
+    # --- whole-pod and whole-gang outcomes ----------------------------------------------
+    "no-devices": "the pod asks for no devices",
+    "invalid": "{resource}: {detail}",
+    "queue": "{detail}",
+    "waiting": "{detail}",
+    "error": "internal error: {detail}",
+}
+
+
+class Reason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Why a node (or the cluster) cannot take a pod: structured, rendered by ``text``.
+
+    ``requested``, ``free`` and ``capacity`` are in the resource's unit (millicores for
+    cpu, bytes for memory, MiB for device memory, percent for device cores, devices for
+    counts) and never appear in ``text``: nodes rejecting for the same reason must count
+    as one line of the message whatever their free amounts. In a counted Status,
+    ``nodes`` says on how many nodes the reason was found, and ``free``/``capacity``
+    are the largest seen (what the best node offers).
+    """
+
+    kind: str
+    code: Code = Code.UNSCHEDULABLE
+    resource: str = ""
+    requested: int | None = None
+    free: int | None = None
+    capacity: int | None = None
+    detail: str = ""
+    nodes: int = 1
+
+    def text(self) -> str:
+        """The reason as people read it (the one place texts are made)."""
+        template = _TEXT.get(self.kind)
+        if template is None:
+            return self.detail or self.kind
+        return template.format(
+            resource=self.resource,
+            requested="" if self.requested is None else self.requested,
+            free="" if self.free is None else self.free,
+            detail=self.detail,
+        )
+
+    @property
+    def unresolvable(self) -> bool:
+        return self.code == Code.UNRESOLVABLE
+
+
+class Status(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The outcome of a filter on one node, or of placing a pod or a gang.
+
+    ``nodes`` is how many nodes were looked at (the N of ``0/N nodes are available``);
+    zero for a per-node status. ``context`` comes before the counted reasons in the
+    message (``2/4 tasks in gang unschedulable``; a queue's refusal).
+    """
+
+    code: Code = Code.SUCCESS
+    reasons: tuple[Reason, ...] = ()
+    nodes: int = 0
+    context: str = ""
+    note: str = ""
+    """What is being done about it (a preemption, a hold), after the reasons, as
+    kube-scheduler appends its preemption message."""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == Code.SUCCESS
+
+    @property
+    def unresolvable(self) -> bool:
+        return self.code == Code.UNRESOLVABLE
+
+    def message(self) -> str:
+        """What the pod's Event and condition say (kube-scheduler's shape)."""
+        if self.nodes > 0:
+            lines = sorted(f"{r.nodes} {r.text()}" for r in self.reasons)
+            body = f"0/{self.nodes} nodes are available"
+            body += f": {', '.join(lines)}." if lines else "."
+        else:
+            body = "; ".join(r.text() for r in self.reasons)
+        if self.context:
+            body = f"{self.context}: {body}" if body else self.context
+        if self.note:
+            body = f"{body} {self.note}" if body else self.note
+        return body
+
+    def with_context(self, context: str) -> Status:
+        return msgspec.structs.replace(self, context=context)
+
+    def with_note(self, note: str) -> Status:
+        """This status with ``note`` (a sentence) added to the end of its message."""
+        if not note:
+            return self
+        return msgspec.structs.replace(self, note=f"{self.note} {note}".strip())
+
+
+SUCCESS = Status()
+
+
+def fail(*reasons: Reason) -> Status:
+    """A per-node status for ``reasons``: unresolvable only if every reason is."""
+    unresolvable = bool(reasons) and all(r.unresolvable for r in reasons)
+    return Status(code=Code.UNRESOLVABLE if unresolvable else Code.UNSCHEDULABLE, reasons=reasons)
+
+
+def error(detail: str) -> Status:
+    return Status(code=Code.ERROR, reasons=(Reason(kind="error", code=Code.ERROR, detail=detail),))
+
+
+def counted(per_node: Iterable[Status], nodes: int) -> Status:
+    """The placement outcome over ``nodes`` nodes from each rejecting node's status.
+
+    Reasons with the same text are merged: their node counts add up and the largest
+    free and capacity are kept. Unresolvable when every node's status is (and there was
+    at least one node); else unschedulable.
+    """
+    merged: dict[str, Reason] = {}
+    every_unresolvable = nodes > 0
+    for status in per_node:
+        every_unresolvable = every_unresolvable and status.unresolvable
+        for r in status.reasons:
+            text = r.text()
+            seen = merged.get(text)
+            if seen is None:
+                merged[text] = msgspec.structs.replace(r, nodes=1)
+            else:
+                merged[text] = msgspec.structs.replace(
+                    seen,
+                    nodes=seen.nodes + 1,
+                    free=_larger(seen.free, r.free),
+                    capacity=_larger(seen.capacity, r.capacity),
+                )
+    code = Code.UNRESOLVABLE if every_unresolvable else Code.UNSCHEDULABLE
+    return Status(code=code, reasons=tuple(merged.values()), nodes=nodes)
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)

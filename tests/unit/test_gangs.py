@@ -1,0 +1,316 @@
+"""The coordinator's decisions, directly on the pure core (shared/core/gangs.py):
+gang readiness, queue admission and order, retries, and which bound pods are offered
+as victims."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.core.gangs import INFLIGHT_TIMEOUT_S, MAX_BACKOFF_S, Gangs, Member, Policy
+from shared.core.model import GangKey, NodeName, PodUID
+from shared.core.queues import GroupSpec, QueueSpec
+from tests.unit.corekit import gpus, ref, request
+
+WHOLE = {"nvidia.com/gpu": 1}
+
+
+def gangs(cards: int = 8, **policy: Any) -> Gangs:
+    g = Gangs(Policy(**policy), {"nvidia": 10})
+    g.set_node(NodeName("n"), tuple(gpus(cards)))
+    return g
+
+
+def member(
+    group: str | None = None,
+    *,
+    priority: int = 0,
+    created: float = 0.0,
+    task: str | None = None,
+    limits: dict[str, Any] = WHOLE,
+) -> Member:
+    pod = ref()
+    return Member(
+        pod=pod,
+        key=GangKey.of(pod, group),
+        request=request(limits),
+        priority=priority,
+        created_at=created,
+        task=task,
+    )
+
+
+def sent(g: Gangs, now: float = 0.0) -> list[tuple[str, int]]:
+    """(gang name, member count) of each gang dispatched, in order."""
+    return [(r.key.name, len(r.members)) for r in g.dispatch(now).ready]
+
+
+# --- readiness ------------------------------------------------------------------------
+
+
+def test_a_lone_pod_goes_at_once_and_only_once() -> None:
+    g = gangs()
+    m = member()
+    g.pending(m)
+    [ready] = g.dispatch(0.0).ready
+    assert ready.key.lone
+    assert ready.min_member == 1
+    assert ready.attempt == 1
+    assert m.state == "inflight"
+    assert g.dispatch(1.0).ready == ()  # in flight: not sent again
+
+
+def test_a_group_waits_for_its_podgroup_then_for_min_member() -> None:
+    g = gangs()
+    first = member("job")
+    g.pending(first)
+    assert sent(g) == []  # PodGroup unknown: wait, as Volcano does
+    g.groups[first.key] = GroupSpec(min_member=2)
+    assert sent(g) == []  # 1 of 2
+    g.pending(member("job"))
+    assert sent(g) == [("job", 2)]
+
+
+def test_placed_members_count_towards_min_member() -> None:
+    g = gangs()
+    a, b, c = member("job"), member("job"), member("job")
+    g.groups[a.key] = GroupSpec(min_member=3)
+    for m in (a, b, c):
+        g.pending(m)
+    [ready] = g.dispatch(0.0).ready
+    assert ready.min_member == 3
+    g.decided(a.pod.uid, {"nvidia.count": 1})
+    g.decided(b.pod.uid, {"nvidia.count": 1})
+    g.failed([c.pod.uid], ready.attempt, unresolvable=False, now=0.0)
+    [again] = g.dispatch(100.0).ready
+    assert [m.pod for m in again.members] == [c.pod]
+    assert again.min_member == 1  # two of three are placed already
+
+
+def test_min_task_member_counts_per_role() -> None:
+    g = gangs()
+    ps = member("tf", task="ps")
+    g.groups[ps.key] = GroupSpec(min_member=2, min_task_member={"ps": 1, "worker": 1})
+    g.pending(ps)
+    g.pending(member("tf", task="ps"))
+    assert sent(g) == []  # two pods, but no worker yet
+    g.pending(member("tf", task="worker"))
+    assert sent(g) == [("tf", 3)]
+
+
+def test_members_go_by_priority_then_age() -> None:
+    g = gangs()
+    late, early, high = member("j", created=2), member("j", created=1), member("j", priority=5)
+    g.groups[late.key] = GroupSpec(min_member=3)
+    for m in (late, early, high):
+        g.pending(m)
+    [ready] = g.dispatch(0.0).ready
+    assert [m.pod for m in ready.members] == [high.pod, early.pod, late.pod]
+
+
+# --- queues -----------------------------------------------------------------------------
+
+
+def test_a_closed_or_missing_queue_holds_its_pods_and_tells_them_once() -> None:
+    g = gangs()
+    g.queues["default"] = QueueSpec(name="default", state="Closed")
+    m = member()
+    g.pending(m)
+    first = g.dispatch(0.0)
+    assert first.ready == ()
+    [(told, status)] = first.told
+    assert told is m
+    assert status.unresolvable
+    assert 'queue "default" is Closed' in status.message()
+    assert g.dispatch(1.0).told == ()  # said once
+    del g.queues["default"]
+    g.queues["other"] = QueueSpec(name="other")
+    [(_, missing)] = g.dispatch(2.0).told
+    assert 'queue "default" does not exist' in missing.message()
+
+
+def test_a_queue_over_its_deserved_share_waits_while_another_is_served() -> None:
+    g = gangs(cards=4)
+    g.queues["a"] = QueueSpec(name="a", weight=1)
+    g.queues["b"] = QueueSpec(name="b", weight=1)
+    pods = {"a": [member(f"a{i}") for i in range(4)], "b": [member(f"b{i}") for i in range(4)]}
+    for queue, members in pods.items():
+        for m in members:
+            g.groups[m.key] = GroupSpec(queue=queue)
+            g.pending(m)
+    ready = g.dispatch(0.0).ready
+    by_queue = {q: sum(r.queue == q for r in ready) for q in ("a", "b")}
+    # 4 cards x 10 slots shared 1:1 by demand; each whole card counts its cores, so the
+    # share limits each queue to half the cluster's cores: 2 whole cards each.
+    assert by_queue == {"a": 2, "b": 2}
+
+
+def test_capability_is_a_hard_cap_even_alone() -> None:
+    g = gangs()
+    g.queues["q"] = QueueSpec(name="q", capability={"nvidia.count": 2})
+    members = [member(f"g{i}") for i in range(4)]
+    for m in members:
+        g.groups[m.key] = GroupSpec(queue="q")
+        g.pending(m)
+    assert len(g.dispatch(0.0).ready) == 2
+
+
+def test_queue_priority_then_the_queue_furthest_below_its_share_goes_first() -> None:
+    g = gangs()
+    g.queues["low"] = QueueSpec(name="low", priority=0)
+    g.queues["high"] = QueueSpec(name="high", priority=10)
+    for queue in ("low", "high"):
+        m = member(queue)
+        g.groups[m.key] = GroupSpec(queue=queue)
+        g.pending(m)
+    assert [r.queue for r in g.dispatch(0.0).ready] == ["high", "low"]
+
+
+# --- retries ----------------------------------------------------------------------------
+
+
+def test_a_failed_gang_backs_off_doubling_and_a_release_retries_it_now() -> None:
+    g = gangs(retry_backoff_s=1.0)
+    m = member()
+    g.pending(m)
+    for attempt, backoff in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        [ready] = g.dispatch(100.0 * attempt).ready
+        assert ready.attempt == attempt
+        g.failed([m.pod.uid], attempt, unresolvable=False, now=100.0 * attempt)
+        assert m.retry_at == 100.0 * attempt + backoff
+    assert g.dispatch(300.0 + 3.9).ready == ()
+    g.helpful(node_changed=False)  # a release could help
+    assert len(g.dispatch(303.95).ready) == 1
+    m.attempt = 20
+    g.failed([m.pod.uid], 20, unresolvable=False, now=0.0)
+    assert m.retry_at == MAX_BACKOFF_S
+
+
+def test_an_unresolvable_gang_waits_for_a_node_change_only() -> None:
+    g = gangs()
+    m = member()
+    g.pending(m)
+    g.dispatch(0.0)
+    g.failed([m.pod.uid], 1, unresolvable=True, now=0.0)
+    assert m.retry_at == math.inf
+    assert g.next_retry() == math.inf
+    g.helpful(node_changed=False)
+    assert g.dispatch(1e9).ready == ()
+    g.helpful(node_changed=True)
+    assert len(g.dispatch(1e9).ready) == 1
+
+
+def test_a_stale_answer_is_ignored_and_an_unanswered_gang_is_sent_again() -> None:
+    g = gangs()
+    m = member()
+    g.pending(m)
+    g.dispatch(0.0)
+    g.failed([m.pod.uid], 7, unresolvable=True, now=0.0)  # not this attempt
+    assert m.state == "inflight"
+    assert g.dispatch(INFLIGHT_TIMEOUT_S / 2).ready == ()
+    [again] = g.dispatch(INFLIGHT_TIMEOUT_S + 1).ready
+    assert again.attempt == 2
+
+
+def test_a_changed_request_unparks_a_pod() -> None:
+    g = gangs()
+    m = member(limits={"nvidia.com/gpumem": 1_000_000})
+    g.pending(m)
+    g.dispatch(0.0)
+    g.failed([m.pod.uid], 1, unresolvable=True, now=0.0)
+    fixed = Member(pod=m.pod, key=m.key, request=request({"nvidia.com/gpumem": 1000}))
+    assert g.pending(fixed)
+    assert len(g.dispatch(1.0).ready) == 1
+
+
+# --- victims ----------------------------------------------------------------------------
+
+
+def bind(g: Gangs, m: Member, vector: dict[str, float] | None = None) -> None:
+    g.pending(m)
+    g.decided(m.pod.uid, vector or {"nvidia.count": 1})
+    g.bound_now(m.pod.uid)
+
+
+def failed_once(g: Gangs, m: Member) -> Any:
+    g.pending(m)
+    [first] = g.dispatch(0.0).ready
+    g.failed([p.pod.uid for p in first.members], first.attempt, unresolvable=False, now=0.0)
+    [again] = g.dispatch(1000.0).ready
+    return again
+
+
+def test_lower_priority_pods_are_offered_cheapest_first_and_a_gang_never_below_min() -> None:
+    g = gangs()
+    lone_low = member(priority=1)
+    bind(g, lone_low)
+    team = [member("team", priority=2) for _ in range(3)]
+    g.groups[team[0].key] = GroupSpec(min_member=2)
+    for m in team:
+        bind(g, m)
+    same = member(priority=9)
+    bind(g, same)
+    waiting = failed_once(g, member(priority=9))
+    offered = [tuple(p.uid for p in v.pods) for v in waiting.victims]
+    assert offered[0] == (lone_low.pod.uid,)  # lowest priority first
+    singles = [o for o in offered if len(o) == 1 and o[0] in {m.pod.uid for m in team}]
+    assert len(singles) == 1  # one member beyond minMember 2 of 3
+    whole = [o for o in offered if len(o) == 3]
+    assert len(whole) == 1  # then the whole gang, never just two
+    assert (same.pod.uid,) not in offered  # equal priority is never preempted
+    assert "all of gang team (never below minMember 2)" in waiting.victims[-1].why
+
+
+def test_nothing_is_offered_without_lower_priority_or_a_queue_over_its_share() -> None:
+    g = gangs()
+    bind(g, member(priority=5))
+    assert failed_once(g, member(priority=5)).victims == ()
+    quiet = gangs(preemption=False)
+    bind(quiet, member(priority=0))
+    assert failed_once(quiet, member(priority=9)).victims == ()
+
+
+def test_a_queue_over_its_share_gives_back_unless_it_is_not_reclaimable() -> None:
+    for reclaimable in (True, False):
+        g = gangs(cards=2)
+        g.queues["greedy"] = QueueSpec(name="greedy", reclaimable=reclaimable)
+        g.queues["fair"] = QueueSpec(name="fair")
+        hogs = [member(f"hog{i}") for i in range(2)]
+        for m in hogs:
+            g.groups[m.key] = GroupSpec(queue="greedy")
+            bind(g, m, {"nvidia.count": 10, "nvidia.cores": 100, "nvidia.memory": 81920})
+        mine = member("mine")
+        g.groups[mine.key] = GroupSpec(queue="fair")
+        waiting = failed_once(g, mine)
+        offered = {p.uid for v in waiting.victims for p in v.pods}
+        if reclaimable:
+            assert offered & {m.pod.uid for m in hogs}
+            assert all("over its deserved share" in v.why for v in waiting.victims)
+        else:
+            assert offered == set()
+
+
+@given(
+    priorities=st.lists(st.integers(0, 5), min_size=1, max_size=8),
+    top=st.integers(0, 6),
+)
+def test_every_offer_is_of_lower_priority_than_the_waiting_gang(
+    priorities: list[int], top: int
+) -> None:
+    g = gangs()
+    bound = [member(priority=p) for p in priorities]
+    for m in bound:
+        bind(g, m)
+    waiting = failed_once(g, member(priority=top))
+    by_uid = {m.pod.uid: m for m in bound}
+    offered: set[PodUID] = set()
+    for v in waiting.victims:
+        for p in v.pods:
+            assert by_uid[p.uid].priority < top
+            offered.add(p.uid)
+    assert offered == {m.pod.uid for m in bound if m.priority < top}
+    costs = [by_uid[v.pods[0].uid].priority for v in waiting.victims]
+    assert costs == sorted(costs)
