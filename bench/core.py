@@ -12,11 +12,12 @@ Prints, in one run on one core:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import random
 import time
 import tracemalloc
+
+from harness import options
 
 from shared.core.ledger import Ledger, NodeState, PodGrant
 from shared.core.model import (
@@ -155,12 +156,7 @@ def ledger_memory(nodes: int, grants: int) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pods", type=int, default=20000)
-    parser.add_argument("--naive-pods", type=int, default=300)
-    parser.add_argument("--gangs", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
+    args = options(__doc__, pods=20000, naive_pods=300, gangs=200, seed=1)
     pods = workload(args.pods, args.seed)
     print(f"placement core, single-slice vGPU pods ({args.pods} pods, 8 x A100-80GB per node)")
     r1k = rate(1000, pods)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import Binds, connect, namespace, pct, tessera, wait_nodes
+from harness import Binds, connect, namespace, options, pct, tessera, wait_nodes
 
 from shared import kube
 from tools.localcluster import LocalCluster
@@ -111,12 +111,7 @@ async def run(args: argparse.Namespace, cluster: LocalCluster) -> dict[str, Any]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--gangs", type=int, default=500)
-    parser.add_argument("--size", type=int, default=8)
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--timeout", type=float, default=600)
-    args = parser.parse_args()
+    args = options(__doc__, gangs=500, size=8, nodes=1000, timeout=600.0)
     workdir = Path(tempfile.mkdtemp(prefix="tessera-bench-gangs-"))
     with (
         LocalCluster(workdir=workdir / "cluster") as cluster,

@@ -1,4 +1,4 @@
-"""What the end-to-end benchmarks share: Tessera's five services on simulated nodes, a
+"""What the benchmarks share: their command lines; Tessera's services on simulated nodes, a
 watch that notes when each pod is bound, and percentiles.
 
 Times are on this process's monotonic clock: a pod's creation is when the API server
@@ -8,6 +8,7 @@ when the watch event showing ``spec.nodeName`` arrived here.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -25,6 +26,14 @@ from tools.cli import SERVICES, _ping, spawn_services
 from tools.localcluster import LocalCluster
 
 A100 = {"vendor": "nvidia", "model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 8}
+
+
+def options(doc: str | None, **defaults: int | float | str) -> argparse.Namespace:
+    """The command line of a benchmark: ``--name`` for each default (typed like it)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    for name, value in defaults.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    return parser.parse_args()
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:

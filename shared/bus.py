@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Literal, Self
+from typing import Literal, Self, TypeVar
 
 import msgspec
 import nats
@@ -71,6 +71,15 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
 Handler = Callable[[events.AnyEvent, Delivery], Awaitable[None]]
 
 
+T = TypeVar("T")
+
+
+def _connected(part: T | None) -> T:
+    if part is None:
+        raise RuntimeError("Bus is not connected: use `async with Bus(...)`")
+    return part
+
+
 class Bus:
     """A connection to NATS with the Tessera stream and inventory bucket ensured.
 
@@ -101,15 +110,11 @@ class Bus:
 
     @property
     def js(self) -> JetStreamContext:
-        if self._js is None:
-            raise RuntimeError("Bus is not connected: use `async with Bus(...)`")
-        return self._js
+        return _connected(self._js)
 
     @property
     def nc(self) -> NatsClient:
-        if self._nc is None:
-            raise RuntimeError("Bus is not connected: use `async with Bus(...)`")
-        return self._nc
+        return _connected(self._nc)
 
     async def connect(self) -> None:
         """Connect (retrying while the server starts) and ensure stream and bucket exist."""
@@ -396,9 +401,7 @@ class Bus:
 
     @property
     def kv(self) -> KeyValue:
-        if self._kv is None:
-            raise RuntimeError("Bus is not connected: use `async with Bus(...)`")
-        return self._kv
+        return _connected(self._kv)
 
     async def put_inventory(self, inventory: events.NodeInventory) -> None:
         """Store a node's latest inventory (the event is published separately)."""

@@ -85,6 +85,8 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
 
 
 class NatsConfig(_Cfg, frozen=True, kw_only=True):
+    """Where the bus is and how its stream and consumers behave."""
+
     url: str = "nats://127.0.0.1:4222"
     stream: str = "TESSERA"
     inventory_bucket: str = "tessera-inventory"
@@ -98,6 +100,8 @@ class NatsConfig(_Cfg, frozen=True, kw_only=True):
 
 
 class KubernetesConfig(_Cfg, frozen=True, kw_only=True):
+    """How services reach the API server, and how hard they may press it."""
+
     kubeconfig: str = ""
     """Path to a kubeconfig; empty means ``$KUBECONFIG``, then the in-cluster account."""
     qps: Annotated[float, msgspec.Meta(gt=0.0)] = 500.0
@@ -105,6 +109,8 @@ class KubernetesConfig(_Cfg, frozen=True, kw_only=True):
 
 
 class TelemetryConfig(_Cfg, frozen=True, kw_only=True):
+    """Logs, traces and metrics of every service."""
+
     otlp_endpoint: str = ""
     """OTLP gRPC endpoint for traces; empty exports nothing (spans still propagate)."""
     sample_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 1.0
@@ -113,6 +119,8 @@ class TelemetryConfig(_Cfg, frozen=True, kw_only=True):
 
 
 class CompatConfig(_Cfg, frozen=True, kw_only=True):
+    """What Tessera writes for HAMi's or Volcano's own node components."""
+
     annotations: Literal["none", "hami", "volcano"] = "none"
     """Also write upstream's assignment annotations (docs/compat.md, section 3) so HAMi's or
     Volcano's own device plugin can consume Tessera's grants."""
@@ -141,6 +149,8 @@ class IsolationConfig(_Cfg, frozen=True, kw_only=True):
 
 
 class NodeAgentConfig(_Cfg, frozen=True, kw_only=True):
+    """The node agent: kubelet device-plugin paths, timings and isolation files."""
+
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     """Where the kubelet's ``kubelet.sock`` is and the agent's own sockets go."""
     admission_wait_s: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0

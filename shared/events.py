@@ -121,13 +121,6 @@ class GangRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return GangKey(namespace=self.namespace, name=self.name, lone=self.lone)
 
 
-class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """How many nodes rejected a placement for one reason, as kube-scheduler counts them."""
-
-    reason: str
-    nodes: int
-
-
 # --- pods ---------------------------------------------------------------------------
 
 
@@ -232,6 +225,8 @@ class PodGroupUpdated(Event, frozen=True, kw_only=True, tag="podgroup.updated"):
 
 
 class PodGroupDeleted(Event, frozen=True, kw_only=True, tag="podgroup.deleted"):
+    """A PodGroup is gone: its pods wait as if it were never created."""
+
     KEY = _key("namespace")
     namespace: str
     name: str
@@ -250,6 +245,8 @@ class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
 
 
 class QueueDeleted(Event, frozen=True, kw_only=True, tag="queue.deleted"):
+    """A Queue is gone: gangs naming it wait and are told why."""
+
     name: str
 
 
@@ -264,6 +261,8 @@ class JobUpdated(Event, frozen=True, kw_only=True, tag="job.updated"):
 
 
 class JobDeleted(Event, frozen=True, kw_only=True, tag="job.deleted"):
+    """A Volcano Job is gone: its controller deletes its pods, PodGroup and Service."""
+
     KEY = _key("namespace")
     namespace: str
     name: str
@@ -307,6 +306,13 @@ class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decide
 
     def dedup_id(self) -> str:
         return f"decided:{self.pod.uid}:{self.attempt}"
+
+
+class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """How many nodes rejected a placement for one reason, as kube-scheduler counts them."""
+
+    reason: str
+    nodes: int
 
 
 class AllocationFailed(Event, frozen=True, kw_only=True, tag="allocation.failed"):

@@ -184,23 +184,15 @@ async def post_event(
     await request(api, "POST", f"/api/v1/namespaces/{pod.namespace}/events", body)
 
 
-async def set_pod_condition(
-    api: Client,
-    pod: PodRef,
-    *,
-    type_: str,
-    status: Literal["True", "False", "Unknown"],
-    reason: str,
-    message: str,
-) -> None:
+async def set_pod_condition(api: Client, pod: PodRef, condition: Condition, message: str) -> None:
     """Set one condition in the pod's status (strategic merge keyed by condition type)."""
     patch: dict[str, Any] = {
         "status": {
             "conditions": [
                 {
-                    "type": type_,
-                    "status": status,
-                    "reason": reason,
+                    "type": condition.type,
+                    "status": condition.status,
+                    "reason": condition.reason,
                     "message": message[:1024],
                     "lastTransitionTime": now_rfc3339(),
                 }
@@ -214,6 +206,51 @@ async def set_pod_condition(
         patch,
         content_type="application/strategic-merge-patch+json",
     )
+
+
+async def patch_status(api: Client, path: str, status: dict[str, Any]) -> bool:
+    """Merge ``status`` into an object's status subresource at ``path`` (``.../status``);
+    False (logged) when that cannot be done, and quietly when the object is gone."""
+    try:
+        await request(
+            api, "PATCH", path, {"status": status}, content_type="application/merge-patch+json"
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            log.warning("cannot update %s: API error %s", path, exc.status)
+        return False
+    return True
+
+
+class Condition(msgspec.Struct, frozen=True):
+    """A pod condition to set beside an Event: type, status, reason (the message is the
+    Event's)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+
+
+async def tell(
+    api: Client,
+    pod: PodRef,
+    *,
+    reason: str,
+    message: str,
+    kind: Literal["Normal", "Warning"],
+    component: str,
+    condition: Condition | None = None,
+) -> None:
+    """What people read about a pod: an Event (``kubectl describe``) and, if given, a
+    condition with the same message. A pod gone meanwhile needs no message; another API
+    error is logged, never raised (telling must not stop scheduling)."""
+    try:
+        await post_event(api, pod, reason=reason, message=message, kind=kind, component=component)
+        if condition is not None:
+            await set_pod_condition(api, pod, condition, message)
+    except ApiException as exc:
+        if exc.status != 404:
+            log.warning("cannot tell %s (%s): API error %s", pod, reason, exc.status)
 
 
 async def request(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Literal
 
 import aiohttp
 from kubernetes_asyncio.client import ApiException
@@ -35,6 +36,9 @@ from shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
+PREEMPTED = kube.Condition("DisruptionTarget", "True", "PreemptionByScheduler")
+"""The condition kube-scheduler sets on a victim."""
+UNSCHEDULABLE = kube.Condition("PodScheduled", "False", "Unschedulable")
 RETRIES = 5
 TRANSIENT = {429, 500, 502, 503, 504}
 
@@ -55,16 +59,19 @@ class Binder(Service):
 
     @handles(ev.AllocationFailed)
     async def on_failed(self, event: ev.AllocationFailed) -> None:
+        """Tell each pod why it was not placed (once per message)."""
         for pod in event.pods:
             await self.tell_unschedulable(pod, event.message)
 
     @handles(ev.PodDeleted)
     async def on_deleted(self, event: ev.PodDeleted) -> None:
+        """Forget what was said to a pod that is gone."""
         self.told.pop(event.pod.uid, None)
         self.bound.discard(event.pod.uid)
 
     @handles(ev.PreemptionDecided)
     async def on_preempting(self, event: ev.PreemptionDecided) -> None:
+        """Evict the victims of a preemption."""
         await asyncio.gather(*(self.evict(v.pods, v.why, event) for v in event.victims))
 
     async def evict(
@@ -74,16 +81,8 @@ class Binder(Service):
         message = f"Preempted by gang {gang} (queue {decided.gang.queue}): {why}"
         grace = self.rt.cfg.scheduler.eviction_grace_s
         for pod in pods:
-            await self._event(pod, "Preempted", "Normal", message)
+            await self._tell(pod, "Preempted", message, "Normal", PREEMPTED)
             try:
-                await kube.set_pod_condition(
-                    self.api,
-                    pod,
-                    type_="DisruptionTarget",
-                    status="True",
-                    reason="PreemptionByScheduler",
-                    message=message,
-                )
                 if await kube.delete_pod(
                     self.api, pod.namespace, pod.name, uid=pod.uid, grace_s=grace
                 ):
@@ -94,6 +93,7 @@ class Binder(Service):
 
     @handles(ev.AllocationDecided)
     async def bind(self, decided: ev.AllocationDecided) -> None:
+        """Write the pod's Binding with its grant; say it is bound, or that it failed."""
         annotations = ann.grant_annotations(
             decided.node, decided.grants, time.time(), self.rt.cfg.compat.annotations
         )
@@ -118,12 +118,8 @@ class Binder(Service):
             devices = ", ".join(
                 f"{d.model or d.uuid}[{d.index}]" for c in decided.grants for d in c.devices
             )
-            await self._event(
-                decided.pod,
-                "Scheduled",
-                "Normal",
-                f"Successfully assigned {decided.pod} to {decided.node} with {devices}",
-            )
+            assigned = f"Successfully assigned {decided.pod} to {decided.node} with {devices}"
+            await self._tell(decided.pod, "Scheduled", assigned, "Normal")
             return
         log.warning("bind of %s to %s failed: %s", decided.pod, decided.node, error)
         await self.rt.bus.publish(
@@ -178,30 +174,22 @@ class Binder(Service):
         if self.told.get(pod.uid) == message or pod.uid in self.bound:
             return
         self.told[pod.uid] = message
-        await self._event(pod, "FailedScheduling", "Warning", message)
-        try:
-            await kube.set_pod_condition(
-                self.api,
-                pod,
-                type_="PodScheduled",
-                status="False",
-                reason="Unschedulable",
-                message=message,
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("cannot set the condition of %s: %s", pod, exc.status)
+        await self._tell(pod, "FailedScheduling", message, "Warning", UNSCHEDULABLE)
 
-    async def _event(self, pod: PodRef, reason: str, kind: str, message: str) -> None:
-        try:
-            await kube.post_event(
-                self.api,
-                pod,
-                reason=reason,
-                message=message,
-                kind="Warning" if kind == "Warning" else "Normal",
-                component="tessera-binder",
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("cannot post %s event on %s: %s", reason, pod, exc.status)
+    async def _tell(
+        self,
+        pod: PodRef,
+        reason: str,
+        message: str,
+        kind: Literal["Normal", "Warning"],
+        condition: kube.Condition | None = None,
+    ) -> None:
+        await kube.tell(
+            self.api,
+            pod,
+            reason=reason,
+            message=message,
+            kind=kind,
+            component="tessera-binder",
+            condition=condition,
+        )

@@ -117,6 +117,7 @@ class Allocator(Service):
 
     @handles(ev.NodeInventory)
     async def on_inventory(self, event: ev.NodeInventory) -> None:
+        """A node's devices (refused when it runs another config)."""
         self.on_inventory_event(event)
 
     def on_inventory_event(self, inv: ev.NodeInventory) -> None:
@@ -139,11 +140,13 @@ class Allocator(Service):
 
     @handles(ev.NodeUpdated)
     async def on_node(self, event: ev.NodeUpdated) -> None:
+        """Devices the Node cordons take no new work."""
         self.cordons[event.node] = event.cordoned_devices
         self.ledger.set_cordoned(event.node, event.cordoned_devices)
 
     @handles(ev.NodeDeleted)
     async def on_node_deleted(self, event: ev.NodeDeleted) -> None:
+        """Nothing more is placed on a deleted node."""
         self.ledger.remove_node(event.node)
         self.applied.pop(event.node, None)
         self.refused.pop(event.node, None)
@@ -292,6 +295,7 @@ class Allocator(Service):
 
     @handles(ev.PodUpdated)
     async def on_bound(self, event: ev.PodUpdated) -> None:
+        """A pod is bound: its reservation becomes a grant the pod holds."""
         if event.node is None:
             return
         held = self.ledger.pods.get(event.pod.uid)
@@ -319,14 +323,17 @@ class Allocator(Service):
 
     @handles(ev.PodDeleted)
     async def on_deleted(self, event: ev.PodDeleted) -> None:
+        """A pod is gone: release what it held."""
         await self.release(event.pod, event.node, "pod deleted")
 
     @handles(ev.BindFailed)
     async def on_bind_failed(self, event: ev.BindFailed) -> None:
+        """The bind failed: release the reservation."""
         await self.release(event.pod, event.node, f"bind failed: {event.error}")
 
     @handles(ev.AllocationAdmitted)
     async def on_admitted(self, event: ev.AllocationAdmitted) -> None:
+        """The kubelet took the pod's devices: its admission keys are free."""
         self.ledger.admitted(event.pod.uid, event.node)
 
     async def release(self, pod: PodRef, node: NodeName | None, reason: str) -> None:

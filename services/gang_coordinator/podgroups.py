@@ -11,8 +11,6 @@ import asyncio
 import logging
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException
-
 from shared import kube
 from shared.core.model import GangKey
 
@@ -32,54 +30,37 @@ class PodGroupStatus:
         self.wake = asyncio.Event()
 
     def inqueue(self, key: GangKey) -> None:
-        """Its pods went to the allocator."""
-        self._set(key, "Inqueue")
+        """Its pods went to the allocator (said once per phase change)."""
+        if self.phase.get(key) != "Inqueue":
+            self._put(key, {"phase": "Inqueue"})
 
     def pending(self, key: GangKey, unschedulable: str) -> None:
         """The allocator could not place it: the condition says why."""
-        self._set(key, "Pending", unschedulable=unschedulable)
+        now = kube.now_rfc3339()
+        condition = {
+            "type": "Unschedulable",
+            "status": "True",
+            "reason": "NotEnoughResources",
+            "message": unschedulable[:1024],
+            "transitionID": now,
+            "lastTransitionTime": now,
+        }
+        self._put(key, {"phase": "Pending", "conditions": [condition]})
 
     def running(self, key: GangKey, running: int) -> None:
         """``running`` of its pods are bound, at least ``minMember``."""
-        self._set(key, "Running", running=running)
+        condition = {
+            "type": "Scheduled",
+            "status": "True",
+            "reason": "tasks in gang are ready",
+            "lastTransitionTime": kube.now_rfc3339(),
+        }
+        self._put(key, {"phase": "Running", "running": running, "conditions": [condition]})
 
-    def _set(
-        self,
-        key: GangKey,
-        phase: str,
-        *,
-        unschedulable: str | None = None,
-        running: int | None = None,
-    ) -> None:
+    def _put(self, key: GangKey, status: dict[str, Any]) -> None:
         if self.api is None or key not in self.known:
             return
-        if self.phase.get(key) == phase and unschedulable is None and running is None:
-            return
-        self.phase[key] = phase
-        now = kube.now_rfc3339()
-        status: dict[str, Any] = {"phase": phase}
-        if unschedulable is not None:
-            status["conditions"] = [
-                {
-                    "type": "Unschedulable",
-                    "status": "True",
-                    "reason": "NotEnoughResources",
-                    "message": unschedulable[:1024],
-                    "transitionID": now,
-                    "lastTransitionTime": now,
-                }
-            ]
-        elif phase == "Running":
-            status["conditions"] = [
-                {
-                    "type": "Scheduled",
-                    "status": "True",
-                    "reason": "tasks in gang are ready",
-                    "lastTransitionTime": now,
-                }
-            ]
-        if running is not None:
-            status["running"] = running
+        self.phase[key] = status["phase"]
         self.due[key] = status
         self.wake.set()
 
@@ -91,14 +72,5 @@ class PodGroupStatus:
             due, self.due = self.due, {}
             for key, status in due.items():
                 assert self.api is not None
-                try:
-                    await kube.request(
-                        self.api,
-                        "PATCH",
-                        f"{VOLCANO}/namespaces/{key.namespace}/podgroups/{key.name}/status",
-                        {"status": status},
-                        content_type="application/merge-patch+json",
-                    )
-                except ApiException as exc:
-                    if exc.status != 404:
-                        log.warning("cannot update PodGroup %s status: %s", key, exc.status)
+                path = f"{VOLCANO}/namespaces/{key.namespace}/podgroups/{key.name}/status"
+                await kube.patch_status(self.api, path, status)

@@ -88,6 +88,7 @@ class Coordinator(Service):
 
     @handles(ev.PodPending)
     async def on_pending(self, event: ev.PodPending) -> None:
+        """A pod waits for placement (or is announced again)."""
         member = Member(
             pod=event.pod,
             key=GangKey.of(event.pod, event.group),
@@ -105,10 +106,12 @@ class Coordinator(Service):
 
     @handles(ev.AllocationDecided)
     async def on_decided(self, event: ev.AllocationDecided) -> None:
+        """The allocator placed a pod: it counts against its queue as granted."""
         self.gangs.decided(event.pod.uid, grant_vector(event.grants))
 
     @handles(ev.AllocationFailed)
     async def on_failed(self, event: ev.AllocationFailed) -> None:
+        """The allocator could not place these pods: park them, and say why on the PodGroup."""
         self.gangs.failed(
             (p.uid for p in event.pods),
             event.attempt,
@@ -121,11 +124,13 @@ class Coordinator(Service):
 
     @handles(ev.BindFailed)
     async def on_bind_failed(self, event: ev.BindFailed) -> None:
+        """The bind failed: the pod is retried at once."""
         self.gangs.bind_failed(event.pod.uid)
         self.wake.set()
 
     @handles(ev.PodUpdated)
     async def on_bound(self, event: ev.PodUpdated) -> None:
+        """A pod is bound; its PodGroup runs once ``minMember`` are."""
         key = self.gangs.bound_now(event.pod.uid)
         self._drop(event.pod.uid)
         if key is not None and (running := self.gangs.running(key)) is not None:
@@ -133,6 +138,7 @@ class Coordinator(Service):
 
     @handles(ev.PodDeleted, ev.PodRejected)
     async def on_gone(self, event: ev.PodDeleted | ev.PodRejected) -> None:
+        """A pod is gone or invalid: it no longer waits or counts."""
         self.gangs.forget(event.pod.uid)
         self._drop(event.pod.uid)
         self.wake.set()
@@ -145,6 +151,7 @@ class Coordinator(Service):
 
     @handles(ev.PodGroupUpdated)
     async def on_podgroup(self, event: ev.PodGroupUpdated) -> None:
+        """A PodGroup's size, task minimums or queue (a group may be ready now)."""
         key = GangKey(namespace=event.namespace, name=event.name)
         if not ev.changed(self.podgroups.get(key), event):
             return  # a re-announcement of what is known
@@ -159,6 +166,7 @@ class Coordinator(Service):
 
     @handles(ev.PodGroupDeleted)
     async def on_podgroup_deleted(self, event: ev.PodGroupDeleted) -> None:
+        """A PodGroup is gone."""
         key = GangKey(namespace=event.namespace, name=event.name)
         self.podgroups.pop(key, None)
         self.gangs.groups.pop(key, None)
@@ -166,6 +174,7 @@ class Coordinator(Service):
 
     @handles(ev.QueueUpdated)
     async def on_queue(self, event: ev.QueueUpdated) -> None:
+        """A Queue's weight, capability, guarantee or state (shares change)."""
         if not ev.changed(self.queues.get(event.name), event):
             return
         self.queues[event.name] = event
@@ -182,26 +191,31 @@ class Coordinator(Service):
 
     @handles(ev.QueueDeleted)
     async def on_queue_deleted(self, event: ev.QueueDeleted) -> None:
+        """A Queue is gone."""
         self.queues.pop(event.name, None)
         self.gangs.queues.pop(event.name, None)
         self._helpful(node_changed=True)
 
     @handles(ev.NodeInventory)
     async def on_inventory(self, event: ev.NodeInventory) -> None:
+        """A node's devices (the cluster's capacity, which parked pods may now use)."""
         self.gangs.set_node(event.node, event.devices)
         self._helpful(node_changed=True)
 
     @handles(ev.NodeDeleted)
     async def on_node_deleted(self, event: ev.NodeDeleted) -> None:
+        """A node is gone."""
         self.gangs.remove_node(event.node)
         self._helpful(node_changed=True)
 
     @handles(ev.NodeUpdated)
     async def on_node(self, _event: ev.NodeUpdated) -> None:
+        """A node's cordons changed: parked pods may fit elsewhere now."""
         self._helpful(node_changed=True)
 
     @handles(ev.AllocationReleased, ev.AllocationAdmitted)
     async def on_freed(self, _event: ev.AllocationReleased | ev.AllocationAdmitted) -> None:
+        """Devices came free or an admission ended: parked pods are retried."""
         # Devices came free, or a pod of the same admission key left the kubelet.
         self._helpful(node_changed=False)
 

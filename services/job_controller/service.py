@@ -44,6 +44,8 @@ PHASES = ("Pending", "Running", "Succeeded", "Failed")
 
 @dataclass
 class JobState:
+    """One Job as the controller knows it: its spec, its pods' phases, a restart in flight."""
+
     job: ev.JobUpdated
     pods: dict[str, str] = field(default_factory=dict)
     """Pod name -> phase as known here: Pending, Running (bound), Succeeded or Failed."""
@@ -68,6 +70,7 @@ class JobController(Service):
 
     @handles(ev.JobUpdated)
     async def on_job_event(self, job: ev.JobUpdated) -> None:
+        """A Job of ours appeared or changed: make what it lacks."""
         known = self.jobs.get((job.namespace, job.name))
         if not self.ours(job):
             return
@@ -76,6 +79,7 @@ class JobController(Service):
 
     @handles(ev.JobDeleted)
     async def on_job_deleted_event(self, event: ev.JobDeleted) -> None:
+        """A Job of ours is gone: delete what it made."""
         if (event.namespace, event.name) in self.jobs:
             await self.on_job_deleted(event.namespace, event.name)
 
@@ -270,20 +274,9 @@ class JobController(Service):
             "succeeded": counts["Succeeded"],
             "failed": counts["Failed"],
         }
-        try:
-            await kube.request(
-                self.api,
-                "PATCH",
-                f"{BATCH}/namespaces/{job.namespace}/jobs/{job.name}/status",
-                {"status": status},
-                content_type="application/merge-patch+json",
-            )
+        path = f"{BATCH}/namespaces/{job.namespace}/jobs/{job.name}/status"
+        if await kube.patch_status(self.api, path, status):
             state.phase = phase
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning(
-                    "cannot update job %s/%s status: %s", job.namespace, job.name, exc.status
-                )
 
     async def _create(self, path: str, body: dict[str, Any]) -> None:
         try:

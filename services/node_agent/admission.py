@@ -25,6 +25,8 @@ from shared.core.model import ContainerGrant, PodRef, PodUID, Vendor
 
 @dataclass
 class Waiting:
+    """A pod bound here whose kubelet has not taken all its devices yet."""
+
     pod: PodRef
     grants: tuple[ContainerGrant, ...]
     order: int
@@ -43,6 +45,8 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Match:
+    """The grant an ``Allocate`` call gets: whose pod, which container, whether the last."""
+
     pod: PodRef
     grant: ContainerGrant
     admitted: bool
@@ -54,6 +58,8 @@ class AmbiguousError(Exception):
 
 
 class Admissions:
+    """Which pod each ``Allocate`` is for (shared/core/admission.py says why it is certain)."""
+
     def __init__(self) -> None:
         self.waiting: dict[PodUID, Waiting] = {}
         self.current: dict[Vendor, PodUID] = {}

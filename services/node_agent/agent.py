@@ -38,6 +38,8 @@ def consumer_name(node: NodeName) -> str:
 
 
 class Agent:
+    """The agent of one real node: owns its inventory, device plugins and the grants bound here."""
+
     def __init__(self, rt: Runtime, node: NodeName, source: InventorySource) -> None:
         self.rt = rt
         self.node = node

@@ -37,6 +37,8 @@ list NVIDIA's device plugin ignores)."""
 
 
 class InventorySource(Protocol):
+    """Where a node's devices are read from (NVML, npu-smi, a file)."""
+
     def read(self) -> tuple[DeviceInfo, ...]:
         """Every device of the node as it is now (blocking; call it off the event loop)."""
         ...
@@ -50,6 +52,8 @@ class InventorySource(Protocol):
 
 @dataclass
 class FileSource:
+    """One node of an inventory file, re-read at each health check (edit it: a failing card)."""
+
     path: Path
     node: str
 

@@ -34,6 +34,8 @@ class HandoutError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Mount:
+    """A host path mounted into the container."""
+
     container_path: str
     host_path: str
     read_only: bool
@@ -41,6 +43,8 @@ class Mount:
 
 @dataclass(frozen=True, slots=True)
 class DeviceNode:
+    """A device node (``/dev/...``) handed to the container."""
+
     container_path: str
     host_path: str
     permissions: str = "rw"

@@ -60,6 +60,8 @@ REGION_SIZE = PROCS_AT + MAX_PROCS * SLOT_SIZE
 
 @dataclass(frozen=True)
 class DeviceAccount:
+    """One container's use of one device, from the isolation library's accounting file."""
+
     uuid: str
     limit_bytes: int
     used_bytes: int
@@ -102,22 +104,19 @@ DeviceUsage = Callable[[], Mapping[str, tuple[int, float]]]
 """UUID → (memory used in bytes, utilisation percent), read now."""
 
 
+@dataclass(eq=False)
 class NodeMetrics:
-    def __init__(
-        self,
-        node: str,
-        devices: Callable[[], tuple[DeviceInfo, ...]],
-        usage: DeviceUsage,
-        cache_dir: Path,
-        pods: Callable[[], Mapping[PodUID, PodRef]],
-        waiting: Callable[[], int],
-    ) -> None:
-        self.node = node
-        self.devices = devices
-        self.usage = usage
-        self.cache_dir = cache_dir
-        self.pods = pods
-        self.waiting = waiting
+    """The node agent's metrics: device and per-container gauges read at each scrape."""
+
+    node: str
+    devices: Callable[[], tuple[DeviceInfo, ...]]
+    usage: DeviceUsage
+    cache_dir: Path
+    pods: Callable[[], Mapping[PodUID, PodRef]]
+    waiting: Callable[[], int]
+    """Pods bound here whose kubelet has not taken their devices yet."""
+
+    def __post_init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reader = PrometheusMetricReader(
             disable_target_info=True, scope_info_enabled=False, registry=self.registry
@@ -125,11 +124,11 @@ class NodeMetrics:
         self.provider = MeterProvider(metric_readers=[reader])
         meter = self.provider.get_meter("tessera.node-agent")
         gauges: list[tuple[str, str, Callable[[CallbackOptions], Iterable[Observation]]]] = [
-            ("hami_host_gpu_memory_used_bytes", "Device memory in use (NVML).", self._host_mem),
+            ("hami_host_gpu_memory_used_bytes", "Device memory in use (NVML).", self._host(0)),
             (
                 "hami_host_gpu_utilization_ratio",
                 "Device core utilisation in percent (NVML).",
-                self._host_util,
+                self._host(1),
             ),
             (
                 "hami_vgpu_memory_limit_bytes",
@@ -179,21 +178,18 @@ class NodeMetrics:
             "devicetype": d.model,
         }
 
-    def _host_mem(self, _o: CallbackOptions) -> list[Observation]:
-        now = self._usage
-        return [
-            Observation(now[d.uuid][0], self._device_labels(d))
-            for d in self.devices()
-            if d.uuid in now
-        ]
+    def _host(self, field: int) -> Callable[[CallbackOptions], list[Observation]]:
+        """A gauge of one field of NVML's reading (0: memory used, 1: utilisation)."""
 
-    def _host_util(self, _o: CallbackOptions) -> list[Observation]:
-        now = self._usage
-        return [
-            Observation(now[d.uuid][1], self._device_labels(d))
-            for d in self.devices()
-            if d.uuid in now
-        ]
+        def observe(_o: CallbackOptions) -> list[Observation]:
+            now = self._usage
+            return [
+                Observation(now[d.uuid][field], self._device_labels(d))
+                for d in self.devices()
+                if d.uuid in now
+            ]
+
+        return observe
 
     def _inventory(self, _o: CallbackOptions) -> list[Observation]:
         counts: dict[tuple[str, str, bool], int] = {}

@@ -38,6 +38,8 @@ class MigError(RuntimeError):
 
 @dataclass(frozen=True)
 class GiProfile:
+    """A MIG GPU-instance profile a card offers."""
+
     id: int
     slices: int
     memory_mib: int
@@ -45,6 +47,8 @@ class GiProfile:
 
 @dataclass(frozen=True)
 class Instance:
+    """A MIG GPU instance that exists on a card."""
+
     handle: Any
     profile_id: int
     start: int
@@ -52,6 +56,8 @@ class Instance:
 
 
 class MigDriver(Protocol):
+    """The MIG calls the agent makes (NVML on a real card; a fake in tests)."""
+
     def mig_enabled(self, card: str) -> bool: ...
     def profiles(self, card: str) -> list[GiProfile]: ...
     def placements(self, card: str, profile_id: int) -> list[tuple[int, int]]: ...

@@ -103,11 +103,13 @@ class NodeAgent(Service):
 
     @handles(ev.AllocationBound)
     async def on_bound(self, event: ev.AllocationBound) -> None:
+        """A pod was bound to this node: its Allocate calls will get its grant."""
         if self.agent is not None and event.node == self.node:
             await self.agent.bound(event)
 
     @handles(ev.AllocationReleased)
     async def on_released(self, event: ev.AllocationReleased) -> None:
+        """A pod of this node is gone: forget its grant."""
         if self.agent is not None and event.node == self.node:
             self.agent.released(event)
 

@@ -43,6 +43,8 @@ class _Inv(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 
 class SimDevices(_Inv, frozen=True, kw_only=True):
+    """Identical devices of a simulated node."""
+
     vendor: Vendor = "nvidia"
     model: str
     memory: Annotated[int, msgspec.Meta(ge=1)]
@@ -59,6 +61,8 @@ class SimDevices(_Inv, frozen=True, kw_only=True):
 
 
 class SimNode(_Inv, frozen=True, kw_only=True):
+    """A simulated node (``replicas`` of it), its labels and devices."""
+
     name: str
     replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
     labels: dict[str, str] = msgspec.field(default_factory=dict)
@@ -66,6 +70,8 @@ class SimNode(_Inv, frozen=True, kw_only=True):
 
 
 class Inventory(_Inv, frozen=True, kw_only=True):
+    """An inventory file: the simulated nodes."""
+
     nodes: list[SimNode]
 
 
@@ -116,6 +122,8 @@ def expand(inventory: Inventory) -> dict[NodeName, tuple[SimNode, tuple[DeviceIn
 
 
 class Simulator:
+    """Plays every node of an inventory: their Node objects and their inventories on the bus."""
+
     def __init__(self, rt: Runtime, api: kube.Client, inventory: Inventory) -> None:
         self.rt = rt
         self.api = api

@@ -40,6 +40,7 @@ VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
 VOLCANO_BATCH = "/apis/batch.volcano.sh/v1alpha1"
 DISCOVERY_RETRY_S = 30.0
 TERMINAL = ("Succeeded", "Failed")
+INVALID = kube.Condition("PodScheduled", "False", "InvalidRequest")
 
 K = TypeVar("K")
 U = TypeVar("U", bound=ev.Event)
@@ -276,26 +277,15 @@ class Watcher(Service):
         self.rejected[ref.uid] = message
         log.warning("pod %s rejected: %s", ref, message)
         await self.rt.bus.publish(ev.PodRejected(pod=ref, errors=errors))
-        try:
-            await kube.post_event(
-                self.api,
-                ref,
-                reason="FailedScheduling",
-                kind="Warning",
-                message=f"invalid device request: {message}",
-                component="tessera-watcher",
-            )
-            await kube.set_pod_condition(
-                self.api,
-                ref,
-                type_="PodScheduled",
-                status="False",
-                reason="InvalidRequest",
-                message=message,
-            )
-        except ApiException as exc:
-            if exc.status != 404:  # a pod deleted meanwhile needs no message
-                raise
+        await kube.tell(
+            self.api,
+            ref,
+            reason="FailedScheduling",
+            kind="Warning",
+            message=f"invalid device request: {message}",
+            component="tessera-watcher",
+            condition=INVALID,
+        )
 
     def relister(self, scheduler: str) -> kube.RelistHandler:
         async def relist(items: list[dict[str, Any]]) -> None:

@@ -89,16 +89,62 @@ def _static_filter(dev: Dev, c: Constraints) -> Reason | None:
     return None
 
 
-def _no_devices(request: DeviceRequest, pools: Sequence[PoolKey]) -> Reason:
+def _pool_devices(
+    node: NodeState, request: DeviceRequest, pools: Sequence[PoolKey]
+) -> list[Dev] | Reason:
+    """The node's devices of ``pools``, or why there are none (unresolvable)."""
+    if len(pools) == 1:
+        devs = node.pools.get(pools[0], [])
+    else:
+        devs = [d for p in pools for d in node.pools.get(p, ())]
+    if devs:
+        return devs
     modes = sorted({p[1] for p in pools})
     what = (request.chip and f"Ascend{request.chip}") or request.vendor
     return Reason(kind="no-pool", code=UNRESOLVABLE, resource=what, detail="/".join(modes))
 
 
-def _pool_devices(node: NodeState, pools: Sequence[PoolKey]) -> list[Dev]:
-    if len(pools) == 1:
-        return node.pools.get(pools[0], [])
-    return [d for p in pools for d in node.pools.get(p, ())]
+_Check = Callable[[Dev], "Reason | None"]
+
+
+@dataclass(slots=True)
+class _Screened:
+    """A node's devices for one request, screened: those that may take it now (``ok``),
+    how many the pod may use at all (``eligible``), and the first reason of each kind."""
+
+    ok: list[Dev] = field(default_factory=list)
+    eligible: int = 0
+    static: Reason | None = None
+    dynamic: Reason | None = None
+
+    def failure(self) -> Reason:
+        return self.dynamic or self.static or BUSY
+
+
+def _screen(devs: list[Dev], c: Constraints, static: _Check, dynamic: _Check) -> _Screened:
+    """Screen ``devs``: the pod's allow/deny lists and ``static`` (what no load changes),
+    then ``dynamic`` (what a release could change)."""
+    out = _Screened()
+    for d in devs:
+        reason = _static_filter(d, c) or static(d)
+        if reason is not None:
+            out.static = out.static or reason
+            continue
+        out.eligible += 1
+        reason = dynamic(d)
+        if reason is not None:
+            out.dynamic = out.dynamic or reason
+            continue
+        out.ok.append(d)
+    return out
+
+
+def _usable(d: Dev) -> Reason | None:
+    return None if d.usable else UNHEALTHY
+
+
+def _no_check(_d: Dev) -> Reason | None:
+    return None
 
 
 def _order(devs: list[Dev], key: Callable[[Dev], float], policy: Policy) -> list[Dev]:
@@ -135,7 +181,26 @@ def _fgd_pick(
 # --- sliced devices (count x memory x cores) ---------------------------------------------
 
 
-class SlicedFamily:
+class _Family:
+    """What every family shares: ``filter`` finds the node's devices of the request's
+    pools (or says there are none) and hands them to the family's ``fit``."""
+
+    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        raise NotImplementedError
+
+    def fit(
+        self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason:
+        raise NotImplementedError
+
+    def filter(
+        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason:
+        devs = _pool_devices(node, request, self.pools(request, constraints))
+        return devs if isinstance(devs, Reason) else self.fit(devs, request, constraints, ctx)
+
+
+class SlicedFamily(_Family):
     """Software slicing: ``count`` devices, each with memory and cores (HAMi semantics).
 
     Serves NVIDIA in hami-core and MPS mode (MPS: cores are the active-thread percentage),
@@ -163,75 +228,65 @@ class SlicedFamily:
             return request.memory_mib, request.cores
         return index.min_phys * (request.memory_percent or 0) // 100, request.cores
 
-    def filter(
-        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    def fit(
+        self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
-        pools = self.pools(request, constraints)
-        devs = _pool_devices(node, pools)
-        if not devs:
-            return _no_devices(request, pools)
         memory = request.memory_mib
         percent = request.memory_percent or 100
         cores = request.cores
         exclusive = request.exclusive
-        static: Reason | None = None
-        dynamic: Reason | None = None
-        eligible = 0
-        ok: list[Dev] = []
-        for d in devs:
-            reason = _static_filter(d, constraints)
+
+        def need_of(d: Dev) -> int:
             need = memory if memory is not None else d.phys_mem * percent // 100
-            if ctx.clamp_memory and need > d.phys_mem:
-                need = d.phys_mem
-            if reason is None and (need > d.total_mem or cores > d.total_cores > 0):
-                big_mem = need > d.total_mem
-                res = request.memory_resource if big_mem else request.core_resource
-                reason = Reason(
-                    kind="larger-than-card",
-                    code=UNRESOLVABLE,
-                    resource=res or request.resource,
-                    requested=need if big_mem else cores,
-                    capacity=d.total_mem if big_mem else d.total_cores,
-                )
-            if reason is not None:
-                static = static or reason
-                continue
-            eligible += 1
-            if not d.healthy or d.cordoned:
-                reason = UNHEALTHY
-            elif d.used_slots >= d.slots:
-                reason = SPLIT_REACHED
-            elif exclusive and d.used_slots:
-                reason = BUSY
-            elif d.total_mem - d.used_mem < need:
-                reason = Reason(
-                    kind="device-insufficient",
-                    resource=request.memory_resource or request.resource,
-                    requested=need,
-                    free=d.total_mem - d.used_mem,
-                    capacity=d.total_mem,
-                )
+            return min(need, d.phys_mem) if ctx.clamp_memory else need
+
+        def static(d: Dev) -> Reason | None:
+            need = need_of(d)
+            if need <= d.total_mem and not cores > d.total_cores > 0:
+                return None
+            big_mem = need > d.total_mem
+            return Reason(
+                kind="larger-than-card",
+                code=UNRESOLVABLE,
+                resource=(request.memory_resource if big_mem else request.core_resource)
+                or request.resource,
+                requested=need if big_mem else cores,
+                capacity=d.total_mem if big_mem else d.total_cores,
+            )
+
+        def dynamic(d: Dev) -> Reason | None:
+            if not d.usable:
+                return UNHEALTHY
+            if d.used_slots >= d.slots:
+                return SPLIT_REACHED
+            if exclusive and d.used_slots:
+                return BUSY
+            need = need_of(d)
+            short = None
+            if d.total_mem - d.used_mem < need:
+                short = (request.memory_resource, need, d.total_mem - d.used_mem, d.total_mem)
             elif d.total_cores and (
                 d.total_cores - d.used_cores < cores or d.used_cores >= d.total_cores
             ):
-                reason = Reason(
+                short = (request.core_resource, cores, d.total_cores - d.used_cores, d.total_cores)
+            if short is not None:
+                resource, requested, free, capacity = short
+                return Reason(
                     kind="device-insufficient",
-                    resource=request.core_resource or request.resource,
-                    requested=cores,
-                    free=d.total_cores - d.used_cores,
-                    capacity=d.total_cores,
+                    resource=resource or request.resource,
+                    requested=requested,
+                    free=free,
+                    capacity=capacity,
                 )
-            elif d.uuid in ctx.avoid:
-                reason = GROUP_SPREAD
-            if reason is not None:
-                dynamic = dynamic or reason
-                continue
-            ok.append(d)
+            return GROUP_SPREAD if d.uuid in ctx.avoid else None
+
+        screened = _screen(devs, constraints, static, dynamic)
+        ok, eligible = screened.ok, screened.eligible
         count = request.count
         more = ctx.allow_more_devices_than_cards and not exclusive
         if eligible < count and not more:
-            if eligible == 0 and static is not None:
-                return static
+            if eligible == 0 and screened.static is not None:
+                return screened.static
             return Reason(
                 kind="too-few-devices",
                 code=UNRESOLVABLE,
@@ -243,11 +298,7 @@ class SlicedFamily:
                 else " (scheduler.allowMoreDevicesThanCards lets one card serve several)",
             )
         if len(ok) < count and not (more and ok):
-            return dynamic or static or BUSY
-
-        def need_of(d: Dev) -> int:
-            need = memory if memory is not None else d.phys_mem * percent // 100
-            return min(need, d.phys_mem) if ctx.clamp_memory else need
+            return screened.failure()
 
         def grant(d: Dev) -> DeviceGrant:
             return d.grant(
@@ -258,11 +309,13 @@ class SlicedFamily:
 
         policy = ctx.device_policy
         if len(ok) >= count:
-            chosen = self._choose(ok, count, node, request, constraints, policy, need_of, ctx)
+            chosen = self._choose(
+                ok, count, devs[0].node, request, constraints, policy, need_of, ctx
+            )
             if chosen is None:
                 return NUMA
             return [(d, grant(d)) for d in chosen]
-        return self._repeat(ok, count, grant, need_of, cores, policy) or (dynamic or BUSY)
+        return self._repeat(ok, count, grant, need_of, cores, policy) or (screened.dynamic or BUSY)
 
     def _choose(
         self,
@@ -337,7 +390,7 @@ class SlicedFamily:
 # --- MIG --------------------------------------------------------------------------------
 
 
-class MigFamily:
+class MigFamily(_Family):
     """MIG instances: a card keeps one geometry while any instance is used; the smallest
     instance that fits is taken; an idle card is (re)configured to the geometry that
     wastes least (smallest fitting instance, then most instances), preferring the one it
@@ -354,34 +407,22 @@ class MigFamily:
     def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
         return request.memory_mib or 0, 0
 
-    def filter(
-        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    def fit(
+        self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
-        pools = self.pools(request, constraints)
-        devs = _pool_devices(node, pools)
-        if not devs:
-            return _no_devices(request, pools)
-        static: Reason | None = None
-        dynamic: Reason | None = None
-        cards: list[Dev] = []
-        for d in devs:
-            reason = _static_filter(d, constraints)
-            if reason is None and d.mig is None:
-                reason = Reason(kind="no-mig-geometry", code=UNRESOLVABLE, detail=d.model)
-            if reason is None and d.mig is not None and self._need(request, d) > d.mig.largest:
-                reason = MIG_TOO_SMALL
-            if reason is not None:
-                static = static or reason
-                continue
-            if not d.usable:
-                dynamic = dynamic or UNHEALTHY
-                continue
-            if request.exclusive and d.mig_used:
-                dynamic = dynamic or BUSY
-                continue
-            cards.append(d)
+
+        def static(d: Dev) -> Reason | None:
+            if d.mig is None:
+                return Reason(kind="no-mig-geometry", code=UNRESOLVABLE, detail=d.model)
+            return MIG_TOO_SMALL if self._need(request, d) > d.mig.largest else None
+
+        def dynamic(d: Dev) -> Reason | None:
+            return _usable(d) or (BUSY if request.exclusive and d.mig_used else None)
+
+        screened = _screen(devs, constraints, static, dynamic)
+        cards = screened.ok
         if not cards:
-            return dynamic or static or BUSY
+            return screened.failure()
         # tentative state per card: geometry chosen and placements taken
         alt = {d.uuid: d.mig_alt if d.mig_used else -1 for d in cards}
         taken: dict[str, set[int]] = {d.uuid: set(d.mig_used) for d in cards}
@@ -463,20 +504,10 @@ def _template_picks(
     templates: Sequence[VnpuTemplate],
 ) -> Picks | Reason:
     """Fit the first template (in preference order) some device has room for."""
-    static: Reason | None = None
-    dynamic: Reason | None = None
-    eligible: list[Dev] = []
-    for d in devs:
-        reason = _static_filter(d, constraints)
-        if reason is not None:
-            static = static or reason
-            continue
-        if not d.usable:
-            dynamic = dynamic or UNHEALTHY
-            continue
-        eligible.append(d)
+    screened = _screen(devs, constraints, _no_check, _usable)
+    eligible = screened.ok
     if not eligible:
-        return dynamic or static or BUSY
+        return screened.failure()
     whole = request.exclusive
     if whole:
         idle = [d for d in eligible if not d.used_slots]
@@ -534,7 +565,7 @@ def _template_picks(
     return Reason(kind="no-template", detail=templates[0].name)
 
 
-class TemplateFamily:
+class TemplateFamily(_Family):
     """Ascend hard slicing (HAMi mode): memory rounds UP to the smallest template that fits;
     when no template fits but the card does, the whole card; several cards only whole."""
 
@@ -556,13 +587,9 @@ class TemplateFamily:
         t = self.template(request)
         return (t.memory if t is not None else index.min_total), 0
 
-    def filter(
-        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    def fit(
+        self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
-        pools = self.pools(request, constraints)
-        devs = _pool_devices(node, pools)
-        if not devs:
-            return _no_devices(request, pools)
         t = self.template(request)
         if t is None and not request.exclusive:
             whole = DeviceRequest(
@@ -604,7 +631,7 @@ MINDCLUSTER_TABLE: dict[tuple[int, str, str], tuple[str, ...]] = {
 }
 
 
-class MindClusterFamily:
+class MindClusterFamily(_Family):
     """Ascend MindCluster (``huawei.com/npu-core``): AI cores, ``vnpu-level`` and
     ``vnpu-dvpp`` pick a 310P template; ``high`` degrades to the lighter template when
     AI CPUs are scarce; multiples of 8 cores are whole cards."""
@@ -639,14 +666,8 @@ class MindClusterFamily:
     def filter(
         self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
-        pools = self.pools(request, constraints)
-        devs = _pool_devices(node, pools)
-        if request.exclusive:
-            if not devs:
-                return _no_devices(request, pools)
-            return _template_picks(devs, request, constraints, ctx, ())
         templates = self.templates(request, constraints)
-        if not templates:
+        if not templates and not request.exclusive:
             return Reason(
                 kind="no-template-for",
                 code=UNRESOLVABLE,
@@ -654,6 +675,10 @@ class MindClusterFamily:
                 f"vnpu-dvpp={constraints.vnpu_dvpp or 'null'}, "
                 f"vnpu-level={constraints.vnpu_level or 'low'}",
             )
-        if not devs:
-            return _no_devices(request, pools)
+        return super().filter(node, request, constraints, ctx)
+
+    def fit(
+        self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason:
+        templates = self.templates(request, constraints)
         return _template_picks(devs, request, constraints, ctx, templates)

@@ -95,6 +95,8 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class GangMember:
+    """A pod to place as part of a gang, and the PodGroup it belongs to."""
+
     pod: PodRef
     request: PodRequest
     group: GangKey | None = None

@@ -13,18 +13,8 @@ from fractions import Fraction
 _SUFFIX = {
     "": Fraction(1),
     "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
+    **{p: Fraction(1000**i) for i, p in enumerate("kMGTPE", 1)},
+    **{f"{p}i": Fraction(1024**i) for i, p in enumerate("KMGTPE", 1)},
 }
 _QUANTITY = re.compile(
     r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE]))?$"

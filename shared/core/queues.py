@@ -152,6 +152,8 @@ class QueueSpec:
 
 @dataclass
 class QueueShare:
+    """A queue as the water-filling sees it: weight, demand, capability, guarantee."""
+
     name: str
     weight: float = 1.0
     demand: Resources = field(default_factory=dict)

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from msgspec.structs import replace
+
 from shared.core.model import (
     Constraints,
     ContainerRequest,
@@ -60,6 +62,8 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 
 
 class Role(enum.Enum):
+    """What a configured resource name gives of a request (count, memory, cores...)."""
+
     COUNT = "count"
     WHOLE = "whole-count"
     MEMORY = "memory"
@@ -297,33 +301,14 @@ class RequestParser:
                     "own way to ask for devices; keep one",
                 )
                 return []
-            if whole is not None:
-                if whole == 0:
-                    return []
-                return [
-                    DeviceRequest(
-                        vendor=g.vendor,
-                        kind="gpu-number",
-                        resource=g.name(role),
-                        count=whole,
-                        memory_percent=100,
-                        cores=100,
-                        exclusive=True,
-                    )
-                ]
-            if share == 0:
-                return []
-            return [
-                DeviceRequest(
-                    vendor=g.vendor,
-                    kind="gpu-share",
-                    resource=g.name(role),
-                    count=1,
-                    memory_mib=share,
-                    cores=0,
-                    memory_resource=g.name(role),
-                )
-            ]
+            if not (whole or share):
+                return []  # zero devices, or zero memory: nothing asked
+            asked = DeviceRequest(vendor=g.vendor, kind="gpu-share", resource=g.name(role))
+            if whole is not None:  # Volcano gpu-number: whole devices, exclusive
+                whole_cards = {"memory_percent": 100, "cores": 100, "exclusive": True}
+                return [replace(asked, kind="gpu-number", count=whole, **whole_cards)]
+            # Volcano gpu-share: a memory slice of one device, no cores
+            return [replace(asked, memory_mib=share, memory_resource=asked.resource)]
         if not slicing:
             return []  # priority alone asks for nothing
         if percent is not None and percent > 100:
@@ -426,21 +411,26 @@ class RequestParser:
                 f"({chip.memory_capacity} MiB); ask for at most that",
             )
             return []
-        if constraints.vnpu_hami_core:
+        asked = DeviceRequest(
+            vendor="ascend",
+            kind="npu-template",
+            resource=g.name(Role.NPU_COUNT),
+            count=count,
+            chip=chip.chip_name,
+        )
+        if constraints.vnpu_hami_core:  # software slicing, as NVIDIA's hami-core
             exclusive = memory is None and cores is None
+            sliced = {"memory_resource": chip.resource_memory_name}
+            sliced |= {"core_resource": chip.resource_core_name}
             return [
-                DeviceRequest(
-                    vendor="ascend",
+                replace(
+                    asked,
                     kind="vgpu",
-                    resource=g.name(Role.NPU_COUNT),
-                    count=count,
                     memory_mib=memory,
                     memory_percent=100 if memory is None else None,
                     cores=100 if exclusive else (cores or 0),
                     exclusive=exclusive,
-                    chip=chip.chip_name,
-                    memory_resource=chip.resource_memory_name,
-                    core_resource=chip.resource_core_name,
+                    **sliced,
                 )
             ]
         if cores is not None:
@@ -465,18 +455,9 @@ class RequestParser:
                 f"{VNPU_MODE}: hami-core",
             )
             return []
-        return [
-            DeviceRequest(
-                vendor="ascend",
-                kind="npu-template",
-                resource=g.name(Role.NPU_COUNT),
-                count=count,
-                memory_mib=None if whole else memory,
-                memory_percent=100 if whole else None,
-                exclusive=whole,
-                chip=chip.chip_name,
-            )
-        ]
+        if whole:
+            return [replace(asked, memory_percent=100, exclusive=True)]
+        return [replace(asked, memory_mib=memory)]
 
 
 def _named(g: _Values, role: Role, configured: str | list[str]) -> str:

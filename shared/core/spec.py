@@ -188,55 +188,51 @@ def _vendor(
     )
 
 
-def _geometries(models: list[str], *alternatives: list[tuple[str, int, int]]) -> KnownMigGeometries:
-    return KnownMigGeometries(
-        models=models,
-        allowed_geometries=[
-            MigGeometry(
-                group=f"group{i + 1}",
-                geometries=[MigProfile(name=n, memory=m, count=c) for n, m, c in alt],
-            )
-            for i, alt in enumerate(alternatives)
-        ],
-    )
+def _geometries(models: str, *alternatives: str) -> KnownMigGeometries:
+    """A model's alternative MIG geometries, each written ``profile:MiB*count,...``."""
+    parsed = []
+    for i, text in enumerate(alternatives):
+        profiles = []
+        for item in text.split(","):
+            name, _, rest = item.partition(":")
+            memory, _, count = rest.partition("*")
+            profiles.append(MigProfile(name=name, memory=int(memory), count=int(count)))
+        parsed.append(MigGeometry(group=f"group{i + 1}", geometries=profiles))
+    return KnownMigGeometries(models=models.split(","), allowed_geometries=parsed)
 
 
+# The profiles NVIDIA documents per model, with the instance memory NVML reports.
 DEFAULT_MIG_GEOMETRIES: list[KnownMigGeometries] = [
+    _geometries("A30", "1g.6gb:5836*4", "2g.12gb:11904*2", "4g.24gb:24064*1"),
     _geometries(
-        ["A30"],
-        [("1g.6gb", 5836, 4)],
-        [("2g.12gb", 11904, 2)],
-        [("4g.24gb", 24064, 1)],
+        "A100-SXM4-40GB,A100-PCIE-40GB,A100-40GB",
+        "1g.5gb:4864*7",
+        "2g.10gb:9856*3,1g.5gb:4864*1",
+        "3g.20gb:19968*2",
+        "7g.40gb:40192*1",
     ),
     _geometries(
-        ["A100-SXM4-40GB", "A100-PCIE-40GB", "A100-40GB"],
-        [("1g.5gb", 4864, 7)],
-        [("2g.10gb", 9856, 3), ("1g.5gb", 4864, 1)],
-        [("3g.20gb", 19968, 2)],
-        [("7g.40gb", 40192, 1)],
+        "A100-SXM4-80GB,A100-PCIE-80GB,A100-80GB,A800",
+        "1g.10gb:9856*7",
+        "2g.20gb:19968*3,1g.10gb:9856*1",
+        "3g.40gb:40192*2",
+        "7g.80gb:80384*1",
     ),
     _geometries(
-        ["A100-SXM4-80GB", "A100-PCIE-80GB", "A100-80GB", "A800"],
-        [("1g.10gb", 9856, 7)],
-        [("2g.20gb", 19968, 3), ("1g.10gb", 9856, 1)],
-        [("3g.40gb", 40192, 2)],
-        [("7g.80gb", 80384, 1)],
+        "H100,H800",
+        "1g.10gb:9856*7",
+        "1g.20gb:19968*4",
+        "2g.20gb:19968*3,1g.10gb:9856*1",
+        "3g.40gb:40192*2",
+        "7g.80gb:80384*1",
     ),
     _geometries(
-        ["H100", "H800"],
-        [("1g.10gb", 9856, 7)],
-        [("1g.20gb", 19968, 4)],
-        [("2g.20gb", 19968, 3), ("1g.10gb", 9856, 1)],
-        [("3g.40gb", 40192, 2)],
-        [("7g.80gb", 80384, 1)],
-    ),
-    _geometries(
-        ["H200", "H20"],
-        [("1g.18gb", 16640, 7)],
-        [("1g.35gb", 33792, 4)],
-        [("2g.35gb", 33792, 3), ("1g.18gb", 16640, 1)],
-        [("3g.71gb", 71936, 2)],
-        [("7g.141gb", 143360, 1)],
+        "H200,H20",
+        "1g.18gb:16640*7",
+        "1g.35gb:33792*4",
+        "2g.35gb:33792*3,1g.18gb:16640*1",
+        "3g.71gb:71936*2",
+        "7g.141gb:143360*1",
     ),
 ]
 

@@ -103,9 +103,14 @@ async def test_binding_a_replaced_pod_fails_on_uid(api: kube.Client) -> None:
 async def test_event_and_condition_reach_the_pod(api: kube.Client) -> None:
     pod = await _create_pod(api, "default", f"bad-{uuid.uuid4().hex[:6]}")
     message = "nvidia.com/gpucores (container main): 150 exceeds 100; ask for at most 100"
-    await kube.post_event(api, pod, reason="FailedScheduling", message=message, kind="Warning")
-    await kube.set_pod_condition(
-        api, pod, type_="PodScheduled", status="False", reason="Unschedulable", message=message
+    await kube.tell(
+        api,
+        pod,
+        reason="FailedScheduling",
+        message=message,
+        kind="Warning",
+        component="tessera-test",
+        condition=kube.Condition("PodScheduled", "False", "Unschedulable"),
     )
     evs = await kube.request(
         api,

@@ -26,6 +26,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -116,27 +117,21 @@ def socket_name(resource: str) -> str:
     return "tessera-" + resource.replace("/", "-").replace(".", "_") + ".sock"
 
 
+@dataclass(eq=False)
 class ResourceServer:
     """The device plugin of one resource on one node."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        node: NodeName,
-        resource: CountResource,
-        desk: Desk,
-        devices: Callable[[], Mapping[DeviceUUID, DeviceInfo]],
-        on_admitted: Callable[[PodRef], Awaitable[None]],
-        record: Callable[[str, str], None] = lambda _resource, _result: None,
-    ) -> None:
-        self.cfg = cfg
-        self.record = record
-        """Counts each Allocate answered: (resource, result)."""
-        self.node = node
-        self.resource = resource
-        self.desk = desk
-        self.devices = devices
-        self.on_admitted = on_admitted
+    cfg: Config
+    node: NodeName
+    resource: CountResource
+    desk: Desk
+    devices: Callable[[], Mapping[DeviceUUID, DeviceInfo]]
+    on_admitted: Callable[[PodRef], Awaitable[None]]
+    record: Callable[[str, str], None] = lambda _resource, _result: None
+    """Counts each Allocate answered: (resource, result)."""
+
+    def __post_init__(self) -> None:
+        cfg, resource = self.cfg, self.resource
         self.directory = Path(cfg.node_agent.device_plugin_dir)
         self.socket = self.directory / socket_name(resource.name)
         self.server: grpc.aio.Server | None = None
