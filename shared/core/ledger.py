@@ -437,6 +437,8 @@ class Ledger:
         """Nodes whose kubelet asks Tessera's device plugin (see shared/core/admission.py)."""
         self.admitting: dict[NodeName, dict[AdmissionKey, PodUID]] = {}
         """On those nodes, the admission keys of pods granted and not yet admitted."""
+        self.trial_uses = 0
+        """Device uses of open trials (``Statement.use``): no grant may happen meanwhile."""
 
     # --- inventory -------------------------------------------------------------------
 
@@ -553,17 +555,6 @@ class Ledger:
             for dev in devs:
                 index.remove(dev)
 
-    def filed(self, dev: Dev) -> bool:
-        """Is ``dev`` where its free capacity says it belongs in its pool's index?"""
-        index = self.pools.get(dev.pool)
-        if index is None:
-            return True
-        where = index.where.get(dev)
-        mem = dev.mem_key()
-        if where is None:
-            return mem < 0
-        return where[1] == mem and where[2] == dev.core_key()
-
     def reindex(self, devs: Iterable[Dev]) -> None:
         """Re-file the devices whose usage changed, with every device of their node in the
         same pool: the node moves last in each cell, so cell order is node recency, and
@@ -611,6 +602,7 @@ class Ledger:
         a new placement, whose kubelet has yet to take the devices (on plugin nodes its
         admission keys are held until :meth:`admitted`).
         """
+        assert not self.trial_uses, "a trial is open: discard it before granting"
         held = self.pods.get(grant.pod.uid)
         if held is not None:
             if held == grant:
@@ -627,6 +619,7 @@ class Ledger:
 
     def release(self, uid: PodUID) -> PodGrant | None:
         """Return a pod's devices; None if it held nothing (release is idempotent)."""
+        assert not self.trial_uses, "a trial is open: discard it before releasing"
         grant = self.pods.pop(uid, None)
         if grant is None:
             return None
@@ -722,7 +715,9 @@ class Statement:
     see what its first took). ``commit`` keeps the grants and releases; ``discard``
     undoes every step in reverse order, restoring the ledger to its state before the
     first (a property test checks it). Leaving a ``with`` block without ``commit``
-    discards; a statement that holds uses must be discarded.
+    discards. A trial is discarded, never committed, and nothing is granted or released
+    while one is open (the ledger asserts it: the index would file devices by amounts
+    about to vanish).
 
     States::
 
@@ -762,6 +757,7 @@ class Statement:
     def use(self, dev: Dev, grant: DeviceGrant) -> None:
         """Take ``grant`` on ``dev`` tentatively (a trial; see the class docstring)."""
         dev.apply(grant, 1)
+        self.ledger.trial_uses += 1
         self.steps.append((_USE, dev, grant))
 
     def _admitting(self, grant: PodGrant) -> bool:
@@ -777,7 +773,7 @@ class Statement:
     def discard(self) -> None:
         ledger = self.ledger
         steps, self.steps = self.steps, []
-        used: list[Dev] = []
+        used: list[Dev] = []  # counted only: the index never saw a trial's use
         for kind, subject, undo in reversed(steps):
             if kind == _USE:
                 subject.apply(undo, -1)
@@ -789,11 +785,7 @@ class Statement:
                 ledger.release(subject.pod.uid)
                 if held is not None:
                     ledger.grant(held, admitting=was_admitting)
-        # A grant made over a tentative use (here or in a nested statement) filed its
-        # devices by the used amounts; a trial alone never moved them.
-        stale = [d for d in used if not ledger.filed(d)]
-        if stale:
-            ledger.reindex(stale)
+        ledger.trial_uses -= len(used)
 
     def __enter__(self) -> Statement:
         return self

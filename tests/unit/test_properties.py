@@ -220,8 +220,9 @@ def test_random_streams_keep_every_invariant(
 def test_a_discarded_statement_restores_the_ledger_exactly(
     cluster: tuple[dict[str, list[DeviceInfo]], dict[str, NodeOverride]], data: st.DataObject
 ) -> None:
-    """Any mix of grants, replacements, releases and tentative device uses made through a
-    Statement (nested ones committed into it included) is undone exactly by discard."""
+    """Any mix of grants, replacements, releases and trials (tentative device uses, each
+    discarded) made through a Statement, nested gangs committed into it included, is
+    undone exactly by discard."""
     nodes, overrides = cluster
     ledger = Ledger(SPECS, overrides)
     for name, devices in nodes.items():
@@ -246,9 +247,11 @@ def test_a_discarded_statement_restores_the_ledger_exactly(
                 st_outer.grant(old, admitting=data.draw(st.booleans()))
             elif step == "use":
                 node = ledger.nodes[NodeName(data.draw(st.sampled_from(sorted(nodes))))]
-                if node.devices:
-                    dev = node.devices[0]
-                    st_outer.use(dev, dev.grant(memory_mib=1, cores=0, exclusive=False))
+                between = ledger.snapshot()
+                with ledger.statement() as trial:
+                    for dev in node.devices:
+                        trial.use(dev, dev.grant(memory_mib=1, cores=0, exclusive=False))
+                assert ledger.snapshot() == between
             elif step == "nested":
                 members = [
                     GangMember(pod=ref(), request=data.draw(requests()))
