@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 
 from shared.core.admission import AdmissionKey, keys_of_grants
+from shared.core.hosts import NodeSpec, PodSpec
 from shared.core.model import (
     ContainerGrant,
     DeviceGrant,
@@ -52,6 +53,7 @@ from shared.core.model import (
     SharingMode,
     Vendor,
 )
+from shared.core.nodefit import HostNode, Hosts
 from shared.core.spec import DeviceSpecs, KnownMigGeometries, NodeOverride, VendorSpec
 
 PoolKey = tuple[str, str, str]
@@ -298,15 +300,17 @@ def sharing_mode(info: DeviceInfo, override: NodeOverride | None) -> SharingMode
 
 
 class NodeState:
-    """One node: its devices (after overrides) and the pools they belong to."""
+    """One node: its devices (after overrides), the pools they belong to, and its host
+    side (spec and pods, shared/core/nodefit.py)."""
 
-    __slots__ = ("by_uuid", "devices", "name", "pools")
+    __slots__ = ("by_uuid", "devices", "host", "name", "pools")
 
-    def __init__(self, name: NodeName) -> None:
+    def __init__(self, name: NodeName, host: HostNode | None = None) -> None:
         self.name = name
         self.devices: list[Dev] = []
         self.by_uuid: dict[str, Dev] = {}
         self.pools: dict[PoolKey, list[Dev]] = {}
+        self.host = host if host is not None else HostNode(name)
 
 
 class PoolIndex:
@@ -411,6 +415,9 @@ class PodGrant:
     containers: tuple[ContainerGrant, ...]
     group: GangKey | None = None
     """The PodGroup the pod belongs to (``vgpu-podgroup-policy: spread`` avoids its cards)."""
+    spec: PodSpec | None = None
+    """What node filters read of the pod: its requests, ports and labels count on the
+    node while it holds the grant (shared/core/nodefit.py)."""
 
     def device_grants(self) -> Iterator[DeviceGrant]:
         for c in self.containers:
@@ -437,6 +444,8 @@ class Ledger:
         """Nodes whose kubelet asks Tessera's device plugin (see shared/core/admission.py)."""
         self.admitting: dict[NodeName, dict[AdmissionKey, PodUID]] = {}
         """On those nodes, the admission keys of pods granted and not yet admitted."""
+        self.hosts = Hosts()
+        """Every node's spec and every pod on a node, of any scheduler."""
         self.trial_uses = 0
         """Device uses of open trials (``Statement.use``): no grant may happen meanwhile."""
 
@@ -502,7 +511,7 @@ class Ledger:
         old = self.nodes.get(name)
         if old is not None:
             self._unindex(old)
-        node = NodeState(name)
+        node = NodeState(name, self.hosts.node(name))
         blocked = set(cordoned)
         for info in devices:
             if override is not None and override.filter_devices.excludes(info.uuid, info.index):
@@ -528,12 +537,31 @@ class Ledger:
         self.reindex(node.devices)
 
     def remove_node(self, name: NodeName) -> list[PodUID]:
-        """Forget a node; returns the pods that still hold grants on it (kept, unapplied)."""
+        """Forget a node's devices (its agent is gone or refused); returns the pods that
+        still hold grants on it (kept, unapplied). A node whose Node object is known
+        stays, with no devices: it still takes pods that ask for none."""
         node = self.nodes.pop(name, None)
         if node is not None:
             self._unindex(node)
+            if node.host.spec is not None:
+                self.nodes[name] = NodeState(name, node.host)
         self.set_plugin_node(name, False)
         return sorted(self.node_pods.get(name, ()))
+
+    def set_spec(self, spec: NodeSpec) -> None:
+        """A node's Node object (labels, taints, allocatable, cordon); a node with no
+        devices known yet is added without any."""
+        self.hosts.set_spec(spec)
+        name = NodeName(spec.name)
+        if name not in self.nodes:
+            self.nodes[name] = NodeState(name, self.hosts.node(name))
+
+    def forget_node(self, name: NodeName) -> None:
+        """The Node object is gone: its devices and spec with it (pods stay counted
+        until they go)."""
+        self.hosts.drop_spec(name)
+        self.remove_node(name)
+        self.nodes.pop(name, None)
 
     def _index(self, node: NodeState) -> None:
         for pool, devs in node.pools.items():
@@ -611,6 +639,8 @@ class Ledger:
         self.pods[grant.pod.uid] = grant
         self.node_pods.setdefault(grant.node, set()).add(grant.pod.uid)
         self.reindex(self._apply(grant, 1, self.nodes.get(grant.node)))
+        if grant.spec is not None:
+            self.hosts.add_pod(grant.pod.uid, grant.node, grant.spec)
         if admitting and grant.node in self.plugin_nodes:
             busy = self.admitting.setdefault(grant.node, {})
             for key in keys_of_grants(grant.containers):
@@ -630,6 +660,7 @@ class Ledger:
                 del self.node_pods[grant.node]
         self.reindex(self._apply(grant, -1, self.nodes.get(grant.node)))
         self.admitted(uid, grant.node)
+        self.hosts.remove_pod(uid)
         return grant
 
     def admitted(self, uid: PodUID, node: NodeName) -> bool:
@@ -697,7 +728,13 @@ class Ledger:
         admitting = tuple(
             sorted((n, tuple(sorted(keys.items()))) for n, keys in self.admitting.items() if keys)
         )
-        return devices, pods, groups, admitting
+        hosts = tuple(
+            sorted(
+                (n, h.count, tuple(sorted(h.requested.items())), tuple(sorted(h.pods)))
+                for n, h in self.hosts.nodes.items()
+            )
+        )
+        return devices, pods, groups, admitting, hosts
 
     def device_count(self) -> int:
         return sum(len(n.devices) for n in self.nodes.values())

@@ -33,6 +33,7 @@ from shared.core.families import (
     SlicedFamily,
     TemplateFamily,
 )
+from shared.core.hosts import PodSpec
 from shared.core.ledger import Ledger, NodeState, PodGrant, PoolKey, Statement
 from shared.core.model import (
     ContainerGrant,
@@ -43,6 +44,7 @@ from shared.core.model import (
     PodRequest,
     Policy,
 )
+from shared.core.nodefit import Prepared
 from shared.core.policy import Shape, Workload, shape_fraction
 from shared.core.status import (
     SUCCESS,
@@ -66,6 +68,14 @@ class PlacementConfig:
     """``clamp`` (Volcano vGPU): memory above a card is the whole card's memory."""
     fgd_candidates: int = 64
     """Feasible nodes FGD compares per pod (0: every node; the paper's exhaustive form)."""
+    score_window: int = 16
+    """Feasible nodes scored per pod when scores matter: always for a pod that asks for
+    no devices, and for one with soft preferences (preferred node or pod affinity,
+    ScheduleAnyway spread) or when some node has a PreferNoSchedule taint. Other pods
+    take the first node that fits in the device policy's order."""
+    device_score_weight: int = 5
+    """Weight of the device policy's order among the scores of a window (kube-scheduler's
+    own weights are 1 to 3 per plugin; see docs/architecture.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,8 @@ class GangMember:
     pod: PodRef
     request: PodRequest
     group: GangKey | None = None
+    spec: PodSpec | None = None
+    """What node filters read of it (None: devices only, as the core's own tests do)."""
 
 
 @dataclass
@@ -151,6 +163,10 @@ class Placer:
         self.reserved_nodes: dict[NodeName, GangKey] = {}
         """Nodes held for a gang that waited too long (the starvation guard): node → the
         gang. Only that gang is placed there until the hold is dropped."""
+        self._ordered: list[NodeState] = []
+        self._version = -1
+        self._start = 0
+        """Where the round robin of pods with no devices starts next (see _rotation)."""
 
     # --- families -------------------------------------------------------------------
 
@@ -214,10 +230,21 @@ class Placer:
         )
 
     def fit_node(
-        self, node: NodeState, request: PodRequest, ctx: FitContext
+        self,
+        node: NodeState,
+        request: PodRequest,
+        ctx: FitContext,
+        prep: Prepared | None = None,
     ) -> tuple[ContainerGrant, ...] | Status:
-        """The pod's grants on ``node``, or why it does not fit. Leaves no trace: each
-        container's picks are used tentatively, so the next container sees them."""
+        """The pod's grants on ``node``, or why it does not fit: kube-scheduler's filters
+        first (``prep``, when the pod's spec is known), then its devices. Leaves no
+        trace: each container's picks are used tentatively, so the next one sees them."""
+        if prep is not None:
+            refused = prep.filter(node.host)
+            if refused is not None:
+                return refused
+        if not request.wants_devices:
+            return ()
         grants: list[ContainerGrant] = []
         with Statement(self.ledger) as trial:
             for container in request.containers:
@@ -315,41 +342,48 @@ class Placer:
         request: PodRequest,
         group: GangKey | None = None,
         *,
+        spec: PodSpec | None = None,
         owner: GangKey | None = None,
         trial: bool = False,
         statement: Statement | None = None,
     ) -> Placement | Failure:
         """Place and reserve one pod, or say why not.
 
-        ``owner`` is the pod's gang (nodes held for it stay open to it). A ``trial``
-        (a preemption plan asking "would it fit?") neither learns the workload's shape
-        nor scans every node for the reasons of a failure. Given a ``statement``, the
-        grant is made inside it (a gang's transaction).
+        ``spec`` is what node filters read of the pod (None: devices only). ``owner``
+        is the pod's gang (nodes held for it stay open to it). A ``trial`` (a preemption
+        plan asking "would it fit?") neither learns the workload's shape nor scans every
+        node for the reasons of a failure. Given a ``statement``, the grant is made
+        inside it (a gang's transaction).
         """
+        prep: Prepared | None = None
+        if spec is not None:
+            prepared = self.ledger.hosts.prepare(spec)
+            if isinstance(prepared, Status):
+                return Failure(pod=pod, status=prepared)
+            prep = prepared
         primary = self._primary(request)
-        if primary is None:
+        if primary is None and prep is None:
             return Failure(pod=pod, status=Status(code=Code.UNRESOLVABLE, reasons=(_NO_DEVICES,)))
         ctx = self._context(request, group)
         policy = request.constraints.node_policy or self.config.node_policy
-        chosen: tuple[NodeState, tuple[ContainerGrant, ...]] | None = None
-        if policy == "fgd":
-            chosen = self._best_fgd(request, primary, ctx, owner)
+        chosen: tuple[NodeState, tuple[ContainerGrant, ...]] | None
+        if primary is None:
+            chosen = self._choose(self._rotation(owner), request, ctx, prep, policy, rotate=True)
+        elif policy == "fgd":
+            chosen = self._best_fgd(request, primary, ctx, owner, prep)
         else:
-            for node in self._candidates(request, primary, policy, owner):
-                grants = self.fit_node(node, request, ctx)
-                if not isinstance(grants, Status):
-                    chosen = (node, grants)
-                    break
+            nodes = self._candidates(request, primary, policy, owner)
+            chosen = self._choose(nodes, request, ctx, prep, policy)
         if chosen is None:
             if trial:
                 return Failure(pod=pod, status=_TRIAL_MISS)
             # Full scan: it finds every node's reason, and a node the index's bounds missed.
-            scanned = self._scan(request, ctx, owner)
+            scanned = self._scan(request, ctx, owner, prep)
             if isinstance(scanned, Status):
                 return Failure(pod=pod, status=scanned)
             chosen = scanned
         node, grants = chosen
-        grant = PodGrant(pod=pod, node=node.name, containers=grants, group=group)
+        grant = PodGrant(pod=pod, node=node.name, containers=grants, group=group, spec=spec)
         if statement is not None:
             statement.grant(grant, admitting=not trial)
         else:
@@ -358,18 +392,69 @@ class Placer:
             self._observe(request)
         return Placement(pod=pod, node=node.name, grants=grants)
 
+    def _rotation(self, owner: GangKey | None) -> Iterator[NodeState]:
+        """Every node with a known spec, from where the last pod with no devices stopped
+        (kube-scheduler's round robin: such pods spread their evaluation)."""
+        nodes = self._ordered
+        if len(nodes) != len(self.ledger.nodes) or self._version != self.ledger.hosts.version:
+            nodes = self._ordered = sorted(self.ledger.nodes.values(), key=lambda n: n.name)
+            self._version = self.ledger.hosts.version
+        start = self._start % len(nodes) if nodes else 0
+        for i in range(len(nodes)):
+            node = nodes[(start + i) % len(nodes)]
+            self._start += 1
+            if self._held_for_other(node.name, owner) is None:
+                yield node
+
+    def _choose(
+        self,
+        candidates: Iterator[NodeState],
+        request: PodRequest,
+        ctx: FitContext,
+        prep: Prepared | None,
+        policy: Policy,
+        *,
+        rotate: bool = False,
+    ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
+        """The first node that fits, or the best scored of a window of feasible ones
+        (``score_window``) when scores matter (see PlacementConfig)."""
+        window = 1
+        if prep is not None and (rotate or prep.soft()):
+            window = max(self.config.score_window, 1)
+        found: list[tuple[NodeState, tuple[ContainerGrant, ...]]] = []
+        for node in candidates:
+            grants = self.fit_node(node, request, ctx, prep)
+            if isinstance(grants, Status):
+                continue
+            found.append((node, grants))
+            if len(found) >= window:
+                break
+        if len(found) <= 1 or prep is None:
+            return found[0] if found else None
+        scores = prep.score(
+            [n.host for n, _ in found], "spread" if policy == "spread" else "binpack"
+        )
+        if not rotate:  # the device policy's order, first best
+            weight = self.config.device_score_weight
+            last = len(found) - 1
+            for i in range(len(found)):
+                scores[i] += weight * 100 * (last - i) / last
+        best = max(range(len(found)), key=lambda i: (scores[i], -i))
+        return found[best]
+
     def _best_fgd(
         self,
         request: PodRequest,
         primary: DeviceRequest,
         ctx: FitContext,
         owner: GangKey | None,
+        prep: Prepared | None,
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
         limit = self.config.fgd_candidates or len(self.ledger.nodes)
         best: tuple[float, NodeState, tuple[ContainerGrant, ...]] | None = None
         found = 0
         for node in self._candidates(request, primary, "binpack", owner):
-            grants = self.fit_node(node, request, ctx)
+            grants = self.fit_node(node, request, ctx, prep)
             if isinstance(grants, Status):
                 continue
             found += 1
@@ -399,19 +484,34 @@ class Placer:
                 frac = shape_fraction(mem, r.cores / 100, r.exclusive)
                 self.workload.observe(Shape(r.count, frac))
 
-    def explain(self, pod: PodRef, request: PodRequest, group: GangKey | None = None) -> Status:
+    def explain(
+        self,
+        pod: PodRef,
+        request: PodRequest,
+        group: GangKey | None = None,
+        spec: PodSpec | None = None,
+    ) -> Status:
         """Ask every node why the pod does not fit (now); the counted reasons, or success
         when some node would take it."""
-        scanned = self._scan(request, self._context(request, group), None)
+        prep = self.ledger.hosts.prepare(spec) if spec is not None else None
+        if isinstance(prep, Status):
+            return prep
+        scanned = self._scan(request, self._context(request, group), None, prep)
         return scanned if isinstance(scanned, Status) else SUCCESS
 
     def _scan(
-        self, request: PodRequest, ctx: FitContext, owner: GangKey | None
+        self,
+        request: PodRequest,
+        ctx: FitContext,
+        owner: GangKey | None,
+        prep: Prepared | None = None,
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | Status:
         """Fit every node: the first that fits, or the counted reasons of all."""
         rejected: list[Status] = []
         for node in self.ledger.nodes.values():
-            status = self._held_for_other(node.name, owner) or self.fit_node(node, request, ctx)
+            status = self._held_for_other(node.name, owner) or self.fit_node(
+                node, request, ctx, prep
+            )
             if not isinstance(status, Status):
                 return node, status
             rejected.append(status)
@@ -440,7 +540,13 @@ class Placer:
         with Statement(self.ledger, statement) as gang:
             for i, m in enumerate(members):
                 result = self.place(
-                    m.pod, m.request, m.group, owner=owner, trial=trial, statement=gang
+                    m.pod,
+                    m.request,
+                    m.group,
+                    spec=m.spec,
+                    owner=owner,
+                    trial=trial,
+                    statement=gang,
                 )
                 if isinstance(result, Placement):
                     placed.append(result)

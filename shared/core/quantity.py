@@ -12,12 +12,14 @@ from fractions import Fraction
 
 _SUFFIX = {
     "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
     "m": Fraction(1, 1000),
     **{p: Fraction(1000**i) for i, p in enumerate("kMGTPE", 1)},
     **{f"{p}i": Fraction(1024**i) for i, p in enumerate("KMGTPE", 1)},
 }
 _QUANTITY = re.compile(
-    r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE]))?$"
+    r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
 )
 
 

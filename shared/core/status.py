@@ -50,8 +50,10 @@ _TEXT: dict[str, str] = {
     "too-many-pods": "Too many pods",
     "node-unschedulable": "node(s) were unschedulable",
     "node-name": "node(s) didn't match the requested node name",
+    "node-set": "node(s) didn't satisfy plugin(s) [NodeAffinity]",
+    "affinity-conflict": "pod affinity terms conflict",
     "node-affinity": "node(s) didn't match Pod's node affinity/selector",
-    "taint": "node(s) had untolerated taint {detail}",
+    "taint": "node(s) had untolerated taint(s)",
     "node-ports": "node(s) didn't have free ports for the requested pod ports",
     "pod-affinity": "node(s) didn't match pod affinity rules",
     "pod-anti-affinity": "node(s) didn't match pod anti-affinity rules",
@@ -154,7 +156,8 @@ class Status(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     def message(self) -> str:
         """What the pod's Event and condition say (kube-scheduler's shape)."""
         if self.nodes > 0:
-            lines = sorted(f"{r.nodes} {r.text()}" for r in self.reasons)
+            # A reason on no node in particular (a PreFilter's) is said without a count.
+            lines = sorted(f"{r.nodes} {r.text()}" if r.nodes else r.text() for r in self.reasons)
             body = f"0/{self.nodes} nodes are available"
             body += f": {', '.join(lines)}." if lines else "."
         else:

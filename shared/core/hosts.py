@@ -1,0 +1,551 @@
+"""What node filters read of a pod and of a node, parsed once from the API objects.
+
+A :class:`PodSpec` holds the parts of a pod kube-scheduler's filters and scores read:
+its effective resource request, host ports, node selector and affinity, tolerations,
+pod (anti-)affinity terms and topology spread constraints, labels and namespace. A
+:class:`NodeSpec` holds a node's labels, taints, allocatable resources and cordon. The
+watcher parses them (:func:`pod_spec`, :func:`node_spec`) and they travel on the bus;
+shared/core/nodefit.py applies them. The rules are kube-scheduler's (the pinned
+release of tools/go.mod); where the API server would have defaulted or merged
+something before the scheduler saw it, the parser does the same, so a pod read from
+any source means what it means to kube-scheduler.
+
+Device resources Tessera manages (every configured name) are left out of the request:
+the device families place them; the rest (cpu, memory, ephemeral-storage, hugepages-*,
+other extended resources) is fitted against the node's allocatable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from fractions import Fraction
+from typing import Any, Literal
+
+import msgspec
+
+from shared.core.quantity import parse_quantity
+
+CPU, MEMORY, EPHEMERAL, PODS = "cpu", "memory", "ephemeral-storage", "pods"
+DEFAULT_MILLI_CPU = 100
+"""What scoring assumes a container without a cpu request uses (kube-scheduler's)."""
+DEFAULT_MEMORY = 200 * 1024 * 1024
+"""What scoring assumes a container without a memory request uses (kube-scheduler's)."""
+HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+Operator = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+
+
+class Requirement(msgspec.Struct, frozen=True, array_like=True):
+    """One ``key op values`` requirement of a label or node selector."""
+
+    key: str
+    op: Operator
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        op = self.op
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        if value is None:
+            return False
+        try:  # Gt / Lt: both sides base-10 integers (checked when parsed)
+            have = int(value)
+        except ValueError:
+            return False
+        bound = int(self.values[0])
+        return have > bound if op == "Gt" else have < bound
+
+
+class Selector(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A label selector: every requirement must hold. ``nothing`` is a nil selector
+    (it matches no pod); no requirements at all match everything."""
+
+    requirements: tuple[Requirement, ...] = ()
+    nothing: bool = False
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.nothing:
+            return False
+        return all(r.matches(labels) for r in self.requirements)
+
+    @property
+    def everything(self) -> bool:
+        return not self.nothing and not self.requirements
+
+
+NOTHING = Selector(nothing=True)
+EVERYTHING = Selector()
+
+
+class NodeTerm(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One ``nodeSelectorTerm``: label requirements AND ``metadata.name`` requirements.
+    ``invalid`` terms (an operator with the wrong values) never match, as upstream."""
+
+    labels: tuple[Requirement, ...] = ()
+    names: tuple[Requirement, ...] = ()
+    invalid: bool = False
+    pinned: tuple[tuple[str, ...], ...] = ()
+    """The values of each ``metadata.name In`` field, as written: kube-scheduler's
+    PreFilter narrows the nodes to them (see shared/core/nodefit.py)."""
+
+    def matches(self, name: str, labels: Mapping[str, str]) -> bool:
+        if self.invalid:
+            return False
+        field = {"metadata.name": name}
+        return all(r.matches(labels) for r in self.labels) and all(
+            r.matches(field) for r in self.names
+        )
+
+
+class WeightedNodeTerm(msgspec.Struct, frozen=True, array_like=True):
+    weight: int
+    term: NodeTerm
+
+
+class Toleration(msgspec.Struct, frozen=True, omit_defaults=True):
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        """kube's ``ToleratesTaint`` (comparison operators are off by default: never)."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator in ("", "Equal"):
+            return self.value == taint.value
+        return self.operator == "Exists"
+
+
+class Taint(msgspec.Struct, frozen=True, array_like=True):
+    key: str
+    value: str
+    effect: str
+
+
+class AffinityTerm(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A pod (anti-)affinity term: pods matched by ``selector`` in ``namespaces`` (or in
+    namespaces matched by ``namespace_selector``), counted per ``topology_key`` domain."""
+
+    topology_key: str
+    selector: Selector = NOTHING
+    namespaces: tuple[str, ...] = ()
+    namespace_selector: Selector = NOTHING
+
+    def matches(
+        self, namespace: str, labels: Mapping[str, str], ns_labels: Mapping[str, str] | None
+    ) -> bool:
+        """kube's ``AffinityTerm.Matches`` for a pod in ``namespace`` whose namespace's
+        labels are ``ns_labels`` (an empty set when unknown)."""
+        in_ns = namespace in self.namespaces or self.namespace_selector.matches(ns_labels or {})
+        return in_ns and self.selector.matches(labels)
+
+
+class WeightedAffinityTerm(msgspec.Struct, frozen=True, array_like=True):
+    weight: int
+    term: AffinityTerm
+
+
+class SpreadConstraint(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A topology spread constraint, with the API server's and the scheduler's defaults
+    applied (``matchLabelKeys`` merged into the selector)."""
+
+    max_skew: int
+    topology_key: str
+    hard: bool
+    """DoNotSchedule (filters) rather than ScheduleAnyway (scores)."""
+    selector: Selector = NOTHING
+    min_domains: int = 1
+    honor_affinity: bool = True
+    """``nodeAffinityPolicy: Honor`` (the default): only nodes matching the pod's node
+    selector and affinity form domains and hold counted pods."""
+    honor_taints: bool = False
+    """``nodeTaintsPolicy: Honor``: likewise for nodes whose taints the pod tolerates."""
+
+
+class HostPort(msgspec.Struct, frozen=True, array_like=True):
+    ip: str
+    protocol: str
+    port: int
+
+
+class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What kube-scheduler's filters and scores read of one pod (see the module doc)."""
+
+    namespace: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    requests: dict[str, int] = msgspec.field(default_factory=dict)
+    """The effective request, without Tessera's device names: cpu in millicores, memory
+    and storage in bytes, extended resources in their units. A name present with 0 is
+    kept (it checks nothing)."""
+    nonzero_cpu: int = DEFAULT_MILLI_CPU
+    nonzero_memory: int = DEFAULT_MEMORY
+    """cpu and memory as scoring counts them (a container naming neither gets defaults)."""
+    ports: tuple[HostPort, ...] = ()
+    node_name: str = ""
+    node_selector: dict[str, str] = msgspec.field(default_factory=dict)
+    node_affinity: tuple[NodeTerm, ...] | None = None
+    """Required node affinity's terms (any one must match); None when there is none."""
+    preferred_nodes: tuple[WeightedNodeTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    affinity: tuple[AffinityTerm, ...] = ()
+    anti_affinity: tuple[AffinityTerm, ...] = ()
+    preferred_affinity: tuple[WeightedAffinityTerm, ...] = ()
+    preferred_anti_affinity: tuple[WeightedAffinityTerm, ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
+    terminating: bool = False
+    """Being deleted: counts for resources, ports and affinity, not for spread."""
+
+    def matches_node(self, name: str, labels: Mapping[str, str]) -> bool:
+        """The node selector and required node affinity (NodeAffinity's filter)."""
+        for key, value in self.node_selector.items():
+            if labels.get(key) != value:
+                return False
+        terms = self.node_affinity
+        return terms is None or any(t.matches(name, labels) for t in terms)
+
+    def tolerates(self, taints: Iterable[Taint]) -> Taint | None:
+        """The first NoSchedule/NoExecute taint no toleration tolerates, or None."""
+        for taint in taints:
+            if taint.effect in ("NoSchedule", "NoExecute") and not any(
+                t.tolerates(taint) for t in self.tolerations
+            ):
+                return taint
+        return None
+
+
+class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What kube-scheduler's filters and scores read of one node."""
+
+    name: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    allocatable: dict[str, int] = msgspec.field(default_factory=dict)
+    """cpu in millicores, memory and storage in bytes, ``pods``, scalar resources."""
+    unschedulable: bool = False
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+
+def _ceil(q: Fraction) -> int:
+    return math.ceil(q)
+
+
+def _amount(name: str, total: Fraction) -> int:
+    return _ceil(total * 1000) if name == CPU else _ceil(total)
+
+
+def is_scalar(name: str) -> bool:
+    """Resources NodeResourcesFit checks beyond cpu, memory and storage (kube's
+    ``IsScalarResourceName``): extended resources, hugepages, ``kubernetes.io/`` names."""
+    if name.startswith(("hugepages-", "attachable-volumes-")) or "kubernetes.io/" in name:
+        return True
+    return "/" in name
+
+
+def _counted(name: str, managed: Collection[str]) -> bool:
+    return name not in managed and (name in (CPU, MEMORY, EPHEMERAL) or is_scalar(name))
+
+
+def _quantities(raw: Mapping[str, Any] | None) -> dict[str, Fraction]:
+    out: dict[str, Fraction] = {}
+    for name, value in (raw or {}).items():
+        try:
+            out[str(name)] = parse_quantity(value)
+        except ValueError:
+            continue  # the API server never stores one; a hand-made object is skipped
+    return out
+
+
+def _container_requests(c: Mapping[str, Any]) -> dict[str, Fraction]:
+    """A container's requests, defaulted from its limits as the API server does."""
+    resources = c.get("resources") or {}
+    out = _quantities(resources.get("limits"))
+    out.update(_quantities(resources.get("requests")))
+    return out
+
+
+def _add(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
+    for k, v in more.items():
+        total[k] = total.get(k, Fraction(0)) + v
+
+
+def _max(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
+    for k, v in more.items():
+        if v > total.get(k, Fraction(-1)):
+            total[k] = v
+
+
+def pod_requests(spec: Mapping[str, Any], *, nonzero: bool = False) -> dict[str, Fraction]:
+    """kube's ``PodRequests``: app containers summed, init containers as the largest
+    step (restartable "sidecar" ones run beside everything after them), pod-level
+    requests overriding, overhead added. ``nonzero``: containers naming no cpu or
+    memory count the scoring defaults instead."""
+
+    def req(c: Mapping[str, Any]) -> dict[str, Fraction]:
+        r = _container_requests(c)
+        if nonzero:
+            r.setdefault(CPU, Fraction(DEFAULT_MILLI_CPU, 1000))
+            r.setdefault(MEMORY, Fraction(DEFAULT_MEMORY))
+        return r
+
+    total: dict[str, Fraction] = {}
+    for c in spec.get("containers") or ():
+        _add(total, req(c))
+    sidecars: dict[str, Fraction] = {}
+    init_max: dict[str, Fraction] = {}
+    for c in spec.get("initContainers") or ():
+        r = req(c)
+        if c.get("restartPolicy") == "Always":
+            _add(total, r)
+            _add(sidecars, r)
+            step = dict(sidecars)
+        else:
+            step = dict(r)
+            _add(step, sidecars)
+        _max(init_max, step)
+    _max(total, init_max)
+    pod_level = _quantities((spec.get("resources") or {}).get("requests"))
+    for k, v in pod_level.items():
+        if k in (CPU, MEMORY) or k.startswith("hugepages-"):
+            total[k] = v
+    _add(total, _quantities(spec.get("overhead")))
+    return total
+
+
+def _selector(raw: Mapping[str, Any] | None) -> Selector:
+    """A ``metav1.LabelSelector``: nil matches nothing, ``{}`` everything."""
+    if raw is None:
+        return NOTHING
+    reqs = [Requirement(str(k), "In", (str(v),)) for k, v in (raw.get("matchLabels") or {}).items()]
+    for e in raw.get("matchExpressions") or ():
+        op = e.get("operator")
+        values = tuple(str(v) for v in e.get("values") or ())
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return NOTHING
+        if (op in ("In", "NotIn")) != bool(values):
+            return NOTHING  # the API server refuses these; never match one
+        reqs.append(Requirement(str(e.get("key", "")), op, values))
+    return Selector(tuple(reqs))
+
+
+def _node_requirement(e: Mapping[str, Any]) -> Requirement | None:
+    """A node selector requirement, or None when it cannot be parsed (its term then
+    never matches, as upstream)."""
+    op = e.get("operator")
+    values = tuple(str(v) for v in e.get("values") or ())
+    key = str(e.get("key", ""))
+    if op in ("In", "NotIn"):
+        return Requirement(key, op, values) if values else None
+    if op in ("Exists", "DoesNotExist"):
+        return None if values else Requirement(key, op)
+    if op in ("Gt", "Lt"):
+        if len(values) != 1:
+            return None
+        try:
+            int(values[0])
+        except ValueError:
+            return None
+        return Requirement(key, op, values)
+    return None
+
+
+def _node_term(raw: Mapping[str, Any]) -> NodeTerm:
+    """A ``nodeSelectorTerm``; an empty one never matches (upstream drops it)."""
+    exprs = raw.get("matchExpressions") or ()
+    fields = raw.get("matchFields") or ()
+    pinned = tuple(
+        tuple(str(v) for v in f.get("values") or ())
+        for f in fields
+        if f.get("key") == "metadata.name" and f.get("operator") == "In"
+    )
+    if not exprs and not fields:
+        return NodeTerm(invalid=True)
+    labels = [_node_requirement(e) for e in exprs]
+    names: list[Requirement | None] = []
+    for f in fields:
+        r = _node_requirement(f)
+        ok = (
+            r is not None
+            and f.get("key") == "metadata.name"
+            and r.op in ("In", "NotIn")
+            and len(r.values) == 1
+        )
+        names.append(r if ok else None)
+    if any(r is None for r in (*labels, *names)):
+        return NodeTerm(invalid=True, pinned=pinned)
+    return NodeTerm(
+        labels=tuple(r for r in labels if r is not None),
+        names=tuple(r for r in names if r is not None),
+        pinned=pinned,
+    )
+
+
+def _merge_keys(
+    selector: Selector, labels: Mapping[str, str], keys: Iterable[str], op: str
+) -> Selector:
+    """The API server's merge of ``matchLabelKeys`` (op In) or ``mismatchLabelKeys``
+    (op NotIn) into a selector, for keys the pod itself carries."""
+    if selector.nothing:
+        return selector
+    extra = [Requirement(k, op, (labels[k],)) for k in keys if k in labels]  # type: ignore[arg-type]
+    return Selector((*selector.requirements, *extra)) if extra else selector
+
+
+def _affinity_term(
+    raw: Mapping[str, Any], namespace: str, labels: Mapping[str, str]
+) -> AffinityTerm:
+    selector = _selector(raw.get("labelSelector"))
+    selector = _merge_keys(selector, labels, raw.get("matchLabelKeys") or (), "In")
+    selector = _merge_keys(selector, labels, raw.get("mismatchLabelKeys") or (), "NotIn")
+    namespaces = tuple(str(n) for n in raw.get("namespaces") or ())
+    ns_raw = raw.get("namespaceSelector")
+    if not namespaces and ns_raw is None:
+        namespaces = (namespace,)
+    return AffinityTerm(
+        topology_key=str(raw.get("topologyKey", "")),
+        selector=selector,
+        namespaces=namespaces,
+        namespace_selector=_selector(ns_raw),
+    )
+
+
+def _affinity_terms(
+    section: Mapping[str, Any], namespace: str, labels: Mapping[str, str]
+) -> tuple[tuple[AffinityTerm, ...], tuple[WeightedAffinityTerm, ...]]:
+    required = tuple(
+        _affinity_term(t, namespace, labels)
+        for t in section.get("requiredDuringSchedulingIgnoredDuringExecution") or ()
+    )
+    preferred = tuple(
+        WeightedAffinityTerm(
+            int(w.get("weight") or 0),
+            _affinity_term(w.get("podAffinityTerm") or {}, namespace, labels),
+        )
+        for w in section.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
+    )
+    return required, preferred
+
+
+def _spread(raw: Mapping[str, Any], labels: Mapping[str, str]) -> SpreadConstraint:
+    selector = _merge_keys(
+        _selector(raw.get("labelSelector")), labels, raw.get("matchLabelKeys") or (), "In"
+    )
+    return SpreadConstraint(
+        max_skew=int(raw.get("maxSkew") or 1),
+        topology_key=str(raw.get("topologyKey", "")),
+        hard=raw.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule",
+        selector=selector,
+        min_domains=int(raw.get("minDomains") or 1),
+        honor_affinity=raw.get("nodeAffinityPolicy", "Honor") != "Ignore",
+        honor_taints=raw.get("nodeTaintsPolicy", "Ignore") == "Honor",
+    )
+
+
+def _ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    """Host ports of app containers and restartable init containers."""
+    containers = [
+        *(spec.get("containers") or ()),
+        *(c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"),
+    ]
+    host_network = bool(spec.get("hostNetwork"))
+    out = []
+    for c in containers:
+        for p in c.get("ports") or ():
+            port = int(p.get("hostPort") or 0)
+            if host_network and not port:
+                port = int(p.get("containerPort") or 0)  # defaulted by the API server
+            if port > 0:
+                out.append(
+                    HostPort(
+                        str(p.get("hostIP") or "0.0.0.0"), str(p.get("protocol") or "TCP"), port
+                    )
+                )
+    return tuple(out)
+
+
+def pod_spec(obj: Mapping[str, Any], managed: Collection[str] = ()) -> PodSpec:
+    """The :class:`PodSpec` of a pod object; ``managed`` are Tessera's device names."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    namespace = str(meta.get("namespace") or "default")
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    requests = {k: _amount(k, v) for k, v in pod_requests(spec).items() if _counted(k, managed)}
+    nonzero = pod_requests(spec, nonzero=True)
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms: tuple[NodeTerm, ...] | None = None
+    if required is not None:
+        terms = tuple(_node_term(t) for t in required.get("nodeSelectorTerms") or ())
+    preferred = []
+    for w in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+        preference = w.get("preference") or {}
+        weight = int(w.get("weight") or 0)
+        if weight and (preference.get("matchExpressions") or preference.get("matchFields")):
+            preferred.append(WeightedNodeTerm(weight, _node_term(preference)))
+    aff, pref_aff = _affinity_terms(affinity.get("podAffinity") or {}, namespace, labels)
+    anti, pref_anti = _affinity_terms(affinity.get("podAntiAffinity") or {}, namespace, labels)
+    return PodSpec(
+        namespace=namespace,
+        labels=labels,
+        requests=requests,
+        nonzero_cpu=_amount(CPU, nonzero.get(CPU, Fraction(0))),
+        nonzero_memory=_amount(MEMORY, nonzero.get(MEMORY, Fraction(0))),
+        ports=_ports(spec),
+        node_name=str(spec.get("nodeName") or ""),
+        node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
+        node_affinity=terms,
+        preferred_nodes=tuple(preferred),
+        tolerations=tuple(
+            Toleration(
+                key=str(t.get("key") or ""),
+                operator=str(t.get("operator") or "Equal"),
+                value=str(t.get("value") or ""),
+                effect=str(t.get("effect") or ""),
+            )
+            for t in spec.get("tolerations") or ()
+        ),
+        affinity=aff,
+        anti_affinity=anti,
+        preferred_affinity=pref_aff,
+        preferred_anti_affinity=pref_anti,
+        spread=tuple(_spread(c, labels) for c in spec.get("topologySpreadConstraints") or ()),
+        terminating=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
+    """The :class:`NodeSpec` of a node object (allocatable defaults to capacity)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    raw = status.get("allocatable") or status.get("capacity") or {}
+    allocatable = {
+        k: _amount(k, v)
+        for k, v in _quantities(raw).items()
+        if k in (CPU, MEMORY, EPHEMERAL, PODS) or is_scalar(k)
+    }
+    return NodeSpec(
+        name=str(meta.get("name", "")),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        taints=tuple(
+            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+            for t in spec.get("taints") or ()
+        ),
+        allocatable=allocatable,
+        unschedulable=bool(spec.get("unschedulable")),
+    )
