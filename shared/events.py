@@ -93,9 +93,21 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
             return cls.SUBJECT
         return f"{cls.SUBJECT}.{'>' if key is None else subject_token(key)}"
 
+    DEDUP: ClassVar[tuple[str, ...]] = ()
+    """The fields (dotted paths) that identify a repeat of this event, e.g. the pod and
+    the attempt of a decision; none: every event is new (its ``event_id``)."""
+
     def dedup_id(self) -> str:
         """JetStream de-duplication id (``Nats-Msg-Id``): a retried publish is stored once."""
-        return self.event_id
+        if not self.DEDUP:
+            return self.event_id
+        parts = [self.__struct_config__.tag]
+        for path in self.DEDUP:
+            value: Any = self
+            for name in path.split("."):
+                value = getattr(value, name)
+            parts.append(str(value))
+        return ":".join(str(p) for p in parts)
 
 
 def changed(old: Event | None, new: Event) -> bool:
@@ -298,14 +310,12 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
 class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decided"):
     """The allocator placed one pod and reserved its devices; the binder writes it."""
 
+    DEDUP = ("pod.uid", "attempt")
     pod: PodRef
     node: NodeName
     grants: tuple[ContainerGrant, ...]
     gang: GangRef | None = None
     attempt: int = 1
-
-    def dedup_id(self) -> str:
-        return f"decided:{self.pod.uid}:{self.attempt}"
 
 
 class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -358,6 +368,7 @@ class PreemptionDecided(Event, frozen=True, kw_only=True, tag="allocation.preemp
     """Pods to evict so that ``gang`` fits; the binder evicts them and the allocator keeps
     what they free for the gang."""
 
+    DEDUP = ("gang.namespace", "gang.name", "attempt")
     gang: GangRef
     preemptor: tuple[PodRef, ...]
     victims: tuple[VictimUnit, ...]
@@ -365,45 +376,27 @@ class PreemptionDecided(Event, frozen=True, kw_only=True, tag="allocation.preemp
     """Where the gang will go once the victims are gone."""
     attempt: int = 1
 
-    def dedup_id(self) -> str:
-        return f"preempting:{self.gang.namespace}/{self.gang.name}:{self.attempt}"
-
 
 class AllocationBound(Event, frozen=True, kw_only=True, tag="allocation.bound"):
     """The Binding with the grant annotations was written: the grant is durable."""
 
+    DEDUP = ("pod.uid", "attempt")
     KEY = _key("node")
     pod: PodRef
     node: NodeName
     grants: tuple[ContainerGrant, ...]
     attempt: int = 1
 
-    def dedup_id(self) -> str:
-        return f"bound:{self.pod.uid}:{self.attempt}"
-
 
 class BindFailed(Event, frozen=True, kw_only=True, tag="allocation.bind-failed"):
     """The Binding write failed for good; the reservation must be released."""
 
+    DEDUP = ("pod.uid", "attempt")
     pod: PodRef
     node: NodeName
     error: str
+    """What the API server answered, or why the write was not made."""
     attempt: int = 1
-
-    def dedup_id(self) -> str:
-        return f"bind-failed:{self.pod.uid}:{self.attempt}"
-
-
-class AllocationReleased(Event, frozen=True, kw_only=True, tag="allocation.released"):
-    """A pod's grant was returned to the ledger (pod deleted, finished, or bind failed)."""
-
-    KEY = _key("node")
-    pod: PodRef
-    node: NodeName
-    reason: str
-
-    def dedup_id(self) -> str:
-        return f"released:{self.pod.uid}:{self.node}"
 
 
 class AllocationAdmitted(Event, frozen=True, kw_only=True, tag="allocation.admitted"):
@@ -411,11 +404,19 @@ class AllocationAdmitted(Event, frozen=True, kw_only=True, tag="allocation.admit
     with its own grant); another pod of its admission key may now bind to the node."""
 
     KEY = _key("node")
+    DEDUP = ("pod.uid", "node")
     pod: PodRef
     node: NodeName
 
-    def dedup_id(self) -> str:
-        return f"admitted:{self.pod.uid}:{self.node}"
+
+class AllocationReleased(Event, frozen=True, kw_only=True, tag="allocation.released"):
+    """A pod's grant was returned to the ledger (pod deleted, finished, or bind failed)."""
+
+    DEDUP = ("pod.uid", "node")
+    KEY = _key("node")
+    pod: PodRef
+    node: NodeName
+    reason: str
 
 
 AnyEvent = (

@@ -484,19 +484,13 @@ class Placer:
                 frac = shape_fraction(mem, r.cores / 100, r.exclusive)
                 self.workload.observe(Shape(r.count, frac))
 
-    def explain(
-        self,
-        pod: PodRef,
-        request: PodRequest,
-        group: GangKey | None = None,
-        spec: PodSpec | None = None,
-    ) -> Status:
+    def explain(self, m: GangMember) -> Status:
         """Ask every node why the pod does not fit (now); the counted reasons, or success
         when some node would take it."""
-        prep = self.ledger.hosts.prepare(spec) if spec is not None else None
+        prep = self.ledger.hosts.prepare(m.spec) if m.spec is not None else None
         if isinstance(prep, Status):
             return prep
-        scanned = self._scan(request, self._context(request, group), None, prep)
+        scanned = self._scan(m.request, self._context(m.request, m.group), None, prep)
         return scanned if isinstance(scanned, Status) else SUCCESS
 
     def _scan(
