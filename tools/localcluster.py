@@ -69,6 +69,7 @@ _PACKAGES = {
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
     "etcd": "go.etcd.io/etcd/server/v3",
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+    "tessera-parity": "github.com/tessera-sched/tessera/tools/parity",
 }
 
 
