@@ -21,6 +21,7 @@ from typing import Any, ClassVar, get_args
 
 import msgspec
 
+from shared.core.hosts import NodeSpec, PodSpec
 from shared.core.model import (
     ContainerGrant,
     DeviceInfo,
@@ -150,10 +151,14 @@ class PodPending(Event, frozen=True, kw_only=True, tag="pod.pending"):
     priority: int = 0
     created_at: float = 0.0
     resource_version: str = ""
+    spec: PodSpec | None = None
+    """What node filters read of the pod (requests, selectors, affinity, tolerations,
+    ports, spread); None from a watcher older than node fit (devices only then)."""
 
 
 class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
-    """A pod we placed changed (bound, phase moved, grant annotations seen)."""
+    """A pod is on a node (any scheduler's: its requests and labels count there), or a
+    pod on a node changed (labels, deletion started, grant annotations seen)."""
 
     KEY = _key("pod.namespace")
     pod: PodRef
@@ -161,6 +166,8 @@ class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
     phase: str = "Pending"
     grants: tuple[ContainerGrant, ...] = ()
     resource_version: str = ""
+    spec: PodSpec | None = None
+    scheduler_name: str = ""
 
 
 class PodDeleted(Event, frozen=True, kw_only=True, tag="pod.deleted"):
@@ -203,13 +210,22 @@ class NodeInventory(Event, frozen=True, kw_only=True, tag="node.inventory"):
 
 
 class NodeUpdated(Event, frozen=True, kw_only=True, tag="node.updated"):
-    """What the Node object says about its devices: cordoned or unhealthy UUIDs
-    (``hami.io/device-cordon``, ``volcano.sh/gpu-unhealthy-ids``) and node cordon."""
+    """What the Node object says: its labels, taints, allocatable and cordon (``spec``)
+    and its devices cordoned or unhealthy (``hami.io/device-cordon``,
+    ``volcano.sh/gpu-unhealthy-ids``)."""
 
     KEY = _key("node")
     node: NodeName
     cordoned_devices: tuple[str, ...] = ()
     unschedulable: bool = False
+    spec: NodeSpec | None = None
+
+
+class NamespaceUpdated(Event, frozen=True, kw_only=True, tag="namespace.updated"):
+    """A namespace's labels (pod affinity terms may select namespaces by label)."""
+
+    name: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class NodeDeleted(Event, frozen=True, kw_only=True, tag="node.deleted"):
@@ -427,6 +443,7 @@ AnyEvent = (
     | NodeInventory
     | NodeUpdated
     | NodeDeleted
+    | NamespaceUpdated
     | PodGroupUpdated
     | PodGroupDeleted
     | QueueUpdated

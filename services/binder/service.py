@@ -118,7 +118,8 @@ class Binder(Service):
             devices = ", ".join(
                 f"{d.model or d.uuid}[{d.index}]" for c in decided.grants for d in c.devices
             )
-            assigned = f"Successfully assigned {decided.pod} to {decided.node} with {devices}"
+            assigned = f"Successfully assigned {decided.pod} to {decided.node}"
+            assigned += f" with {devices}" if devices else ""
             await self._tell(decided.pod, "Scheduled", assigned, "Normal")
             return
         log.warning("bind of %s to %s failed: %s", decided.pod, decided.node, error)

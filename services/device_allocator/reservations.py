@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ from nats.js.kv import KeyValue
 
 from shared import kube
 from shared.core import annotations as ann
+from shared.core.hosts import pod_spec
 from shared.core.ledger import Ledger, PodGrant
 from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.request import GROUP_NAME
@@ -40,19 +42,20 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
 _decoder = msgspec.json.Decoder(Reservation)
 
 
-def bound_grant(pod: dict[str, Any]) -> PodGrant | None:
-    """The grant a bound pod holds, from its annotations; None if it holds none."""
+def bound_grant(pod: dict[str, Any], managed: Collection[str] = ()) -> PodGrant | None:
+    """What a pod on a node holds there: its device grant (from its annotations; none
+    for another scheduler's pod) and its node-fit spec; None if it is on no node."""
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
         return None
     annotations = pod["metadata"].get("annotations") or {}
-    grants = ann.read_grants(annotations)
-    if grants is None:
-        return None
+    grants = ann.read_grants(annotations) or ()
     ref = kube.pod_ref(pod)
     group = annotations.get(GROUP_NAME)
     key = GangKey(namespace=ref.namespace, name=group) if group else None
-    return PodGrant(pod=ref, node=NodeName(node), containers=grants, group=key)
+    return PodGrant(
+        pod=ref, node=NodeName(node), containers=grants, group=key, spec=pod_spec(pod, managed)
+    )
 
 
 class Reservations:
@@ -101,8 +104,9 @@ class Reservations:
         return loaded
 
 
-async def rebuild(ledger: Ledger, api: kube.Client) -> int:
-    """Grant every bound pod's grant (all schedulers' pods that hold one); their count."""
+async def rebuild(ledger: Ledger, api: kube.Client, managed: Collection[str]) -> int:
+    """Record every pod on a node (any scheduler's: devices from its grant, requests and
+    labels for node fit); their count."""
     pods, _ = await kube.list_all(
         api,
         "/api/v1/pods",
@@ -110,7 +114,7 @@ async def rebuild(ledger: Ledger, api: kube.Client) -> int:
     )
     bound = 0
     for pod in pods:
-        grant = bound_grant(pod)
+        grant = bound_grant(pod, managed)
         if grant is not None:
             ledger.grant(grant)
             bound += 1

@@ -37,9 +37,11 @@ from services.device_allocator.room import Room
 from shared import events as ev
 from shared import kube
 from shared.core import annotations as ann
+from shared.core.hosts import node_spec
 from shared.core.ledger import Ledger, PodGrant
 from shared.core.model import GangKey, NodeName, PodRef
 from shared.core.placement import GangMember, PlacementConfig, Placer
+from shared.core.request import ResourceTable
 from shared.core.status import Reason, Status
 from shared.runtime import Runtime, Service, handles
 from shared.telemetry import tracer
@@ -75,6 +77,8 @@ class Allocator(Service):
         self.placer = Placer(self.ledger, placement_config(rt))
         self.room = Room(self.placer)
         self.reservations: Reservations | None = None
+        self.managed = frozenset(ResourceTable.build(rt.cfg.devices).by_name)
+        """Tessera's device names (left out of the node-fit requests of bound pods)."""
         self.refused: dict[NodeName, str] = {}
         self.cordons: dict[NodeName, tuple[str, ...]] = {}
         self.applied: dict[NodeName, ev.NodeInventory] = {}
@@ -90,14 +94,19 @@ class Allocator(Service):
     async def start(self) -> None:
         """The ledger from node inventories, bound pods' grants and open reservations."""
         self.reservations = Reservations(await self.rt.bus.bucket(BUCKET))
+        namespaces, _ = await kube.list_all(self.api, "/api/v1/namespaces")
+        for ns in namespaces:
+            meta = ns["metadata"]
+            self.ledger.hosts.set_namespace(meta["name"], meta.get("labels") or {})
         nodes, _ = await kube.list_all(self.api, "/api/v1/nodes")
         for node in nodes:
             self.cordons[NodeName(node["metadata"]["name"])] = ann.cordoned_devices(
                 node["metadata"].get("annotations") or {}
             )
+            self.ledger.set_spec(node_spec(node))
         for inventory in (await self.rt.bus.inventories()).values():
             self.on_inventory_event(inventory)
-        bound = await rebuild(self.ledger, self.api)
+        bound = await rebuild(self.ledger, self.api, self.managed)
         reserved = await self.reserved.load(self.ledger)
         log.info(
             "ledger rebuilt: %d nodes, %d devices, %d bound pods, %d reservations",
@@ -140,16 +149,24 @@ class Allocator(Service):
 
     @handles(ev.NodeUpdated)
     async def on_node(self, event: ev.NodeUpdated) -> None:
-        """Devices the Node cordons take no new work."""
+        """A Node's labels, taints, allocatable and cordon; devices it cordons take no
+        new work."""
+        if event.spec is not None:
+            self.ledger.set_spec(event.spec)
         self.cordons[event.node] = event.cordoned_devices
         self.ledger.set_cordoned(event.node, event.cordoned_devices)
 
     @handles(ev.NodeDeleted)
     async def on_node_deleted(self, event: ev.NodeDeleted) -> None:
         """Nothing more is placed on a deleted node."""
-        self.ledger.remove_node(event.node)
+        self.ledger.forget_node(event.node)
         self.applied.pop(event.node, None)
         self.refused.pop(event.node, None)
+
+    @handles(ev.NamespaceUpdated)
+    async def on_namespace(self, event: ev.NamespaceUpdated) -> None:
+        """A namespace's labels, for affinity terms that select namespaces."""
+        self.ledger.hosts.set_namespace(event.name, event.labels)
 
     async def reconcile_loop(self) -> None:
         """Every heartbeat, apply any node whose KV inventory differs from what the ledger
@@ -179,7 +196,7 @@ class Allocator(Service):
                 decided.append(self._decided(held, gang))
             else:
                 group = GangKey(namespace=p.pod.namespace, name=p.group) if p.group else None
-                members.append(GangMember(pod=p.pod, request=p.request, group=group))
+                members.append(GangMember(pod=p.pod, request=p.request, group=group, spec=p.spec))
         failed: list[ev.AllocationFailed] = []
         if members:
             with tracer().start_as_current_span(f"place {key}") as span:
@@ -295,29 +312,36 @@ class Allocator(Service):
 
     @handles(ev.PodUpdated)
     async def on_bound(self, event: ev.PodUpdated) -> None:
-        """A pod is bound: its reservation becomes a grant the pod holds."""
+        """A pod is on a node: its reservation becomes a grant the pod holds; any other
+        scheduler's pod counts there too (requests, ports, labels)."""
         if event.node is None:
             return
         held = self.ledger.pods.get(event.pod.uid)
-        if held is None and event.grants:
-            # bound by an earlier leader and not yet known here
-            self.ledger.grant(PodGrant(pod=event.pod, node=event.node, containers=event.grants))
-        elif held is not None and (
-            held.node != event.node or (event.grants and held.containers != event.grants)
+        if (
+            held is not None
+            and held.node == event.node
+            and (not event.grants or held.containers == event.grants)
         ):
-            log.warning(
-                "pod %s is bound to %s, not as reserved on %s; following the pod",
-                event.pod,
-                event.node,
-                held.node,
-            )
-            self.ledger.release(event.pod.uid)
-            if event.grants:
-                self.ledger.grant(
-                    PodGrant(
-                        pod=event.pod, node=event.node, containers=event.grants, group=held.group
-                    )
+            if event.spec is not None:  # as reserved; the pod's own spec is the truth now
+                self.ledger.respec(event.pod.uid, event.spec)
+        elif held is not None or event.grants or event.spec is not None:
+            if held is not None:
+                log.warning(
+                    "pod %s is bound to %s, not as reserved on %s; following the pod",
+                    event.pod,
+                    event.node,
+                    held.node,
                 )
+                self.ledger.release(event.pod.uid)
+            self.ledger.grant(
+                PodGrant(
+                    pod=event.pod,
+                    node=event.node,
+                    containers=event.grants,
+                    group=held.group if held is not None else None,
+                    spec=event.spec or (held.spec if held is not None else None),
+                )
+            )
         if event.pod.uid in self.reserved.open:
             await self.reserved.forget(event.pod.uid)
 

@@ -11,6 +11,8 @@ Inventory file::
       - name: a100-{i}          # {i} numbers the replicas
         replicas: 2
         labels: {gpu: a100}
+        taints: [{key: dedicated, value: gpu, effect: NoSchedule}]
+        allocatable: {cpu: "32", memory: 256Gi, pods: "110"}
         devices:
           - {vendor: nvidia, model: NVIDIA-A100-SXM4-80GB, memory: 81920, count: 8, numa: 2}
           - {vendor: ascend, model: Ascend910B3, chip: 910B3, memory: 65536, count: 8}
@@ -23,7 +25,7 @@ import hashlib
 import logging
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -60,13 +62,25 @@ class SimDevices(_Inv, frozen=True, kw_only=True):
     """Indexes of devices to report unhealthy."""
 
 
+class SimTaint(_Inv, frozen=True, kw_only=True):
+    """A taint of a simulated node."""
+
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
 class SimNode(_Inv, frozen=True, kw_only=True):
-    """A simulated node (``replicas`` of it), its labels and devices."""
+    """A simulated node (``replicas`` of it): labels, taints, allocatable, devices."""
 
     name: str
     replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
     labels: dict[str, str] = msgspec.field(default_factory=dict)
-    devices: list[SimDevices]
+    taints: list[SimTaint] = msgspec.field(default_factory=list)
+    allocatable: dict[str, str] = msgspec.field(default_factory=dict)
+    """cpu, memory, pods and other resources, over the defaults (64 cpu, 512Gi, 250 pods)."""
+    unschedulable: bool = False
+    devices: list[SimDevices] = msgspec.field(default_factory=list)
 
 
 class Inventory(_Inv, frozen=True, kw_only=True):
@@ -137,28 +151,31 @@ class Simulator:
         labels = {"kubernetes.io/hostname": name, "tessera.io/simulated": "true", **spec.labels}
         if any(d.vendor == "nvidia" for d in devices):
             labels.setdefault("volcano.sh/vgpu.enabled", "true")
+        node_spec = {
+            "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in spec.taints],
+            "unschedulable": spec.unschedulable,
+        }
         try:
             await kube.request(
                 self.api,
                 "POST",
                 "/api/v1/nodes",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": name, "labels": labels},
-                },
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}},
             )
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            await kube.request(
-                self.api,
-                "PATCH",
-                f"/api/v1/nodes/{name}",
-                {"metadata": {"labels": labels}},
-                content_type="application/strategic-merge-patch+json",
-            )
+        # Labels and taints as configured: this also lifts the not-ready taint the API
+        # server puts on a new Node, as the node lifecycle controller would once Ready.
+        await kube.request(
+            self.api,
+            "PATCH",
+            f"/api/v1/nodes/{name}",
+            {"metadata": {"labels": labels}, "spec": node_spec},
+            content_type="application/merge-patch+json",
+        )
         resources: dict[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "250"}
+        resources.update(spec.allocatable)
         resources.update(capacity(self.rt.cfg, name, devices))
         now = kube.now_rfc3339()
         status: dict[str, Any] = {

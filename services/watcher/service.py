@@ -1,13 +1,15 @@
 """The watcher: the API server's pods, nodes and Volcano objects, turned into typed events.
 
-Pods of our schedulers (one watch per ``scheduler.names`` entry, filtered by the API
-server): a pending pod's request is parsed and validated here, once; a valid one becomes
-``PodPending`` (re-announced every ``resync_s`` so nothing is forgotten, and at once when
-a coordinator asks on ``tessera.ctl.resync``); an invalid one gets a ``FailedScheduling``
-Event and a ``PodScheduled=False`` condition naming the field, and ``PodRejected``. A
-bound pod becomes ``PodUpdated`` with the grant read from its annotations; a deleted or
-finished one ``PodDeleted``. Nodes: cordoned device lists and deletions. PodGroups,
-Queues and Jobs are mirrored by one generic :class:`Mirror` each.
+Every pod: a pending pod of our schedulers (``scheduler.names``) has its request parsed
+and validated here, once; a valid one becomes ``PodPending`` with its node-fit spec
+(re-announced every ``resync_s`` so nothing is forgotten, and at once when a coordinator
+asks on ``tessera.ctl.resync``); an invalid one gets a ``FailedScheduling`` Event and a
+``PodScheduled=False`` condition naming the field, and ``PodRejected``. A pod on a node,
+whoever placed it, becomes ``PodUpdated`` with its spec (its requests, ports and labels
+count on that node) and any grant read from its annotations; a deleted or finished one
+``PodDeleted``. Nodes: ``NodeUpdated`` with their spec and cordoned devices, and
+deletions; namespaces, PodGroups, Queues and Jobs are mirrored by one generic
+:class:`Mirror` each.
 
 Each pending announcement opens the root span of one scheduling attempt; the bus carries
 it through coordinator, allocator and binder.
@@ -29,6 +31,7 @@ from nats.aio.msg import Msg
 from shared import events as ev
 from shared import kube
 from shared.core import annotations as ann
+from shared.core.hosts import PodSpec, node_spec, pod_spec
 from shared.core.model import NodeName, PodRef, PodRequest, PodUID, RequestError
 from shared.core.request import GROUP_NAME, TASK_SPEC, RequestParser
 from shared.runtime import Runtime, Service
@@ -137,14 +140,27 @@ class Watcher(Service):
         self.parser = RequestParser(
             rt.cfg.devices, clamp_cores=rt.cfg.scheduler.cores_above_100 == "clamp"
         )
+        self.names = set(rt.cfg.scheduler.names)
+        self.managed = frozenset(self.parser.table.by_name)
+        """Tessera's device resource names: the device families fit them, not NodeResourcesFit."""
         self.pending: dict[PodUID, ev.PodPending] = {}
-        self.bound: dict[PodUID, NodeName] = {}
+        """Our pods waiting for placement."""
+        self.bound: dict[PodUID, tuple[NodeName, PodSpec]] = {}
+        """Every pod on a node, as last announced."""
         self.rejected: dict[PodUID, str] = {}
-        self.known: dict[str, set[PodUID]] = {}
-        """Pods seen per scheduler-name watch, to notice deletions missed while relisting."""
         self.refs: dict[PodUID, PodRef] = {}
-        self.node_cordons: dict[str, ev.NodeUpdated] = {}
+        """Every pod announced (pending or on a node): a relist that lacks one deletes it."""
+        self.nodes: dict[str, ev.NodeUpdated] = {}
         publish = rt.bus.publish
+        self.namespaces = Mirror(
+            publish,
+            lambda o: str(o["metadata"]["name"]),
+            lambda o: ev.NamespaceUpdated(
+                name=str(o["metadata"]["name"]),
+                labels={str(k): str(v) for k, v in (o["metadata"].get("labels") or {}).items()},
+            ),
+            lambda k, _: ev.NamespaceUpdated(name=k),
+        )
         self.podgroups = Mirror(
             publish,
             _namespaced,
@@ -169,61 +185,69 @@ class Watcher(Service):
     async def start(self) -> None:
         await self.rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=self.on_resync_request)
         self.rt.spawn(self.watch_volcano(), "discover-volcano", finite=True)
-        log.info("watching pods of schedulers %s", ", ".join(self.rt.cfg.scheduler.names))
+        log.info(
+            "watching every pod and node; placing the pods of schedulers %s",
+            ", ".join(self.rt.cfg.scheduler.names),
+        )
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
-        loops: dict[str, Coroutine[Any, Any, None]] = {
-            f"watch-pods-{name}": kube.list_watch(
+        return {
+            "watch-pods": kube.list_watch(
+                self.api, "/api/v1/pods", self.on_pod_event, on_relist=self.on_pod_relist
+            ),
+            "watch-nodes": kube.list_watch(
+                self.api, "/api/v1/nodes", self.on_node, on_relist=self.on_node_relist
+            ),
+            "watch-namespaces": kube.list_watch(
                 self.api,
-                "/api/v1/pods",
-                self.pod_handler(name),
-                on_relist=self.relister(name),
-                query={"fieldSelector": f"spec.schedulerName={name}"},
-            )
-            for name in self.rt.cfg.scheduler.names
+                "/api/v1/namespaces",
+                self.namespaces.on_event,
+                on_relist=self.namespaces.on_relist,
+            ),
+            "resync": self.resync_loop(),
         }
-        loops["watch-nodes"] = kube.list_watch(
-            self.api, "/api/v1/nodes", self.on_node, on_relist=self.on_node_relist
-        )
-        loops["resync"] = self.resync_loop()
-        return loops
 
     # --- pods -------------------------------------------------------------------------
 
     async def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        """Every pod of the cluster: ours while pending (placed by Tessera), and every
+        pod on a node (its requests, ports and labels count there, whoever placed it)."""
         ref = kube.pod_ref(obj)
         meta = obj["metadata"]
         spec = obj.get("spec") or {}
         phase = (obj.get("status") or {}).get("phase", "Pending")
         node = spec.get("nodeName") or None
-        grants = ann.read_grants(meta.get("annotations") or {}) or ()
         if kind == "DELETED" or phase in TERMINAL:
-            await self._gone(ref, node, grants, phase if phase in TERMINAL else "")
+            grants = ann.read_grants(meta.get("annotations") or {}) or ()
+            await self._gone(ref, node, grants, phase if phase in TERMINAL else "", kind)
             return
-        self.refs[ref.uid] = ref
+        ours = spec.get("schedulerName", "default-scheduler") in self.names
         if node:
+            self.refs[ref.uid] = ref
             self.pending.pop(ref.uid, None)
-            if self.bound.get(ref.uid) != node:
-                self.bound[ref.uid] = NodeName(node)
+            host = pod_spec(obj, self.managed)
+            if self.bound.get(ref.uid) != (node, host):
+                self.bound[ref.uid] = (NodeName(node), host)
                 await self.rt.bus.publish(
                     ev.PodUpdated(
                         pod=ref,
                         node=NodeName(node),
                         phase=phase,
-                        grants=grants,
+                        grants=ann.read_grants(meta.get("annotations") or {}) or (),
                         resource_version=meta.get("resourceVersion", ""),
+                        spec=host,
+                        scheduler_name=spec.get("schedulerName", ""),
                     )
                 )
             return
-        if meta.get("deletionTimestamp"):
+        if not ours or meta.get("deletionTimestamp"):
             return
+        self.refs[ref.uid] = ref
         parsed = self.parser.parse(obj)
         if not isinstance(parsed, PodRequest):
             await self._reject(ref, parsed)
             return
         self.rejected.pop(ref.uid, None)
-        if not parsed.wants_devices:
-            return  # ours by schedulerName but asks no devices: nothing to share
         annotations = meta.get("annotations") or {}
         pending = ev.PodPending(
             pod=ref,
@@ -234,12 +258,14 @@ class Watcher(Service):
             priority=int(spec.get("priority") or 0),
             created_at=_timestamp(meta.get("creationTimestamp")),
             resource_version=meta.get("resourceVersion", ""),
+            spec=pod_spec(obj, self.managed),
         )
         previous = self.pending.get(ref.uid)
         self.pending[ref.uid] = pending
-        if previous is None or (previous.request, previous.group) != (
+        if previous is None or (previous.request, previous.group, previous.spec) != (
             pending.request,
             pending.group,
+            pending.spec,
         ):
             await self._announce(pending)
 
@@ -252,18 +278,24 @@ class Watcher(Service):
             await self.rt.bus.publish(pending)
 
     async def _gone(
-        self, ref: PodRef, node: str | None, grants: tuple[Any, ...], phase: str = ""
+        self,
+        ref: PodRef,
+        node: str | None,
+        grants: tuple[Any, ...],
+        phase: str = "",
+        kind: str = "DELETED",
     ) -> None:
         known = ref.uid in self.refs or ref.uid in self.pending or ref.uid in self.bound
         self.pending.pop(ref.uid, None)
         self.rejected.pop(ref.uid, None)
         self.refs.pop(ref.uid, None)
-        was_bound = self.bound.pop(ref.uid, None)
-        if known or node:
+        was = self.bound.pop(ref.uid, None)
+        # A finished pod seen for the first time (a relist) held nothing here.
+        if known or (node and kind == "DELETED"):
             await self.rt.bus.publish(
                 ev.PodDeleted(
                     pod=ref,
-                    node=NodeName(node) if node else was_bound,
+                    node=NodeName(node) if node else (was[0] if was else None),
                     grants=grants,
                     phase=phase,
                 )
@@ -287,30 +319,17 @@ class Watcher(Service):
             condition=INVALID,
         )
 
-    def relister(self, scheduler: str) -> kube.RelistHandler:
-        async def relist(items: list[dict[str, Any]]) -> None:
-            present = {PodUID(o["metadata"]["uid"]) for o in items}
-            for uid in self.known.get(scheduler, set()) - present:
-                ref = self.refs.get(uid)
-                if ref is not None:
-                    await self._gone(ref, self.bound.get(uid), ())
-            self.known[scheduler] = present
-            for obj in items:
-                await self.on_pod("ADDED", obj)
+    async def on_pod_relist(self, items: list[dict[str, Any]]) -> None:
+        """A full list: pods known here that are not in it were deleted meanwhile."""
+        present = {PodUID(o["metadata"]["uid"]) for o in items}
+        for uid in set(self.refs) - present:
+            held = self.bound.get(uid)
+            await self._gone(self.refs[uid], held[0] if held else None, ())
+        for obj in items:
+            await self.on_pod("ADDED", obj)
 
-        return relist
-
-    def pod_handler(self, scheduler: str) -> kube.EventHandler:
-        async def handle(kind: str, obj: dict[str, Any]) -> None:
-            uid = PodUID(obj["metadata"]["uid"])
-            seen = self.known.setdefault(scheduler, set())
-            if kind == "DELETED":
-                seen.discard(uid)
-            else:
-                seen.add(uid)
-            await self.on_pod(kind, obj)
-
-        return handle
+    async def on_pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        await self.on_pod(kind, obj)
 
     async def resync_loop(self) -> None:
         while True:
@@ -365,28 +384,27 @@ class Watcher(Service):
     # --- nodes ------------------------------------------------------------------------
 
     async def on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        """A Node's spec (labels, taints, allocatable, cordon) and its cordoned devices;
+        said again only when one of them changes (not on status heartbeats)."""
         name = NodeName(obj["metadata"]["name"])
         if kind == "DELETED":
-            self.node_cordons.pop(name, None)
+            self.nodes.pop(name, None)
             await self.rt.bus.publish(ev.NodeDeleted(node=name))
             return
+        spec = node_spec(obj)
         update = ev.NodeUpdated(
             node=name,
             cordoned_devices=ann.cordoned_devices(obj["metadata"].get("annotations") or {}),
-            unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
+            unschedulable=spec.unschedulable,
+            spec=spec,
         )
-        previous = self.node_cordons.get(name)
-        if previous is None or (previous.cordoned_devices, previous.unschedulable) != (
-            update.cordoned_devices,
-            update.unschedulable,
-        ):
-            self.node_cordons[name] = update
-            if previous is not None or update.cordoned_devices or update.unschedulable:
-                await self.rt.bus.publish(update)
+        if ev.changed(self.nodes.get(name), update):
+            self.nodes[name] = update
+            await self.rt.bus.publish(update)
 
     async def on_node_relist(self, items: list[dict[str, Any]]) -> None:
         present = {o["metadata"]["name"] for o in items}
-        for name in set(self.node_cordons) - present:
+        for name in set(self.nodes) - present:
             await self.on_node("DELETED", {"metadata": {"name": name}})
         for obj in items:
             await self.on_node("ADDED", obj)

@@ -34,6 +34,7 @@ bitmask of non-empty buckets skips the empty ones.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -662,6 +663,16 @@ class Ledger:
         self.admitted(uid, grant.node)
         self.hosts.remove_pod(uid)
         return grant
+
+    def respec(self, uid: PodUID, spec: PodSpec) -> None:
+        """A held pod's node-fit spec changed (its labels, or it is being deleted): its
+        devices and admission stay as they are."""
+        held = self.pods.get(uid)
+        if held is None or held.spec == spec:
+            return
+        self.hosts.remove_pod(uid)
+        self.hosts.add_pod(uid, held.node, spec)
+        self.pods[uid] = dataclasses.replace(held, spec=spec)
 
     def admitted(self, uid: PodUID, node: NodeName) -> bool:
         """The pod's kubelet took its devices (or it is gone): its keys are free. True if

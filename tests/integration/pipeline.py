@@ -152,6 +152,38 @@ class Pipeline:
         await self.api.close()
 
 
+async def register_node(
+    api: kube.Client,
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    allocatable: dict[str, str] | None = None,
+) -> None:
+    """A Node as a kubelet registers it and the node lifecycle controller leaves it once
+    Ready: allocatable cpu, memory and pods, and no ``not-ready`` taint."""
+    await kube.request(
+        api,
+        "POST",
+        "/api/v1/nodes",
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}},
+    )
+    await kube.request(
+        api,
+        "PATCH",
+        f"/api/v1/nodes/{name}",
+        {"spec": {"taints": []}},
+        content_type="application/merge-patch+json",
+    )
+    resources = {"cpu": "16", "memory": "64Gi", "pods": "110", **(allocatable or {})}
+    await kube.request(
+        api,
+        "PATCH",
+        f"/api/v1/nodes/{name}/status",
+        {"status": {"capacity": resources, "allocatable": resources}},
+        content_type="application/strategic-merge-patch+json",
+    )
+
+
 def pod(
     name: str,
     limits: dict[str, Any],

@@ -22,7 +22,7 @@ from services.node_agent.deviceplugin import api_pb2 as pb
 from shared import kube
 from shared.core import annotations as ann
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, start_pipeline
+from tests.integration.pipeline import Pipeline, pod, register_node, start_pipeline
 from tests.kubelet import Kubelet, allocate
 
 pytestmark = pytest.mark.integration
@@ -67,12 +67,7 @@ async def pipeline(
             "telemetry": {"logLevel": "DEBUG", "metricsPort": 0},
         },
     )
-    await kube.request(  # what the kubelet registers
-        p.api,
-        "POST",
-        "/api/v1/nodes",
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}},
-    )
+    await register_node(p.api, NODE)  # what the kubelet and the node controller do
     await p.start(f"node-agent@{NODE}")
     yield p
     # Nothing this test made may outlive it: the next test's agent would find its pods
