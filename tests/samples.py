@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shared import events as ev
+from shared.core.hosts import node_spec, pod_spec
 from shared.core.model import (
     Constraints,
     ContainerGrant,
@@ -53,6 +54,48 @@ REQUEST = PodRequest(
         device_policy="spread",
         numa_bind=True,
     ),
+)
+POD_SPEC = pod_spec(
+    {
+        "metadata": {"namespace": "ml", "labels": {"app": "train", "tier": "gpu"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "resources": {"requests": {"cpu": "2", "memory": "8Gi"}},
+                    "ports": [{"containerPort": 8080, "hostPort": 8080}],
+                }
+            ],
+            "nodeSelector": {"pool": "a100"},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
+                        ]
+                    }
+                },
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {"app": "train"}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        }
+                    ]
+                },
+            },
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app": "train"}},
+                }
+            ],
+        },
+    },
+    managed={"nvidia.com/gpu"},
 )
 
 GRANTS = (
@@ -125,11 +168,20 @@ def sample_events() -> list[ev.Event]:
         priority=100,
         created_at=1700000000.5,
         resource_version="42",
+        spec=POD_SPEC,
     )
     node = NodeName("gpu-node.rack-1")
     return [
         pending,
-        ev.PodUpdated(pod=pod(), node=node, phase="Running", grants=GRANTS, resource_version="43"),
+        ev.PodUpdated(
+            pod=pod(),
+            node=node,
+            phase="Running",
+            grants=GRANTS,
+            resource_version="43",
+            spec=POD_SPEC,
+            scheduler_name="volcano",
+        ),
         ev.PodDeleted(pod=pod(), node=node, grants=GRANTS),
         ev.PodRejected(
             pod=pod("bad"),
@@ -141,8 +193,23 @@ def sample_events() -> list[ev.Event]:
             ),
         ),
         ev.NodeInventory(node=node, devices=DEVICES, config_hash="abc123", agent="agent-1", seq=7),
-        ev.NodeUpdated(node=node, cordoned_devices=("GPU-1",), unschedulable=True),
+        ev.NodeUpdated(
+            node=node,
+            cordoned_devices=("GPU-1",),
+            unschedulable=True,
+            spec=node_spec(
+                {
+                    "metadata": {"name": node, "labels": {"topology.kubernetes.io/zone": "a"}},
+                    "spec": {
+                        "unschedulable": True,
+                        "taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}],
+                    },
+                    "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}},
+                }
+            ),
+        ),
         ev.NodeDeleted(node=node),
+        ev.NamespaceUpdated(name="ml", labels={"team": "research"}),
         ev.PodGroupUpdated(
             namespace="ml",
             name="job-a",
