@@ -184,6 +184,30 @@ async def register_node(
     )
 
 
+async def podgroup(
+    p: Pipeline,
+    ns: str,
+    name: str,
+    min_member: int,
+    queue: str = "default",
+    min_task_member: dict[str, int] | None = None,
+) -> None:
+    spec: dict[str, Any] = {"minMember": min_member, "queue": queue}
+    if min_task_member:
+        spec["minTaskMember"] = min_task_member
+    await kube.request(
+        p.api,
+        "POST",
+        f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups",
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+
+
 def pod(
     name: str,
     limits: dict[str, Any],

@@ -14,7 +14,7 @@ from services.node_agent.simulate import _uuid
 from shared import kube
 from shared.core.request import GROUP_NAME, TASK_SPEC
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, start_pipeline
+from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
 
 pytestmark = pytest.mark.integration
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
@@ -37,30 +37,6 @@ async def pipeline(
     p = await start_pipeline(tmp_path_factory.mktemp("batch"), kubeconfig, nats_url, INVENTORY)
     yield p
     await p.close()
-
-
-async def podgroup(
-    p: Pipeline,
-    ns: str,
-    name: str,
-    min_member: int,
-    queue: str = "default",
-    min_task_member: dict[str, int] | None = None,
-) -> None:
-    spec: dict[str, Any] = {"minMember": min_member, "queue": queue}
-    if min_task_member:
-        spec["minTaskMember"] = min_task_member
-    await kube.request(
-        p.api,
-        "POST",
-        f"{VOLCANO}/namespaces/{ns}/podgroups",
-        {
-            "apiVersion": "scheduling.volcano.sh/v1beta1",
-            "kind": "PodGroup",
-            "metadata": {"name": name},
-            "spec": spec,
-        },
-    )
 
 
 async def queue(p: Pipeline, name: str, **spec: Any) -> None:
