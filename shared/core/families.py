@@ -280,8 +280,40 @@ class SlicedFamily(_Family):
                 )
             return GROUP_SPREAD if d.uuid in ctx.avoid else None
 
-        screened = _screen(devs, constraints, static, dynamic)
-        ok, eligible = screened.ok, screened.eligible
+        # _screen's work, inlined: this loop runs for every device of every candidate
+        # node, and the reasons are made only for the first device of each kind.
+        screened = _Screened()
+        ok = screened.ok
+        avoid = ctx.avoid
+        for d in devs:
+            need = memory if memory is not None else d.phys_mem * percent // 100
+            if ctx.clamp_memory and need > d.phys_mem:
+                need = d.phys_mem
+            if (
+                need > d.total_mem
+                or cores > d.total_cores > 0
+                or _static_filter(d, constraints) is not None
+            ):
+                if screened.static is None:
+                    screened.static = _static_filter(d, constraints) or static(d)
+                continue
+            screened.eligible += 1
+            if (
+                d.healthy
+                and not d.cordoned
+                and d.used_slots < d.slots
+                and not (exclusive and d.used_slots)
+                and d.total_mem - d.used_mem >= need
+                and (
+                    not d.total_cores
+                    or (d.total_cores - d.used_cores >= cores and d.used_cores < d.total_cores)
+                )
+                and d.uuid not in avoid
+            ):
+                ok.append(d)
+            elif screened.dynamic is None:
+                screened.dynamic = dynamic(d)
+        eligible = screened.eligible
         count = request.count
         more = ctx.allow_more_devices_than_cards and not exclusive
         if eligible < count and not more:
@@ -349,7 +381,10 @@ class SlicedFamily(_Family):
                 d.total_mem,
             )
 
-        ordered = _order(ok, score, "binpack" if policy == "fgd" else policy)
+        high = prefer_high("binpack" if policy == "fgd" else policy)
+        if count == 1 and not constraints.numa_bind:  # the first best, as the sort below
+            return [max(ok, key=score) if high else min(ok, key=score)]
+        ordered = sorted(ok, key=score, reverse=high)
         if constraints.numa_bind:
             return _numa_group(ordered, count)
         return ordered[:count]

@@ -207,6 +207,8 @@ class Dev:
         """Free memory a new task could get here, or -1 when nothing more fits."""
         if not self.healthy or self.cordoned or self.used_slots >= self.slots:
             return -1
+        if self.node.host.full:
+            return -1
         mig = self.mig
         if mig is not None:
             if self.mig_alt < 0:
@@ -337,14 +339,23 @@ class PoolIndex:
 
     def put(self, dev: Dev) -> None:
         """(Re)place ``dev`` by its current free capacity; it goes last in its cell."""
-        self.remove(dev)
         mem = dev.mem_key()
         if mem < 0:
+            self.remove(dev)
             return
         cores = dev.core_key()
         row = mem >> BUCKET_SHIFT
         col = min(cores // 10, CORE_BUCKETS - 1)
         cid = row * CORE_BUCKETS + col
+        old = self.where.get(dev)
+        if old is not None and old[0] == cid:  # same cell: only move it last
+            cell = self.cells[cid]
+            del cell[dev]
+            cell[dev] = None
+            if old[1] != mem or old[2] != cores:
+                self.where[dev] = (cid, mem, cores)
+            return
+        self.remove(dev)
         target = self.cells.get(cid)
         if target is None:
             target = self.cells[cid] = {}
@@ -556,6 +567,12 @@ class Ledger:
         name = NodeName(spec.name)
         if name not in self.nodes:
             self.nodes[name] = NodeState(name, self.hosts.node(name))
+        self.refile()
+
+    def observe(self, spec: PodSpec) -> None:
+        """A pod with this spec is about to be placed (see ``Hosts.observe``)."""
+        self.hosts.observe(spec)
+        self.refile()
 
     def forget_node(self, name: NodeName) -> None:
         """The Node object is gone: its devices and spec with it (pods stay counted
@@ -642,6 +659,7 @@ class Ledger:
         self.reindex(self._apply(grant, 1, self.nodes.get(grant.node)))
         if grant.spec is not None:
             self.hosts.add_pod(grant.pod.uid, grant.node, grant.spec)
+            self.refile()
         if admitting and grant.node in self.plugin_nodes:
             busy = self.admitting.setdefault(grant.node, {})
             for key in keys_of_grants(grant.containers):
@@ -661,8 +679,17 @@ class Ledger:
                 del self.node_pods[grant.node]
         self.reindex(self._apply(grant, -1, self.nodes.get(grant.node)))
         self.admitted(uid, grant.node)
-        self.hosts.remove_pod(uid)
+        if self.hosts.remove_pod(uid) is not None:
+            self.refile()
         return grant
+
+    def refile(self) -> None:
+        """Re-file the devices of nodes whose host fullness changed (see nodefit.Hosts)."""
+        refill = self.hosts.refill
+        if refill:
+            nodes = [self.nodes[n] for n in refill if n in self.nodes]
+            refill.clear()
+            self.reindex(d for node in nodes for d in node.devices)
 
     def respec(self, uid: PodUID, spec: PodSpec) -> None:
         """A held pod's node-fit spec changed (its labels, or it is being deleted): its

@@ -67,6 +67,7 @@ class HostNode:
 
     __slots__ = (
         "count",
+        "full",
         "name",
         "nonzero_cpu",
         "nonzero_memory",
@@ -85,6 +86,9 @@ class HostNode:
         self.nonzero_memory = 0
         self.count = 0
         self.ports: list[HostPort] = []
+        self.full = False
+        """No pod seen so far would fit its cpu, memory or pod slots (``Hosts.floors``):
+        its devices leave the placement index until that changes."""
 
     @property
     def labels(self) -> Mapping[str, str]:
@@ -134,7 +138,16 @@ class Hosts:
         """Bumped on every node spec change: cached domains are dropped."""
         self.prefer_not: set[NodeName] = set()
         """Nodes with a PreferNoSchedule taint (scores matter for every pod then)."""
-        self._domains: dict[tuple[object, ...], dict[str, set[NodeName]]] = {}
+        self.floors: dict[str, int] = {}
+        """The smallest cpu and memory any pod placed so far asked for: a node with less
+        free than that is ``full`` (what keeps a walk of the device index from passing
+        the same exhausted nodes for every pod). Only ever lowered."""
+        self.full: set[NodeName] = set()
+        self.refill: set[NodeName] = set()
+        """Nodes whose fullness changed since the ledger last re-filed their devices."""
+        self._domains: dict[
+            tuple[object, ...], tuple[dict[str, set[NodeName]], dict[NodeName, str]]
+        ] = {}
 
     # --- nodes -------------------------------------------------------------------------
 
@@ -157,6 +170,7 @@ class Hosts:
             self.prefer_not.add(name)
         else:
             self.prefer_not.discard(name)
+        self._check_full(host)
         self.version += 1
         self._domains.clear()
 
@@ -168,6 +182,7 @@ class Hosts:
         self._index_labels(host, -1)
         host.spec = None
         self.prefer_not.discard(name)
+        self._check_full(host)
         if not host.pods:
             del self.nodes[name]
         self.version += 1
@@ -202,9 +217,40 @@ class Hosts:
         if uid in self.pods:
             return False
         self.pods[uid] = (node, pod)
-        self.node(node)._add(pod, 1)
+        host = self.node(node)
+        host._add(pod, 1)
         self._index_pod(uid, node, pod, 1)
+        self._check_full(host)
         return True
+
+    def observe(self, pod: PodSpec) -> None:
+        """A pod is about to be placed: lower the floors to its requests (nodes that
+        could take it are no longer ``full``)."""
+        for name in (CPU, MEMORY):
+            want = pod.requests.get(name, 0)
+            floor = self.floors.get(name)
+            if floor is None or want < floor:
+                self.floors[name] = want
+                for node in list(self.full):
+                    self._check_full(self.nodes[node])
+
+    def _check_full(self, host: HostNode) -> None:
+        spec = host.spec
+        full = False
+        if spec is not None and self.floors:
+            alloc, used = spec.allocatable, host.requested
+            full = host.count >= alloc.get(PODS, 0) or any(
+                alloc.get(k, 0) - used.get(k, 0) < floor
+                for k, floor in self.floors.items()
+                if floor > 0
+            )
+        if full != host.full:
+            host.full = full
+            if full:
+                self.full.add(host.name)
+            else:
+                self.full.discard(host.name)
+            self.refill.add(host.name)
 
     def remove_pod(self, uid: PodUID) -> tuple[NodeName, PodSpec] | None:
         held = self.pods.pop(uid, None)
@@ -216,6 +262,8 @@ class Hosts:
         self._index_pod(uid, node, pod, -1)
         if not host.count and host.spec is None:
             del self.nodes[node]
+        else:
+            self._check_full(host)
         return held
 
     def _index_pod(self, uid: PodUID, node: NodeName, pod: PodSpec, sign: int) -> None:
@@ -290,7 +338,9 @@ class Hosts:
         self._affinity(prep)
         return prep
 
-    def _domains_of(self, pod: PodSpec, c: SpreadConstraint) -> dict[str, set[NodeName]]:
+    def _domains_of(
+        self, pod: PodSpec, c: SpreadConstraint
+    ) -> tuple[dict[str, set[NodeName]], dict[NodeName, str]]:
         """Topology domains of ``c.topology_key`` over the nodes ``pod`` counts on: those
         with every hard constraint's key, passing the inclusion policies. Cached per pod
         shape until a node changes."""
@@ -301,10 +351,10 @@ class Hosts:
             c.honor_affinity and (tuple(sorted(pod.node_selector.items())), pod.node_affinity),
             c.honor_taints and pod.tolerations,
         )
-        found = self._domains.get(sig)
-        if found is not None:
-            return found
-        found = {}
+        cached = self._domains.get(sig)
+        if cached is not None:
+            return cached
+        found: dict[str, set[NodeName]] = {}
         values = self.label_nodes.get(c.topology_key, {})
         for value, nodes in values.items():
             for name in nodes:
@@ -317,14 +367,14 @@ class Hosts:
                 if c.honor_taints and spec is not None and pod.tolerates(spec.taints) is not None:
                     continue
                 found.setdefault(value, set()).add(name)
-        self._domains[sig] = found
-        return found
+        member = {n: v for v, nodes in found.items() for n in nodes}
+        self._domains[sig] = (found, member)
+        return found, member
 
     def _spread(self, pod: PodSpec, c: SpreadConstraint) -> _Spread:
-        domains = self._domains_of(pod, c)
+        domains, member = self._domains_of(pod, c)
         counts = dict.fromkeys(domains, 0)
         if not c.selector.everything:
-            member = {n: v for v, nodes in domains.items() for n in nodes}
             for uid in self.matching((pod.namespace,), c.selector):
                 node, other = self.pods[uid]
                 value = member.get(node)

@@ -167,6 +167,8 @@ class Placer:
         self._version = -1
         self._start = 0
         """Where the round robin of pods with no devices starts next (see _rotation)."""
+        self._largest = (0, 1)
+        """(pools seen, the largest card's MiB): what FGD's shapes are fractions of."""
 
     # --- families -------------------------------------------------------------------
 
@@ -357,6 +359,7 @@ class Placer:
         """
         prep: Prepared | None = None
         if spec is not None:
+            self.ledger.observe(spec)
             prepared = self.ledger.hosts.prepare(spec)
             if isinstance(prepared, Status):
                 return Failure(pod=pod, status=prepared)
@@ -479,8 +482,10 @@ class Placer:
             for r in c.devices:
                 mem = (r.memory_percent or 0) / 100
                 if r.memory_mib is not None and self.ledger.pools:
-                    largest = max(ix.max_total for ix in self.ledger.pools.values()) or 1
-                    mem = r.memory_mib / largest
+                    if self._largest[0] != len(self.ledger.pools):
+                        top = max(ix.max_total for ix in self.ledger.pools.values())
+                        self._largest = (len(self.ledger.pools), top or 1)
+                    mem = r.memory_mib / self._largest[1]
                 frac = shape_fraction(mem, r.cores / 100, r.exclusive)
                 self.workload.observe(Shape(r.count, frac))
 
