@@ -57,6 +57,17 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     makes it 100 as HAMi and Volcano do."""
     fgd_candidates: PosInt = 64
     """Nodes that fit which the ``fgd`` policy compares per pod."""
+    score_window: PosInt = 16
+    """Nodes that fit which are scored per pod when scores matter: always for a pod
+    that asks for no devices, and for one with soft preferences (preferred node or pod
+    affinity, ScheduleAnyway spread) or when some node has a PreferNoSchedule taint;
+    other pods take the first node that fits in the device policy's order. Scores are
+    kube-scheduler's (resources by ``nodePolicy``: most allocated for binpack, least for
+    spread; balance; taints; affinity; spread) with its weights."""
+    device_score_weight: Annotated[int, msgspec.Meta(ge=0)] = 5
+    """Weight of the device policy's order among a window's scores (kube-scheduler's
+    own plugins weigh 1 to 3 each, 0-100 points per plugin): high keeps device packing
+    first, 0 lets only the node scores choose."""
     bind_concurrency: PosInt = 64
     """Binding writes in flight at once (no per-node lock)."""
     resync_s: Annotated[float, msgspec.Meta(gt=0.0)] = 30.0

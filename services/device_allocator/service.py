@@ -61,6 +61,8 @@ def placement_config(rt: Runtime) -> PlacementConfig:
         allow_more_devices_than_cards=s.allow_more_devices_than_cards,
         memory_larger_than_card=s.memory_larger_than_card,
         fgd_candidates=s.fgd_candidates,
+        score_window=s.score_window,
+        device_score_weight=s.device_score_weight,
     )
 
 

@@ -24,6 +24,8 @@ from shared.core.spec import DeviceSpecs, NodeOverride
 
 SPECS = DeviceSpecs()
 PARSER = RequestParser(SPECS)
+MANAGED = frozenset(PARSER.table.by_name)
+"""Tessera's device names: node fit leaves them to the device families."""
 _ids = itertools.count()
 
 
