@@ -203,6 +203,16 @@ class Hosts:
                     if not by_value:
                         del self.label_nodes[k]
 
+    def selected(self, selector: Mapping[str, str]) -> set[NodeName] | None:
+        """The nodes carrying every label of a node selector (None: no selector)."""
+        found: set[NodeName] | None = None
+        for key, value in selector.items():
+            nodes = self.label_nodes.get(key, {}).get(value, set())
+            found = set(nodes) if found is None else found & nodes
+            if not found:
+                return set()
+        return found
+
     def set_namespace(self, name: str, labels: Mapping[str, str]) -> None:
         self.namespaces[name] = dict(labels)
 

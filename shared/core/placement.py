@@ -371,7 +371,10 @@ class Placer:
         policy = request.constraints.node_policy or self.config.node_policy
         chosen: tuple[NodeState, tuple[ContainerGrant, ...]] | None
         if primary is None:
-            chosen = self._choose(self._rotation(owner), request, ctx, prep, policy, rotate=True)
+            assert prep is not None  # a pod with no devices and no spec failed above
+            chosen = self._choose(
+                self._rotation(owner, prep), request, ctx, prep, policy, rotate=True
+            )
         elif policy == "fgd":
             chosen = self._best_fgd(request, primary, ctx, owner, prep)
         else:
@@ -395,17 +398,21 @@ class Placer:
             self._observe(request)
         return Placement(pod=pod, node=node.name, grants=grants)
 
-    def _rotation(self, owner: GangKey | None) -> Iterator[NodeState]:
-        """Every node with a known spec, from where the last pod with no devices stopped
-        (kube-scheduler's round robin: such pods spread their evaluation)."""
+    def _rotation(self, owner: GangKey | None, prep: Prepared) -> Iterator[NodeState]:
+        """Every node, from where the last pod with no devices stopped (kube-scheduler's
+        round robin: such pods spread their evaluation); with a node selector, only the
+        nodes the label index says carry its labels."""
         nodes = self._ordered
         if len(nodes) != len(self.ledger.nodes) or self._version != self.ledger.hosts.version:
             nodes = self._ordered = sorted(self.ledger.nodes.values(), key=lambda n: n.name)
             self._version = self.ledger.hosts.version
+        selected = self.ledger.hosts.selected(prep.pod.node_selector)
         start = self._start % len(nodes) if nodes else 0
         for i in range(len(nodes)):
             node = nodes[(start + i) % len(nodes)]
             self._start += 1
+            if selected is not None and node.name not in selected:
+                continue
             if self._held_for_other(node.name, owner) is None:
                 yield node
 
