@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import aiohttp
@@ -345,6 +345,28 @@ async def _raw(
         return raw
 
 
+MAX_EVENT_BYTES = 64 * 2**20
+"""The longest watch event read (the API server stores objects up to about 1.5 MiB and
+accepts requests up to 3 MiB; a watch event is one object with a little framing)."""
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The non-empty lines of a watch stream, however long (aiohttp's own line reader
+    stops at 512 KiB: one pod with a large env var would stop every watch)."""
+    buffer = bytearray()
+    async for chunk in content.iter_any():
+        buffer += chunk
+        while (end := buffer.find(b"\n")) >= 0:
+            line = bytes(buffer[:end])
+            del buffer[: end + 1]
+            if line.strip():
+                yield line
+        if len(buffer) > MAX_EVENT_BYTES:
+            raise aiohttp.ClientPayloadError(f"a watch event over {MAX_EVENT_BYTES} bytes")
+    if buffer.strip():
+        yield bytes(buffer)
+
+
 async def list_watch(
     api: Client,
     path: str,
@@ -390,10 +412,12 @@ async def list_watch(
                     raise GoneError(path)
                 if response.status != 200:
                     raise ApiException(status=response.status, reason=response.reason)
-                async for line in response.content:
-                    if not line.strip():
+                async for line in _lines(response.content):
+                    try:
+                        event = _watch_decoder.decode(line)
+                    except msgspec.DecodeError as exc:  # a broken line: this one is lost
+                        log.error("watch of %s: unreadable event skipped: %s", path, exc)
                         continue
-                    event = _watch_decoder.decode(line)
                     obj = event.object
                     if event.type == "ERROR":
                         if obj.get("code") == 410:

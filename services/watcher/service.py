@@ -321,15 +321,33 @@ class Watcher(Service):
 
     async def on_pod_relist(self, items: list[dict[str, Any]]) -> None:
         """A full list: pods known here that are not in it were deleted meanwhile."""
-        present = {PodUID(o["metadata"]["uid"]) for o in items}
+        present = {PodUID(o.get("metadata", {}).get("uid", "")) for o in items}
         for uid in set(self.refs) - present:
             held = self.bound.get(uid)
             await self._gone(self.refs[uid], held[0] if held else None, ())
         for obj in items:
-            await self.on_pod("ADDED", obj)
+            await self.on_pod_event("ADDED", obj)
 
     async def on_pod_event(self, kind: str, obj: dict[str, Any]) -> None:
-        await self.on_pod(kind, obj)
+        """One pod; one that cannot be read is told so and skipped, never fatal (any user
+        who can create a pod could otherwise stop scheduling for everyone)."""
+        try:
+            await self.on_pod(kind, obj)
+        except (KeyError, TypeError, ValueError, AttributeError, msgspec.ValidationError) as exc:
+            meta = obj.get("metadata") if isinstance(obj, dict) else None
+            name = f"{(meta or {}).get('namespace')}/{(meta or {}).get('name')}"
+            log.warning("pod %s cannot be read (%r); skipped until it changes", name, exc)
+            if not isinstance(meta, dict) or not all(meta.get(k) for k in ("name", "uid")):
+                return
+            await kube.tell(
+                self.api,
+                kube.pod_ref(obj),
+                reason="FailedScheduling",
+                kind="Warning",
+                message=f"Tessera cannot read this pod ({exc!r}); it waits until it changes",
+                component="tessera-watcher",
+                condition=INVALID,
+            )
 
     async def resync_loop(self) -> None:
         while True:

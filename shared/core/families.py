@@ -76,9 +76,9 @@ MIG_TOO_SMALL = Reason(kind="mig-too-small", code=UNRESOLVABLE)
 
 def _static_filter(dev: Dev, c: Constraints) -> Reason | None:
     """The pod's annotations: gpu type, uuid and index allow/deny lists."""
-    if c.use_types and not any(t.lower() in dev.model_lc for t in c.use_types):
+    if c.use_types and not any(t in dev.model_lc for t in c.use_types):
         return TYPE_EXCLUDED
-    if c.nouse_types and any(t.lower() in dev.model_lc for t in c.nouse_types):
+    if c.nouse_types and any(t in dev.model_lc for t in c.nouse_types):
         return TYPE_EXCLUDED
     if c.use_uuids and dev.uuid not in c.use_uuids:
         return UUID_EXCLUDED

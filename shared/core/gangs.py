@@ -397,8 +397,17 @@ class Gangs:
         min_member = 1
         if not key.lone:
             group = self.groups.get(key)
-            if group is None:
-                return None  # the PodGroup is not known (yet): Volcano waits as well
+            if group is None:  # not known (yet): Volcano waits as well, but says nothing
+                why = (
+                    f'PodGroup "{key.name}" does not exist (yet): its pods wait for it; '
+                    "create it or correct scheduling.k8s.io/group-name"
+                )
+                waiting = Status(reasons=(Reason(kind="waiting", detail=why),))
+                for m in members:
+                    if m.told != why:
+                        m.told = why
+                        told.append((m, waiting))
+                return None
             for task, needed in group.min_task_member.items():
                 if sum(1 for m in [*members, *settled] if m.task == task) < needed:
                     return None

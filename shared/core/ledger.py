@@ -53,6 +53,7 @@ from shared.core.model import (
     PodUID,
     SharingMode,
     Vendor,
+    gpu_type,
 )
 from shared.core.nodefit import HostNode, Hosts
 from shared.core.spec import DeviceSpecs, KnownMigGeometries, NodeOverride, VendorSpec
@@ -160,7 +161,7 @@ class Dev:
         self.index = info.index
         self.vendor: Vendor = info.vendor
         self.model = info.model
-        self.model_lc = info.model.lower()
+        self.model_lc = gpu_type(info.model)
         self.numa = info.numa
         self.chip = info.chip or ""
         self.mode: SharingMode = mode

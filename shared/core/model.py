@@ -49,6 +49,13 @@ Policy = Literal["binpack", "spread", "fgd"]
 """Placement policy at node or device level; ``fgd`` is fragmentation gradient descent."""
 
 
+def gpu_type(name: str) -> str:
+    """A device type as matched: lower case, spaces as dashes (NVML says ``Tesla
+    V100-PCIE-32GB``, HAMi's documentation and node annotations ``Tesla-V100-PCIE-32GB``;
+    users copy either)."""
+    return "-".join(name.lower().split())
+
+
 class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Names one pod. ``uid`` tells apart two pods that reused a name."""
 

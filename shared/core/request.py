@@ -34,6 +34,7 @@ from shared.core.model import (
     RequestError,
     SharingMode,
     Vendor,
+    gpu_type,
 )
 from shared.core.quantity import parse_whole
 from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, VendorSpec, VnpuChip, names
@@ -311,6 +312,24 @@ class RequestParser:
             return [replace(asked, memory_mib=share, memory_resource=asked.resource)]
         if not slicing:
             return []  # priority alone asks for nothing
+        for role, value in ((Role.MEMORY, memory), (Role.MEMORY_PERCENT, percent)):
+            if value == 0 and count != 0:
+                self._err(
+                    errors,
+                    g,
+                    role,
+                    cname,
+                    "is 0, which asks for no memory; ask for at least 1, or leave it out for "
+                    + (f"{spec.default_memory} MiB" if spec.default_memory else "the whole card"),
+                )
+        if priority is not None and priority not in (0, 1):
+            self._err(
+                errors,
+                g,
+                Role.PRIORITY,
+                cname,
+                f"{priority} is not a task priority; use 0 (high) or 1 (low)",
+            )
         if percent is not None and percent > 100:
             self._err(
                 errors,
@@ -583,13 +602,27 @@ def _constraints(
     dvpp = _DVPP.get(raw_dvpp) if raw_dvpp is not None else None
     if raw_dvpp is not None and dvpp is None:
         bad(VNPU_DVPP, raw_dvpp, "yes, no or null")
-    use_uuid = _first(annotations, USE_UUID)
-    nouse_uuid = _first(annotations, NOUSE_UUID)
+    lists: dict[str, tuple[str, ...]] = {}
+    for keys in ((USE_GPUTYPE,), (NOUSE_GPUTYPE,), USE_UUID, NOUSE_UUID):
+        found_list = _first(annotations, keys)
+        if found_list is None:
+            continue
+        key, value = found_list
+        items = _split(value)
+        if not items:  # "," or "": a filter that names nothing would silently filter nothing
+            errors.append(
+                RequestError(
+                    field=key,
+                    message=f"{value!r} names no device; list at least one, or remove the "
+                    "annotation",
+                )
+            )
+        lists[keys[0]] = items
     return Constraints(
-        use_types=_split(annotations.get(USE_GPUTYPE, "")),
-        nouse_types=_split(annotations.get(NOUSE_GPUTYPE, "")),
-        use_uuids=_split(use_uuid[1]) if use_uuid else (),
-        nouse_uuids=_split(nouse_uuid[1]) if nouse_uuid else (),
+        use_types=tuple(gpu_type(t) for t in lists.get(USE_GPUTYPE, ())),
+        nouse_types=tuple(gpu_type(t) for t in lists.get(NOUSE_GPUTYPE, ())),
+        use_uuids=lists.get(USE_UUID[0], ()),
+        nouse_uuids=lists.get(NOUSE_UUID[0], ()),
         device_indexes=tuple(indexes),
         mode=mode,
         node_policy=node_policy,

@@ -67,7 +67,12 @@ def test_a_group_waits_for_its_podgroup_then_for_min_member() -> None:
     g = gangs()
     first = member("job")
     g.pending(first)
-    assert sent(g) == []  # PodGroup unknown: wait, as Volcano does
+    waiting = g.dispatch(0.0)
+    assert waiting.ready == ()  # PodGroup unknown: wait, as Volcano does, but say so
+    [(told, status)] = waiting.told
+    assert told is first
+    assert not status.unresolvable
+    assert 'PodGroup "job" does not exist' in status.message()
     g.groups[first.key] = GroupSpec(min_member=2)
     assert sent(g) == []  # 1 of 2
     g.pending(member("job"))

@@ -619,3 +619,16 @@ def test_fgd_at_node_level_picks_the_node_it_fragments_least() -> None:
         pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 50}
     )
     assert p.node == busy  # completes the broken card instead of breaking a new one
+
+
+def test_gpu_types_match_with_spaces_or_dashes() -> None:
+    pl = placer(
+        {
+            "v100": [gpu(0, model="Tesla-V100-PCIE-32GB", memory=32768)],
+            "t4": [gpu(0, model="Tesla T4")],
+        }
+    )
+    nvml = place(pl, MIB, annotations={"nvidia.com/use-gputype": "Tesla V100-PCIE-32GB"})
+    assert nvml.node == "v100"
+    dashes = place(pl, MIB, annotations={"nvidia.com/use-gputype": "tesla-t4"})
+    assert dashes.node == "t4"

@@ -374,10 +374,12 @@ def test_init_containers_come_first_and_requests_fill_in_for_limits() -> None:
 
 
 ANNOTATIONS: list[tuple[dict[str, str], dict[str, Any]]] = [
-    ({"nvidia.com/use-gputype": "A100, V100"}, {"use_types": ("A100", "V100")}),
+    ({"nvidia.com/use-gputype": "A100, V100"}, {"use_types": ("a100", "v100")}),
+    # NVML's spelling with spaces and HAMi's with dashes mean the same type
+    ({"nvidia.com/use-gputype": "Tesla V100-PCIE-32GB"}, {"use_types": ("tesla-v100-pcie-32gb",)}),
     (
         {"nvidia.com/nouse-gputype": "NVIDIA-GeForce-RTX-4090"},
-        {"nouse_types": ("NVIDIA-GeForce-RTX-4090",)},
+        {"nouse_types": ("nvidia-geforce-rtx-4090",)},
     ),
     ({"nvidia.com/use-gpuuuid": "GPU-a,GPU-b"}, {"use_uuids": ("GPU-a", "GPU-b")}),
     ({"nvidia.com/nouse-gpuuuid": "GPU-a"}, {"nouse_uuids": ("GPU-a",)}),
@@ -462,6 +464,24 @@ BAD: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
     ),
     ({"huawei.com/npu-core": 1}, {"labels": {"vnpu-level": "medium"}}, ["vnpu-level"]),
     ({"huawei.com/npu-core": 1}, {"labels": {"vnpu-dvpp": "maybe"}}, ["vnpu-dvpp"]),
+    # What upstream silently reads as something else is refused, saying why:
+    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 0}, {}, ["gpumem", "asks for no memory"]),
+    (
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 0},
+        {},
+        ["gpumem-percentage", "the whole card"],
+    ),
+    ({"nvidia.com/gpu": 1, "nvidia.com/priority": 7}, {}, ["priority", "0 (high) or 1 (low)"]),
+    (
+        {"nvidia.com/gpu": 1},
+        {"annotations": {"nvidia.com/use-gputype": ","}},
+        ["nvidia.com/use-gputype", "names no device"],
+    ),
+    (
+        {"nvidia.com/gpu": 1},
+        {"annotations": {"nvidia.com/nouse-gpuuuid": ",,,"}},
+        ["nvidia.com/nouse-gpuuuid", "names no device"],
+    ),
 ]
 
 
