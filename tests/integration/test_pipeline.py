@@ -296,3 +296,17 @@ async def test_killing_the_allocator_mid_stream_double_books_nothing(
     bound = [n for n in names if (await pipeline.get(ns, n))["spec"].get("nodeName")]
     # 2 x 30 GiB fit per 80 GiB card: 8 A100 + 2 H100 cards hold 20; MIG takes 2 more
     assert len(bound) >= 20
+
+
+async def test_a_pod_with_a_600_kb_variable_is_placed_and_the_watcher_stays_up(
+    pipeline: Pipeline, ns: str
+) -> None:
+    """Regression: one watch event over 512 KiB stopped the watcher (aiohttp's line
+    limit), and it died again on each restart: any user could stop all scheduling."""
+    big = pod("big-env", {"nvidia.com/gpumem": 1024})
+    big["spec"]["containers"][0]["env"] = [{"name": "BLOB", "value": "x" * 600_000}]
+    await pipeline.create(ns, big)
+    await pipeline.bound(ns, "big-env")
+    await pipeline.create(ns, pod("after-it", {"nvidia.com/gpumem": 1024}))
+    await pipeline.bound(ns, "after-it")
+    assert not [r for r in pipeline.restarts if r.startswith("watcher")]
