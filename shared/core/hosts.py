@@ -18,6 +18,7 @@ other extended resources) is fitted against the node's allocatable.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Iterable, Mapping
 from fractions import Fraction
 from typing import Any, Literal
@@ -58,12 +59,23 @@ class Requirement(msgspec.Struct, frozen=True, array_like=True):
             return value is None
         if value is None:
             return False
-        try:  # Gt / Lt: both sides base-10 integers (checked when parsed)
-            have = int(value)
-        except ValueError:
+        have = go_int64(value)  # Gt / Lt: both sides base-10 int64 (the bound checked at parse)
+        if have is None:
             return False
         bound = int(self.values[0])
         return have > bound if op == "Gt" else have < bound
+
+
+_INT64 = re.compile(r"[+-]?[0-9]+")
+
+
+def go_int64(text: str) -> int | None:
+    """``strconv.ParseInt(text, 10, 64)``: digits with an optional sign, in range; None
+    otherwise (Python's int() also takes spaces, underscores and any size)."""
+    if not _INT64.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
 
 
 class Selector(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -318,7 +330,9 @@ def pod_requests(spec: Mapping[str, Any], *, nonzero: bool = False) -> dict[str,
             _add(step, sidecars)
         _max(init_max, step)
     _max(total, init_max)
-    pod_level = _quantities((spec.get("resources") or {}).get("requests"))
+    resources = spec.get("resources") or {}
+    pod_level = _quantities(resources.get("limits"))  # requests default to limits
+    pod_level.update(_quantities(resources.get("requests")))
     for k, v in pod_level.items():
         if k in (CPU, MEMORY) or k.startswith("hugepages-"):
             total[k] = v
@@ -353,11 +367,7 @@ def _node_requirement(e: Mapping[str, Any]) -> Requirement | None:
     if op in ("Exists", "DoesNotExist"):
         return None if values else Requirement(key, op)
     if op in ("Gt", "Lt"):
-        if len(values) != 1:
-            return None
-        try:
-            int(values[0])
-        except ValueError:
+        if len(values) != 1 or go_int64(values[0]) is None:
             return None
         return Requirement(key, op, values)
     return None

@@ -341,7 +341,7 @@ class Hosts:
                 return Status(
                     code=Code.UNRESOLVABLE,
                     reasons=(Reason(kind="affinity-conflict", code=UNRESOLVABLE, nodes=0),),
-                    nodes=len(self.nodes),
+                    nodes=sum(1 for h in self.nodes.values() if h.spec is not None),
                 )
             prep.names = names
         prep.spread = tuple(self._spread(pod, c) for c in pod.spread if c.hard)
