@@ -1,23 +1,43 @@
 """Tessera against kube-scheduler on one real API server, side by side in one run.
 
-    python bench/e2e.py [--nodes 1000] [--pods 10000]
+    python bench/e2e.py [--nodes 1000] [--pods 5000] [--seed 1]
 
 Starts etcd, kube-apiserver, kube-scheduler (same release, client QPS/burst 5000 as in
 Kubernetes' scheduler_perf), nats-server and Tessera's five services, with ``--nodes``
-simulated nodes of 8 x A100-80GB. The Node objects advertise ``nvidia.com/gpu: 8`` as
-NVIDIA's device plugin would, so kube-scheduler places whole-GPU pods by that extended
-resource; Tessera places by its device ledger. Then, on the same nodes, one after the
-other (each run's pods deleted before the next):
+simulated nodes of 8 x A100-80GB. The Node objects are the ones both schedulers read
+(one API server): each has a zone label (3 zones) and a pool label, allocatable 128 cpu,
+1Ti memory and 110 pods, and every fourth node is a dedicated pool tainted
+``dedicated=ml:NoSchedule``. They advertise ``nvidia.com/gpu: 8`` as NVIDIA's device
+plugin would, so kube-scheduler places whole-GPU pods by that extended resource; Tessera
+places by its device ledger.
+
+Every pod is realistic and the same for both schedulers (drawn once with ``--seed``):
+cpu and memory requests (250m-2 cpu, 512Mi-4Gi), an ``app`` label (100 pods per app),
+a ``nodeSelector`` on the pool label on half of them (a quarter on the general pool
+``a``, a quarter on the dedicated pool ``ml`` with a toleration of its taint), and a
+zone topology spread constraint (DoNotSchedule, maxSkew 1, on the app label) on a
+tenth. Then, on the same nodes, one after the other (each run's pods deleted before the
+next):
 
 1. kube-scheduler: ``--pods`` pods asking ``nvidia.com/gpu: 1``;
 2. Tessera: the same whole-GPU pods (``schedulerName: tessera``);
-3. Tessera: fractional vGPU pods (1 device, 20 % memory, 25 % cores).
+3. Tessera: the same pods as fractional vGPUs (1 device, 20 % memory, 25 % cores).
+
+The shapes are sized so every pod fits in any order of placement (the benchmark measures
+speed, not rejection) while the pods are at most 2/3 of the GPUs (the default: 5,000 on
+8,000; the script warns above that): the ``ml`` pods have the ``ml`` quarter of the
+GPUs to themselves, and the pods that may land in pool ``a`` (no selector, or pool
+``a``: 3/4 of them) are then at most half the GPUs, pool ``a``'s size. Cpu, memory and
+pod slots never run out (a node holds at most 32 vGPU pods). A spread pod needs room in
+the zone with fewest of its app; with the zones interleaved over the nodes it has it.
+After each run the script checks no pod sits on a node its selector or taints rule out,
+and shows FailedScheduling messages for any pod left pending.
 
 Pods are created as fast as the API server takes them (``--writers`` at once). Per run it
-prints pods bound per second (first create to last bound) and the p50/p99/max time from
-a pod's creation to its binding (bench/harness.py says how both are clocked), then the
-ratios against kube-scheduler. With more whole-GPU pods than GPUs the cluster fills: the
-figures are over the pods bound, and both schedulers face the same overflow.
+prints the API server's create rate (pods created per second while creating), pods
+bound per second (first create to last bound) and that as a ratio of the create rate,
+the p50/p99/max time from a pod's creation to its binding (bench/harness.py says how
+both are clocked), then the ratios against kube-scheduler.
 """
 
 from __future__ import annotations
@@ -27,12 +47,17 @@ import asyncio
 import contextlib
 import json
 import math
+import os
+import random
+import sys
 import tempfile
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import Binds, connect, cpu_seconds, namespace, pct, tessera, wait_nodes
+from harness import A100, Binds, connect, cpu_seconds, namespace, pct, tessera, wait_nodes
 
 from shared import kube
 from tools.localcluster import LocalCluster
@@ -45,52 +70,203 @@ RUNS = [
     ("Tessera, vGPU 20% mem 25% cores", "tessera", SLICE),
 ]
 
+GPUS_PER_NODE = A100["count"]
+ZONE = "topology.kubernetes.io/zone"
+ZONES = ("zone-a", "zone-b", "zone-c")
+POOLS = ("a", "b", "a", "ml")  # by node index mod 4; "ml" is the tainted, dedicated pool
+TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+ALLOCATABLE = {"cpu": "128", "memory": "1Ti", "pods": "110"}
+CPUS = ("250m", "500m", "1", "2")
+MEMORIES = ("512Mi", "1Gi", "2Gi", "4Gi")
+PODS_PER_APP = 100
 
-def bench_pod(name: str, scheduler: str, limits: dict[str, Any]) -> dict[str, Any]:
+
+def node_entry(n: int) -> dict[str, Any]:
+    """Simulated node ``n`` (services/node_agent/simulate.py's inventory entry): zone
+    by ``n % 3``, pool by ``n % 4`` (a, b, a, ml), the ml quarter tainted."""
+    pool = POOLS[n % len(POOLS)]
+    return {
+        "name": f"bench-{n:05d}",
+        "labels": {ZONE: ZONES[n % len(ZONES)], "pool": pool},
+        "taints": [dict(TAINT)] if pool == "ml" else [],
+        "allocatable": dict(ALLOCATABLE),
+        "devices": [{**A100, "numa": 2}],
+    }
+
+
+def pod_shapes(pods: int, seed: int) -> list[dict[str, Any]]:
+    """The scheduler-facing part of every pod, the same for each run: labels, requests,
+    node selector, tolerations and spread (see the module docstring)."""
+    rng = random.Random(seed)
+    shapes = []
+    for i in range(pods):
+        app = f"app-{i // PODS_PER_APP:04d}"
+        spec: dict[str, Any] = {}
+        if i % 4 == 1:  # a quarter: the dedicated pool, tolerating its taint
+            spec["nodeSelector"] = {"pool": "ml"}
+            spec["tolerations"] = [{**TAINT, "operator": "Equal"}]
+        elif i % 4 == 3:  # a quarter: the general pool
+            spec["nodeSelector"] = {"pool": "a"}
+        if i % 10 == 0:  # a tenth (none of them selects a pool): spread over the zones
+            spec["topologySpreadConstraints"] = [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": ZONE,
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app": app}},
+                }
+            ]
+        requests = {"cpu": rng.choice(CPUS), "memory": rng.choice(MEMORIES)}
+        shapes.append({"labels": {"app": app}, "spec": spec, "requests": requests})
+    return shapes
+
+
+def bench_pod(
+    name: str, scheduler: str, limits: dict[str, Any], shape: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": shape["labels"]},
         "spec": {
             "schedulerName": scheduler,
-            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+            **shape["spec"],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": shape["requests"], "limits": limits},
+                }
+            ],
         },
     }
 
 
+def misplaced(shape: dict[str, Any], node: dict[str, Any]) -> bool:
+    """Whether a pod landed on a node its selector or the node's taint rules out."""
+    spec = shape["spec"]
+    labels = node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return True
+    tolerated = {t["key"] for t in spec.get("tolerations") or ()}
+    return any(
+        t.get("effect") == "NoSchedule" and t["key"] not in tolerated
+        for t in (node.get("spec") or {}).get("taints") or ()
+    )
+
+
+async def registered(api: kube.Client, count: int, timeout_s: float = 300) -> None:
+    """Until ``count`` nodes are fully registered by the simulator (its status patch,
+    with the Ready condition and the resources, is its last write to a Node)."""
+    await wait_nodes(api, count, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        nodes, _ = await kube.list_all(api, "/api/v1/nodes")
+        ready = [
+            n
+            for n in nodes
+            if any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in n.get("status", {}).get("conditions") or ()
+            )
+        ]
+        if len(ready) >= count:
+            return
+        await asyncio.sleep(1.0)
+    raise SystemExit(f"only {len(ready)}/{count} simulated nodes registered")
+
+
 async def advertise_whole_gpus(api: kube.Client, nodes: list[dict[str, Any]]) -> None:
-    """``nvidia.com/gpu`` as NVIDIA's device plugin advertises it: one per card; and no
-    ``not-ready`` taint (the node-lifecycle controller, not run here, lifts the one the
-    TaintNodesByCondition admission puts on every new Node once it reports Ready)."""
+    """``nvidia.com/gpu`` as NVIDIA's device plugin advertises it: one per card (the
+    simulator advertises HAMi's split slots). A strategic merge: the other resources,
+    the labels and the taints stay as the simulator wrote them."""
     slots = asyncio.Semaphore(32)
+    gpus = {"nvidia.com/gpu": str(GPUS_PER_NODE)}
 
     async def one(node: dict[str, Any]) -> None:
-        name = node["metadata"]["name"]
-        resources = {**node["status"]["allocatable"], "nvidia.com/gpu": "8"}
         async with slots:
             await kube.request(
                 api,
                 "PATCH",
-                f"/api/v1/nodes/{name}",
-                {"spec": {"taints": None}},
-                content_type="application/merge-patch+json",
-            )
-            await kube.request(
-                api,
-                "PATCH",
-                f"/api/v1/nodes/{name}/status",
-                {"status": {"capacity": resources, "allocatable": resources}},
+                f"/api/v1/nodes/{node['metadata']['name']}/status",
+                {"status": {"capacity": gpus, "allocatable": gpus}},
                 content_type="application/strategic-merge-patch+json",
             )
 
     await asyncio.gather(*(one(n) for n in nodes))
 
 
+def check_nodes(nodes: list[dict[str, Any]], count: int) -> str:
+    """What both schedulers will read, checked against the shapes asked for."""
+    wrong = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        n = int(name.rsplit("-", 1)[1])
+        want = node_entry(n)
+        alloc = node["status"].get("allocatable") or {}
+        taints = [
+            {k: t.get(k, "") for k in ("key", "value", "effect")}
+            for t in (node.get("spec") or {}).get("taints") or ()
+        ]
+        labels = node["metadata"].get("labels") or {}
+        if (
+            alloc.get("nvidia.com/gpu") != str(GPUS_PER_NODE)
+            or any(alloc.get(k) != v for k, v in ALLOCATABLE.items())
+            or taints != want["taints"]
+            or any(labels.get(k) != v for k, v in want["labels"].items())
+        ):
+            wrong.append(name)
+    if len(nodes) != count or wrong:
+        raise SystemExit(
+            f"{len(nodes)} nodes (want {count}); not as the shapes say: {wrong[:5]}"
+            f"{' ...' if len(wrong) > 5 else ''}"
+        )
+    pools = Counter(n["metadata"]["labels"]["pool"] for n in nodes)
+    zones = Counter(n["metadata"]["labels"][ZONE] for n in nodes)
+    tainted = sum(bool((n.get("spec") or {}).get("taints")) for n in nodes)
+    return (
+        f"nodes: {count} (zones {dict(sorted(zones.items()))}, pools "
+        f"{dict(sorted(pools.items()))}, {tainted} tainted), each allocatable "
+        f"nvidia.com/gpu {GPUS_PER_NODE}, cpu {ALLOCATABLE['cpu']}, memory "
+        f"{ALLOCATABLE['memory']}, pods {ALLOCATABLE['pods']}"
+    )
+
+
+@dataclass
+class Placed(Binds):
+    """:class:`Binds` that also notes each pod's node."""
+
+    node: dict[str, str] = field(default_factory=dict)
+
+    async def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        node = obj["spec"].get("nodeName")
+        if node:
+            self.node.setdefault(obj["metadata"]["name"], node)
+        await super()._on_pod(kind, obj)
+
+
+async def pending_reasons(api: kube.Client, ns: str, limit: int = 3) -> list[str]:
+    """The last few distinct FailedScheduling messages in ``ns``."""
+    events, _ = await kube.list_all(
+        api, f"/api/v1/namespaces/{ns}/events", query={"fieldSelector": "reason=FailedScheduling"}
+    )
+    seen: dict[str, str] = {}
+    for e in events:
+        seen[e.get("message", "")] = e.get("involvedObject", {}).get("name", "")
+    return [f"{pod}: {msg}" for msg, pod in list(seen.items())[-limit:]]
+
+
 async def one_run(
-    api: kube.Client, ns: str, scheduler: str, limits: dict[str, Any], args: argparse.Namespace
+    api: kube.Client,
+    ns: str,
+    scheduler: str,
+    limits: dict[str, Any],
+    shapes: list[dict[str, Any]],
+    nodes: dict[str, dict[str, Any]],
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     await namespace(api, ns)
-    binds = Binds(api, ns, args.pods)
+    binds = Placed(api, ns, args.pods)
     binds.start()
     created: dict[str, float] = {}
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -99,9 +275,13 @@ async def one_run(
 
     async def writer() -> None:
         while not queue.empty():
-            name = f"p-{queue.get_nowait():05d}"
+            i = queue.get_nowait()
+            name = f"p-{i:05d}"
             await kube.request(
-                api, "POST", f"/api/v1/namespaces/{ns}/pods", bench_pod(name, scheduler, limits)
+                api,
+                "POST",
+                f"/api/v1/namespaces/{ns}/pods",
+                bench_pod(name, scheduler, limits, shapes[i]),
             )
             created[name] = time.monotonic()
 
@@ -111,16 +291,30 @@ async def one_run(
     await binds.wait(args.timeout, settle_s=args.settle)
     latencies = sorted(binds.at[n] - created[n] for n in binds.at if n in created)
     end = max(binds.at.values(), default=start)
-    return {
+    per_node = Counter(binds.node.values())
+    create_rate = args.pods / create_s if create_s > 0 else 0.0
+    bind_rate = len(binds.at) / (end - start) if binds.at else 0.0
+    result = {
         "pods": args.pods,
         "bound": len(binds.at),
         "create_s": round(create_s, 2),
+        "create_per_s": round(create_rate, 1),
         "total_s": round(end - start, 2),
-        "pods_per_s": round(len(binds.at) / (end - start), 1) if binds.at else 0.0,
+        "pods_per_s": round(bind_rate, 1),
+        "of_create": round(bind_rate / create_rate, 2) if create_rate else 0.0,
         "p50_ms": round(pct(latencies, 0.50) * 1000),
         "p99_ms": round(pct(latencies, 0.99) * 1000),
         "max_ms": round(latencies[-1] * 1000) if latencies else 0,
+        "max_pods_per_node": max(per_node.values(), default=0),
+        "misplaced": sum(
+            misplaced(shapes[int(p.rsplit("-", 1)[1])], nodes[n])
+            for p, n in binds.node.items()
+            if n in nodes
+        ),
     }
+    if len(binds.at) < args.pods:
+        result["pending_reasons"] = await pending_reasons(api, ns)
+    return result
 
 
 async def clear(api: kube.Client, ns: str) -> None:
@@ -159,14 +353,22 @@ async def run(
 ) -> list[dict[str, Any]]:
     api = await connect(cluster)
     async with api:
-        nodes = await wait_nodes(api, args.nodes)
+        await registered(api, args.nodes)
+        nodes, _ = await kube.list_all(api, "/api/v1/nodes")
         await advertise_whole_gpus(api, nodes)
+        nodes, _ = await kube.list_all(api, "/api/v1/nodes")
+        print(check_nodes(nodes, args.nodes), flush=True)
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        shapes = pod_shapes(args.pods, args.seed)
         await asyncio.sleep(5)  # let every scheduler's node cache catch up
         results = []
         for i, (label, scheduler, limits) in enumerate(RUNS):
             ns = f"e2e-{i}"
             before = cpu_seconds(pids)
-            result = {"run": label, **await one_run(api, ns, scheduler, limits, args)}
+            result = {
+                "run": label,
+                **await one_run(api, ns, scheduler, limits, shapes, by_name, args),
+            }
             after = cpu_seconds(pids)
             result["cpu_s"] = {k: round(after[k] - before.get(k, 0.0), 1) for k in after}
             print(json.dumps(result), flush=True)
@@ -182,17 +384,19 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     base = results[0]
     lines = [
         f"end to end on one API server: {args.nodes} simulated nodes x 8 A100-80GB, "
-        f"{args.pods} pods per run, {args.writers} writers",
-        "| run | bound | pods/s | p50 ms | p99 ms | max ms | pods/s vs kube-scheduler "
-        "| p99 vs kube-scheduler |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"{args.pods} realistic pods per run (seed {args.seed}), {args.writers} writers, "
+        f"{os.cpu_count()} cores shared by all",
+        "| run | bound | created/s | pods/s | pods/s of created/s | p50 ms | p99 ms | max ms "
+        "| pods/s vs kube-scheduler | p99 vs kube-scheduler |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         speed = r["pods_per_s"] / base["pods_per_s"] if base["pods_per_s"] else 0.0
         p99 = r["p99_ms"] / base["p99_ms"] if base["p99_ms"] else 0.0
         lines.append(
-            f"| {r['run']} | {r['bound']}/{r['pods']} | {r['pods_per_s']:.1f} | {r['p50_ms']} "
-            f"| {r['p99_ms']} | {r['max_ms']} | {speed:.2f}x | {p99:.2f}x |"
+            f"| {r['run']} | {r['bound']}/{r['pods']} | {r['create_per_s']:.1f} "
+            f"| {r['pods_per_s']:.1f} | {r['of_create']:.2f} | {r['p50_ms']} | {r['p99_ms']} "
+            f"| {r['max_ms']} | {speed:.2f}x | {p99:.2f}x |"
         )
     return "\n".join(lines)
 
@@ -200,7 +404,8 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--pods", type=int, default=10000)
+    parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=1, help="of the pods' requests")
     parser.add_argument("--writers", type=int, default=32, help="creates in flight")
     parser.add_argument("--timeout", type=float, default=300, help="per run, after creation")
     parser.add_argument(
@@ -209,18 +414,32 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the control plane's logs")
     parser.add_argument("--log-level", default="WARNING", help="of Tessera's services")
     args = parser.parse_args()
+    if args.pods * 3 > args.nodes * GPUS_PER_NODE * 2:
+        print(
+            f"e2e: {args.pods} whole-GPU pods are over 2/3 of {args.nodes * GPUS_PER_NODE} "
+            "GPUs: some may find no node, and each scheduler may leave different ones",
+            file=sys.stderr,
+        )
     workdir = Path(tempfile.mkdtemp(prefix="tessera-bench-e2e-"))
+    inventory = [node_entry(n) for n in range(args.nodes)]
     with (
         LocalCluster(workdir=workdir / "cluster", with_scheduler=True, keep=args.keep) as cluster,
-        tessera(workdir, cluster, args.nodes, args.log_level) as services,
+        tessera(workdir, cluster, args.nodes, args.log_level, inventory=inventory) as services,
     ):
         pids = {p.name: p.popen.pid for p in cluster.procs} | services
         results = asyncio.run(run(args, cluster, pids))
     print(table(results, args))
-    print("CPU seconds per process during each run (2 cores shared by all):")
+    print(f"CPU seconds per process during each run ({os.cpu_count()} cores shared by all):")
     for r in results:
         busy = sorted(r["cpu_s"].items(), key=lambda kv: -kv[1])
         print(f"  {r['run']}: " + ", ".join(f"{k} {v:.1f}" for k, v in busy if v >= 0.1))
+    for r in results:
+        if r["bound"] < r["pods"]:
+            print(f"{r['run']}: {r['pods'] - r['bound']} pods left pending; FailedScheduling:")
+            for line in r.get("pending_reasons", []):
+                print(f"  {line}")
+        if r["misplaced"]:
+            print(f"{r['run']}: {r['misplaced']} pods on a node their selector or taint rules out")
     print(f"(service logs: {workdir})")
 
 

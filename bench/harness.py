@@ -51,10 +51,17 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 
 @contextlib.contextmanager
 def tessera(
-    workdir: Path, cluster: LocalCluster, nodes: int, log_level: str = "WARNING"
+    workdir: Path,
+    cluster: LocalCluster,
+    nodes: int,
+    log_level: str = "WARNING",
+    *,
+    inventory: list[dict[str, Any]] | None = None,
 ) -> Iterator[dict[str, int]]:
     """Run the five services (the node agent simulating ``nodes`` nodes of 8 x A100-80GB)
-    until the block ends; yields each service's pid."""
+    until the block ends; yields each service's pid. ``inventory``, when given, is the
+    simulated nodes' entries instead (services/node_agent/simulate.py: labels, taints,
+    allocatable, devices per entry)."""
     cfg = workdir / "tessera.yaml"
     cfg.write_text(
         yaml.safe_dump(
@@ -66,13 +73,11 @@ def tessera(
             }
         )
     )
-    inventory = workdir / "inventory.yaml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {"nodes": [{"name": "bench-{i}", "replicas": nodes, "devices": [{**A100, "numa": 2}]}]}
-        )
-    )
-    procs = spawn_services(workdir, cfg, inventory)
+    if inventory is None:
+        inventory = [{"name": "bench-{i}", "replicas": nodes, "devices": [{**A100, "numa": 2}]}]
+    inventory_file = workdir / "inventory.yaml"
+    inventory_file.write_text(yaml.safe_dump({"nodes": inventory}))
+    procs = spawn_services(workdir, cfg, inventory_file)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
