@@ -20,12 +20,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping
-from fractions import Fraction
 from typing import Any, Literal
 
 import msgspec
 
-from shared.core.quantity import parse_quantity
+from shared.core.quantity import parse_nano
 
 CPU, MEMORY, EPHEMERAL, PODS = "cpu", "memory", "ephemeral-storage", "pods"
 DEFAULT_MILLI_CPU = 100
@@ -252,12 +251,10 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 # --- parsing ------------------------------------------------------------------------------
 
 
-def _ceil(q: Fraction) -> int:
-    return math.ceil(q)
-
-
-def _amount(name: str, total: Fraction) -> int:
-    return _ceil(total * 1000) if name == CPU else _ceil(total)
+def _amount(name: str, nano: int) -> int:
+    """A summed quantity in the unit kube-scheduler counts: cpu in millicores, the rest
+    whole, both rounded up after summing (as ``MilliValue`` and ``Value`` do)."""
+    return -(-nano // 10**6) if name == CPU else -(-nano // 10**9)
 
 
 def is_scalar(name: str) -> bool:
@@ -272,17 +269,18 @@ def _counted(name: str, managed: Collection[str]) -> bool:
     return name not in managed and (name in (CPU, MEMORY, EPHEMERAL) or is_scalar(name))
 
 
-def _quantities(raw: Mapping[str, Any] | None) -> dict[str, Fraction]:
-    out: dict[str, Fraction] = {}
+def _quantities(raw: Mapping[str, Any] | None) -> dict[str, int]:
+    """Quantities in billionths (see quantity.parse_nano)."""
+    out: dict[str, int] = {}
     for name, value in (raw or {}).items():
         try:
-            out[str(name)] = parse_quantity(value)
+            out[str(name)] = parse_nano(value)
         except ValueError:
             continue  # the API server never stores one; a hand-made object is skipped
     return out
 
 
-def _container_requests(c: Mapping[str, Any]) -> dict[str, Fraction]:
+def _container_requests(c: Mapping[str, Any]) -> dict[str, int]:
     """A container's requests, defaulted from its limits as the API server does."""
     resources = c.get("resources") or {}
     out = _quantities(resources.get("limits"))
@@ -290,35 +288,38 @@ def _container_requests(c: Mapping[str, Any]) -> dict[str, Fraction]:
     return out
 
 
-def _add(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
+def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
     for k, v in more.items():
-        total[k] = total.get(k, Fraction(0)) + v
+        total[k] = total.get(k, 0) + v
 
 
-def _max(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
+def _max(total: dict[str, int], more: Mapping[str, int]) -> None:
     for k, v in more.items():
-        if v > total.get(k, Fraction(-1)):
+        if k not in total or v > total[k]:
             total[k] = v
 
 
-def pod_requests(spec: Mapping[str, Any], *, nonzero: bool = False) -> dict[str, Fraction]:
-    """kube's ``PodRequests``: app containers summed, init containers as the largest
-    step (restartable "sidecar" ones run beside everything after them), pod-level
-    requests overriding, overhead added. ``nonzero``: containers naming no cpu or
-    memory count the scoring defaults instead."""
+_NONZERO = {CPU: DEFAULT_MILLI_CPU * 10**6, MEMORY: DEFAULT_MEMORY * 10**9}
 
-    def req(c: Mapping[str, Any]) -> dict[str, Fraction]:
+
+def pod_requests(spec: Mapping[str, Any], *, nonzero: bool = False) -> dict[str, int]:
+    """kube's ``PodRequests``, in billionths: app containers summed, init containers as
+    the largest step (restartable "sidecar" ones run beside everything after them),
+    pod-level requests overriding, overhead added. ``nonzero``: containers naming no cpu
+    or memory count the scoring defaults instead."""
+
+    def req(c: Mapping[str, Any]) -> dict[str, int]:
         r = _container_requests(c)
         if nonzero:
-            r.setdefault(CPU, Fraction(DEFAULT_MILLI_CPU, 1000))
-            r.setdefault(MEMORY, Fraction(DEFAULT_MEMORY))
+            for k, v in _NONZERO.items():
+                r.setdefault(k, v)
         return r
 
-    total: dict[str, Fraction] = {}
+    total: dict[str, int] = {}
     for c in spec.get("containers") or ():
         _add(total, req(c))
-    sidecars: dict[str, Fraction] = {}
-    init_max: dict[str, Fraction] = {}
+    sidecars: dict[str, int] = {}
+    init_max: dict[str, int] = {}
     for c in spec.get("initContainers") or ():
         r = req(c)
         if c.get("restartPolicy") == "Always":
@@ -513,8 +514,8 @@ def pod_spec(obj: Mapping[str, Any], managed: Collection[str] = ()) -> PodSpec:
         namespace=namespace,
         labels=labels,
         requests=requests,
-        nonzero_cpu=_amount(CPU, nonzero.get(CPU, Fraction(0))),
-        nonzero_memory=_amount(MEMORY, nonzero.get(MEMORY, Fraction(0))),
+        nonzero_cpu=_amount(CPU, nonzero.get(CPU, 0)),
+        nonzero_memory=_amount(MEMORY, nonzero.get(MEMORY, 0)),
         ports=_ports(spec),
         node_name=str(spec.get("nodeName") or ""),
         node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},

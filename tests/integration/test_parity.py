@@ -433,12 +433,12 @@ def test_topology_spread(kube: Any) -> None:
         ),
     }
     # two domains, one web pod each: fine, unless minDomains asks for three (minimum 0)
-    nodes = nodes[2:4]
-    bound = (pod("w0", on="b1", labels=web), pod("w1", on="c1", labels=web))
-    answer = agree(kube, case(nodes, incoming, bound))
+    two = nodes[2:4]
+    pair = (pod("w0", on="b1", labels=web), pod("w1", on="c1", labels=web))
+    answer = agree(kube, case(two, incoming, pair))
     assert answer.nodes == {"b1": None, "c1": None}
     incoming = pod(labels=web, topologySpreadConstraints=[_spread(minDomains=3)])
-    answer = agree(kube, case(nodes, incoming, bound))
+    answer = agree(kube, case(two, incoming, pair))
     assert answer.nodes == {"b1": skew, "c1": skew}
     assert answer.message == (
         "0/2 nodes are available: 2 node(s) didn't match pod topology spread constraints."

@@ -85,7 +85,7 @@ def test_init_and_sidecar_containers_count_as_kube_scheduler_counts_them() -> No
     )["spec"]
     # app 1 + sidecar 0.5 running together = 1.5; the setup step runs beside the sidecar:
     # 3 + 0.5 = 3.5, the larger; plus the overhead.
-    assert pod_requests(spec)["cpu"] * 1000 == 3600
+    assert pod_requests(spec)["cpu"] == 3_600_000_000  # in billionths of a cpu
 
 
 def test_tessera_device_names_are_left_to_the_device_families() -> None:
