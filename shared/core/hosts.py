@@ -17,7 +17,6 @@ other extended resources) is fitted against the node's allocatable.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
