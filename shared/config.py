@@ -171,6 +171,18 @@ class NodeAgentConfig(_Cfg, frozen=True, kw_only=True):
     isolation: IsolationConfig = msgspec.field(default_factory=IsolationConfig)
 
 
+class SecurityConfig(_Cfg, frozen=True, kw_only=True):
+    """Who may be believed."""
+
+    grant_key_file: str = ""
+    """A file holding the key (any bytes, 32 random ones at least) Tessera signs grants
+    with: the binder signs each grant it writes on a pod, and the allocator's rebuild and
+    the node agents believe a ``tessera.io/grant`` only with a valid signature, so a user
+    who writes one by hand gets no device. Mount it from a Secret shared by the
+    device-allocator, the binder and the node agents. Empty: grants are neither signed
+    nor checked (a warning at start)."""
+
+
 class Config(_Cfg, frozen=True, kw_only=True):
     """The whole of ``tessera.yaml``."""
 
@@ -182,6 +194,7 @@ class Config(_Cfg, frozen=True, kw_only=True):
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     compat: CompatConfig = msgspec.field(default_factory=CompatConfig)
     node_agent: NodeAgentConfig = msgspec.field(default_factory=NodeAgentConfig)
+    security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
 
     def node_override(self, node: str) -> NodeOverride | None:
         for override in self.node_configs:
@@ -336,9 +349,27 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
 
 
 def config_hash(cfg: Config) -> str:
-    """A short, stable hash of the effective config, for agents and allocators to compare."""
-    blob = msgspec.json.encode(msgspec.to_builtins(cfg), order="sorted")
+    """A short, stable hash of what node agents and the allocator must agree on to place
+    safely: the device specs (resource names, scaling, geometries, templates) and the
+    per-node overrides. Logging, telemetry, timings and policies are left out, so such a
+    change rolls out without the allocator refusing every node until its agent restarts."""
+    placement = {"devices": cfg.devices, "nodeConfigs": cfg.node_configs}
+    blob = msgspec.json.encode(msgspec.to_builtins(placement), order="sorted")
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def grant_key(cfg: Config) -> bytes | None:
+    """The grant-signing key (``security.grantKeyFile``), or None when unset."""
+    path = cfg.security.grant_key_file
+    if not path:
+        return None
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"security.grantKeyFile: cannot read {path}: {exc}") from None
+    if len(key) < 16:
+        raise ConfigError(f"security.grantKeyFile: {path} holds {len(key)} bytes; use 32 or more")
+    return key
 
 
 def dump(cfg: Config) -> str:

@@ -168,6 +168,9 @@ class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
     resource_version: str = ""
     spec: PodSpec | None = None
     scheduler_name: str = ""
+    signature: str = ""
+    """The grant's ``tessera.io/grant-signature``: a grant without a valid one is not
+    Tessera's and holds no device (shared/core/annotations.py)."""
 
 
 class PodDeleted(Event, frozen=True, kw_only=True, tag="pod.deleted"):

@@ -29,6 +29,7 @@ from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
 from shared import kube
+from shared.config import grant_key
 from shared.core import annotations as ann
 from shared.core.model import PodRef, PodUID
 from shared.runtime import Runtime, Service, handles
@@ -53,6 +54,9 @@ class Binder(Service):
         self.told: dict[PodUID, str] = {}
         self.bound: set[PodUID] = set()
         """Pods this binder bound: a late failure message must not reach them."""
+        self.key = grant_key(rt.cfg)
+        if self.key is None:
+            log.warning("security.grantKeyFile is not set: grants are written unsigned")
 
     def concurrency(self) -> int:
         return self.rt.cfg.scheduler.bind_concurrency
@@ -95,7 +99,12 @@ class Binder(Service):
     async def bind(self, decided: ev.AllocationDecided) -> None:
         """Write the pod's Binding with its grant; say it is bound, or that it failed."""
         annotations = ann.grant_annotations(
-            decided.node, decided.grants, time.time(), self.rt.cfg.compat.annotations
+            decided.node,
+            decided.grants,
+            time.time(),
+            self.rt.cfg.compat.annotations,
+            key=self.key,
+            uid=decided.pod.uid,
         )
         with tracer().start_as_current_span(f"bind {decided.pod}") as span:
             span.set_attribute("tessera.service", self.rt.service)

@@ -42,20 +42,37 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
 _decoder = msgspec.json.Decoder(Reservation)
 
 
-def bound_grant(pod: dict[str, Any], managed: Collection[str] = ()) -> PodGrant | None:
-    """What a pod on a node holds there: its device grant (from its annotations; none
-    for another scheduler's pod) and its node-fit spec; None if it is on no node."""
+UNSIGNED = (
+    "its tessera.io/grant annotation was not written by Tessera (no valid "
+    "tessera.io/grant-signature): Tessera reserves no device for it"
+)
+
+
+def bound_grant(
+    pod: dict[str, Any], managed: Collection[str] = (), key: bytes | None = None
+) -> tuple[PodGrant, bool] | None:
+    """What a pod on a node holds there: its device grant (from its annotations, when
+    signed by Tessera; none for another scheduler's pod) and its node-fit spec, and
+    whether a grant it carries was refused as forged; None if it is on no node."""
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
         return None
     annotations = pod["metadata"].get("annotations") or {}
     grants = ann.read_grants(annotations) or ()
     ref = kube.pod_ref(pod)
-    group = annotations.get(GROUP_NAME)
-    key = GangKey(namespace=ref.namespace, name=group) if group else None
-    return PodGrant(
-        pod=ref, node=NodeName(node), containers=grants, group=key, spec=pod_spec(pod, managed)
+    forged = bool(grants) and not ann.signed(
+        key, ref.uid, node, grants, annotations.get(ann.SIGNATURE, "")
     )
+    group = annotations.get(GROUP_NAME)
+    key_of_group = GangKey(namespace=ref.namespace, name=group) if group else None
+    grant = PodGrant(
+        pod=ref,
+        node=NodeName(node),
+        containers=() if forged else grants,
+        group=key_of_group,
+        spec=pod_spec(pod, managed),
+    )
+    return grant, forged
 
 
 class Reservations:
@@ -104,18 +121,24 @@ class Reservations:
         return loaded
 
 
-async def rebuild(ledger: Ledger, api: kube.Client, managed: Collection[str]) -> int:
+async def rebuild(
+    ledger: Ledger, api: kube.Client, managed: Collection[str], key: bytes | None
+) -> tuple[int, list[PodGrant]]:
     """Record every pod on a node (any scheduler's: devices from its grant, requests and
-    labels for node fit); their count."""
+    labels for node fit); their count, and the pods whose grant was forged."""
     pods, _ = await kube.list_all(
         api,
         "/api/v1/pods",
         {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"},
     )
     bound = 0
+    forged = []
     for pod in pods:
-        grant = bound_grant(pod, managed)
-        if grant is not None:
+        found = bound_grant(pod, managed, key)
+        if found is not None:
+            grant, refused = found
             ledger.grant(grant)
             bound += 1
-    return bound
+            if refused:
+                forged.append(grant)
+    return bound, forged

@@ -29,13 +29,21 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+import msgspec
 from kubernetes_asyncio.client import ApiException
 
-from services.device_allocator.reservations import BUCKET, Reservation, Reservations, rebuild
+from services.device_allocator.reservations import (
+    BUCKET,
+    UNSIGNED,
+    Reservation,
+    Reservations,
+    rebuild,
+)
 from services.device_allocator.reservations import bound_grant as read_bound_grant
 from services.device_allocator.room import Room
 from shared import events as ev
 from shared import kube
+from shared.config import grant_key
 from shared.core import annotations as ann
 from shared.core.hosts import node_spec
 from shared.core.ledger import Ledger, PodGrant
@@ -79,6 +87,8 @@ class Allocator(Service):
         self.placer = Placer(self.ledger, placement_config(rt))
         self.room = Room(self.placer)
         self.reservations: Reservations | None = None
+        self.key = grant_key(rt.cfg)
+        """The grant-signing key: a grant not signed with it holds no device."""
         self.managed = frozenset(ResourceTable.build(rt.cfg.devices).by_name)
         """Tessera's device names (left out of the node-fit requests of bound pods)."""
         self.refused: dict[NodeName, str] = {}
@@ -108,7 +118,9 @@ class Allocator(Service):
             self.ledger.set_spec(node_spec(node))
         for inventory in (await self.rt.bus.inventories()).values():
             self.on_inventory_event(inventory)
-        bound = await rebuild(self.ledger, self.api, self.managed)
+        bound, forged = await rebuild(self.ledger, self.api, self.managed, self.key)
+        for grant in forged:
+            await self._refuse_forged(grant.pod, grant.node)
         reserved = await self.reserved.load(self.ledger)
         log.info(
             "ledger rebuilt: %d nodes, %d devices, %d bound pods, %d reservations",
@@ -315,9 +327,16 @@ class Allocator(Service):
     @handles(ev.PodUpdated)
     async def on_bound(self, event: ev.PodUpdated) -> None:
         """A pod is on a node: its reservation becomes a grant the pod holds; any other
-        scheduler's pod counts there too (requests, ports, labels)."""
-        if event.node is None:
+        scheduler's pod counts there too (requests, ports, labels). A grant not signed
+        by Tessera holds nothing."""
+        node = event.node
+        if node is None:
             return
+        if event.grants and not ann.signed(
+            self.key, event.pod.uid, node, event.grants, event.signature
+        ):
+            await self._refuse_forged(event.pod, node)
+            event = msgspec.structs.replace(event, grants=())
         held = self.ledger.pods.get(event.pod.uid)
         if (
             held is not None
@@ -338,7 +357,7 @@ class Allocator(Service):
             self.ledger.grant(
                 PodGrant(
                     pod=event.pod,
-                    node=event.node,
+                    node=node,
                     containers=event.grants,
                     group=held.group if held is not None else None,
                     spec=event.spec or (held.spec if held is not None else None),
@@ -346,6 +365,17 @@ class Allocator(Service):
             )
         if event.pod.uid in self.reserved.open:
             await self.reserved.forget(event.pod.uid)
+
+    async def _refuse_forged(self, pod: PodRef, node: NodeName) -> None:
+        log.warning("pod %s on %s: %s", pod, node, UNSIGNED)
+        await kube.tell(
+            self.api,
+            pod,
+            reason="ForgedGrant",
+            kind="Warning",
+            message=f"Pod {pod} on {node}: {UNSIGNED}",
+            component="tessera-device-allocator",
+        )
 
     @handles(ev.PodDeleted)
     async def on_deleted(self, event: ev.PodDeleted) -> None:
@@ -411,9 +441,20 @@ class Allocator(Service):
             if exc.status != 404:
                 return  # try again next round
             obj = None
-        bound = read_bound_grant(obj) if obj and obj["metadata"]["uid"] == pod.uid else None
-        if bound is not None:
-            await self.on_bound(ev.PodUpdated(pod=pod, node=bound.node, grants=bound.containers))
+        found = None
+        if obj and obj["metadata"]["uid"] == pod.uid:
+            found = read_bound_grant(obj, self.managed, self.key)
+        if found is not None:
+            bound = found[0]
+            await self.on_bound(
+                ev.PodUpdated(
+                    pod=pod,
+                    node=bound.node,
+                    grants=bound.containers,
+                    spec=bound.spec,
+                    signature=(obj or {})["metadata"].get("annotations", {}).get(ann.SIGNATURE, ""),
+                )
+            )
             return
         log.warning(
             "reservation of %s on %s not bound within %.0fs: released",

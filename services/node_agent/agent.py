@@ -26,6 +26,7 @@ from services.node_agent.mig import MigDriver, MigError, NvmlMig, changes_for, r
 from services.node_agent.resources import count_resources
 from shared import events as ev
 from shared import kube
+from shared.config import grant_key
 from shared.core import annotations as ann
 from shared.core.model import ContainerGrant, DeviceInfo, DeviceUUID, NodeName, PodRef, PodUID
 from shared.runtime import Runtime
@@ -107,12 +108,17 @@ class Agent:
             text = ""
         allocated = admitted_in_checkpoint(text) if text else set()
         waiting = 0
+        key = grant_key(self.rt.cfg)
         for obj in items:
             meta, status = obj["metadata"], obj.get("status") or {}
-            grants = ann.read_grants(meta.get("annotations") or {})
+            annotations = meta.get("annotations") or {}
+            grants = ann.read_grants(annotations)
             if grants is None or status.get("phase") in ("Succeeded", "Failed"):
                 continue
             pod = kube.pod_ref(obj)
+            if not ann.signed(key, pod.uid, self.node, grants, annotations.get(ann.SIGNATURE, "")):
+                log.warning("pod %s: its grant is not signed by Tessera; it gets no device", pod)
+                continue
             self.held[pod.uid] = grants
             started = bool(status.get("containerStatuses") or status.get("initContainerStatuses"))
             if started or (allocated is not None and pod.uid in allocated):

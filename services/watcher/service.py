@@ -237,6 +237,7 @@ class Watcher(Service):
                         resource_version=meta.get("resourceVersion", ""),
                         spec=host,
                         scheduler_name=spec.get("schedulerName", ""),
+                        signature=(meta.get("annotations") or {}).get(ann.SIGNATURE, ""),
                     )
                 )
             return

@@ -10,6 +10,9 @@ the grant. All of them ride on the Binding: one API write.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -20,6 +23,9 @@ from shared.core.model import ContainerGrant, NodeName
 GRANT = "tessera.io/grant"
 NODE = "tessera.io/node"
 BIND_TIME = "tessera.io/bind-time"
+SIGNATURE = "tessera.io/grant-signature"
+"""HMAC-SHA256 of the pod's UID, its node and its grant, under the key shared by the
+allocator, the binder and the node agents: only Tessera can write a grant that counts."""
 
 Compat = Literal["none", "hami", "volcano"]
 
@@ -64,11 +70,36 @@ def device_list(grants: Sequence[ContainerGrant]) -> str:
     return "".join(p + ";" for p in parts)
 
 
+def signature(key: bytes, uid: str, node: str, grants: Sequence[ContainerGrant]) -> str:
+    """The signature of a grant for pod ``uid`` on ``node``, over its canonical encoding
+    (what the annotation holds), so it can be checked from the decoded grant."""
+    text = encode_grants(grants)
+    mac = hmac.new(key, f"{uid}\n{node}\n{text}".encode(), hashlib.sha256)
+    return "v1:" + base64.b64encode(mac.digest()).decode()
+
+
+def signed(
+    key: bytes | None, uid: str, node: str, grants: Sequence[ContainerGrant], given: str
+) -> bool:
+    """Is this grant Tessera's own (True when no key is configured)?"""
+    if key is None:
+        return True
+    return hmac.compare_digest(given, signature(key, uid, node, grants))
+
+
 def grant_annotations(
-    node: NodeName, grants: Sequence[ContainerGrant], now: float, compat: Compat = "none"
+    node: NodeName,
+    grants: Sequence[ContainerGrant],
+    now: float,
+    compat: Compat = "none",
+    *,
+    key: bytes | None = None,
+    uid: str = "",
 ) -> dict[str, str]:
-    """Every annotation the Binding carries for this grant."""
+    """Every annotation the Binding carries for this grant (signed when ``key`` is set)."""
     out = {GRANT: encode_grants(grants), NODE: node, BIND_TIME: str(int(now))}
+    if key is not None:
+        out[SIGNATURE] = signature(key, uid, node, grants)
     keys = COMPAT_KEYS.get(compat)
     if keys is not None:
         devices = device_list(grants)

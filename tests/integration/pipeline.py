@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
 import sys
 import uuid
@@ -237,10 +238,13 @@ async def start_pipeline(
 ) -> Pipeline:
     """``settings`` go under ``scheduler:``, ``config`` at the top of tessera.yaml."""
     await reset_stream(nats_url)
+    key = workdir / "grant.key"  # as a Secret would hold it: grants are signed in tests too
+    key.write_text(secrets.token_hex(32))
     path = workdir / "tessera.yaml"
     path.write_text(
         yaml.safe_dump(
             {
+                "security": {"grantKeyFile": str(key)},
                 "scheduler": {
                     "names": ["tessera", "volcano"],
                     "leaderLeaseS": 3.0,

@@ -130,7 +130,7 @@ async def test_node_selector_and_required_affinity(pipeline: Pipeline, ns: str) 
 async def test_taints_keep_pods_off_unless_tolerated(pipeline: Pipeline, ns: str) -> None:
     await pipeline.create(ns, spec("plain", GPU, selector={"pool": "y"}))
     message = await refused(pipeline, ns, "plain")
-    assert "1 node(s) had untolerated taint(s)" in message
+    assert "node(s) had untolerated taint(s)" in message  # nf-b (and any foreign node)
     await pipeline.create(ns, spec("tolerant", GPU, selector={"pool": "y"}, tolerations=TOLERATE))
     assert await node_of(pipeline, ns, "tolerant") == "nf-b"
 
