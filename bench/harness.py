@@ -22,7 +22,7 @@ import yaml
 
 from shared import kube
 from shared.config import KubernetesConfig
-from tools.cli import SERVICES, _ping, spawn_services
+from tools.cli import SERVICES, _ping, dev_config, spawn_services
 from tools.localcluster import LocalCluster
 
 A100 = {"vendor": "nvidia", "model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 8}
@@ -62,16 +62,13 @@ def tessera(
     until the block ends; yields each service's pid. ``inventory``, when given, is the
     simulated nodes' entries instead (services/node_agent/simulate.py: labels, taints,
     allocatable, devices per entry)."""
-    cfg = workdir / "tessera.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "scheduler": {"names": ["tessera"]},
-                "nats": {"url": cluster.nats_url},
-                "kubernetes": {"kubeconfig": str(cluster.kubeconfig), "qps": 5000, "burst": 5000},
-                "telemetry": {"logLevel": log_level},
-            }
-        )
+    cfg = dev_config(
+        workdir / "tessera.yaml",
+        cluster.nats_url,
+        str(cluster.kubeconfig),
+        scheduler={"names": ["tessera"]},
+        kubernetes={"qps": 5000, "burst": 5000},
+        telemetry={"logLevel": log_level},
     )
     if inventory is None:
         inventory = [{"name": "bench-{i}", "replicas": nodes, "devices": [{**A100, "numa": 2}]}]

@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import runpy
+import secrets
 import subprocess
 import sys
 import time
@@ -91,16 +92,21 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dev_config(state: dict[str, str], path: Path) -> Path:
-    """A tessera.yaml pointing every service at the local cluster and NATS."""
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "nats": {"url": state["nats_url"]},
-                "kubernetes": {"kubeconfig": state["kubeconfig"]},
-            }
-        )
-    )
+def dev_config(path: Path, nats_url: str, kubeconfig: str, **sections: Any) -> Path:
+    """A tessera.yaml pointing every service at the local cluster and NATS, with a fresh
+    grant-signing key beside it (as a cluster's Secret holds one); ``sections`` are more
+    top-level keys (``scheduler={...}``)."""
+    key = path.with_name("grant.key")
+    if not key.exists():
+        key.write_text(secrets.token_hex(32))
+    config: dict[str, Any] = {
+        "nats": {"url": nats_url},
+        "kubernetes": {"kubeconfig": kubeconfig},
+        "security": {"grantKeyFile": str(key)},
+    }
+    for name, section in sections.items():
+        config[name] = {**config.get(name, {}), **section}
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
@@ -131,7 +137,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     cluster = localcluster.LocalCluster(workdir=workdir, detach=True, with_scheduler=args.scheduler)
     cluster.start()
     state = json.loads((workdir / "state.json").read_text())
-    cfg = _dev_config(state, workdir / "tessera.yaml")
+    cfg = dev_config(workdir / "tessera.yaml", state["nats_url"], state["kubeconfig"])
     print(f"kube-apiserver {cluster.server}  (kubeconfig {cluster.kubeconfig})")
     print(f"nats-server    {cluster.nats_url}")
     print(f"config         {cfg}")
@@ -258,15 +264,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cluster = localcluster.LocalCluster(workdir=workdir, detach=True)
     cluster.start()
     state = json.loads((workdir / "state.json").read_text())
-    cfg = workdir / "tessera.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "scheduler": {"names": ["tessera", "volcano", "hami-scheduler"]},
-                "nats": {"url": state["nats_url"]},
-                "kubernetes": {"kubeconfig": state["kubeconfig"]},
-            }
-        )
+    cfg = dev_config(
+        workdir / "tessera.yaml",
+        state["nats_url"],
+        state["kubeconfig"],
+        scheduler={"names": ["tessera", "volcano", "hami-scheduler"]},
     )
     procs: list[subprocess.Popen[bytes]] = []
     try:
