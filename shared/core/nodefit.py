@@ -385,14 +385,17 @@ class Hosts:
         domains, member = self._domains_of(pod, c)
         counts = dict.fromkeys(domains, 0)
         if not c.selector.everything:
+            reqs = c.selector.requirements
+            # One pinned label: the index hands exactly its pods, no need to match again.
+            exact = len(reqs) == 1 and reqs[0].op == "In" and len(reqs[0].values) == 1
+            pods = self.pods
             for uid in self.matching((pod.namespace,), c.selector):
-                node, other = self.pods[uid]
+                node, other = pods[uid]
                 value = member.get(node)
                 if (
                     value is not None
                     and not other.terminating
-                    and other.namespace == pod.namespace
-                    and c.selector.matches(other.labels)
+                    and (exact or c.selector.matches(other.labels))
                 ):
                     counts[value] += 1
         low = min(counts.values()) if len(counts) >= c.min_domains else 0

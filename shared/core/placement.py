@@ -167,14 +167,20 @@ class Placer:
         self._version = -1
         self._start = 0
         """Where the round robin of pods with no devices starts next (see _rotation)."""
+        self._routes: dict[tuple[object, ...], list[_Route]] = {}
         self._largest = (0, 1)
         """(pools seen, the largest card's MiB): what FGD's shapes are fractions of."""
 
     # --- families -------------------------------------------------------------------
 
     def routes(self, request: DeviceRequest, pod: PodRequest) -> list[_Route]:
-        """Which families may serve a request, and from which pools, in preference order."""
+        """Which families may serve a request, and from which pools, in preference order
+        (the same for every request of one shape: kept per shape)."""
         c = pod.constraints
+        shape = (request.kind, request.vendor, request.chip, c.mode)
+        known = self._routes.get(shape)
+        if known is not None:
+            return known
         families: tuple[DeviceFamily, ...]
         if request.kind == "npu-template":
             families = (self.template,)
@@ -184,7 +190,9 @@ class Placer:
             families = (self.sliced, self.mig)
         else:
             families = (self.sliced,)
-        return [(pool, f) for f in families for pool in f.pools(request, c)]
+        found: list[_Route] = [(pool, f) for f in families for pool in f.pools(request, c)]
+        self._routes[shape] = found
+        return found
 
     # --- checks ---------------------------------------------------------------------
 
@@ -248,6 +256,7 @@ class Placer:
         if not request.wants_devices:
             return ()
         grants: list[ContainerGrant] = []
+        left = sum(len(c.devices) for c in request.containers)
         with Statement(self.ledger) as trial:
             for container in request.containers:
                 picks: Picks = []
@@ -255,8 +264,10 @@ class Placer:
                     found = self._fit_request(node, r, request, ctx)
                     if isinstance(found, Reason):
                         return fail(found)
-                    for dev, g in found:
-                        trial.use(dev, g)
+                    left -= 1
+                    if left:  # a later request must see what this one took
+                        for dev, g in found:
+                            trial.use(dev, g)
                     picks.extend(found)
                 grants.append(
                     ContainerGrant(
