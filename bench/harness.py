@@ -64,7 +64,7 @@ def tessera(
     allocatable, devices per entry)."""
     cfg = dev_config(
         workdir / "tessera.yaml",
-        cluster.nats_url,
+        cluster.nats_settings(),
         str(cluster.kubeconfig),
         scheduler={"names": ["tessera"]},
         kubernetes={"qps": 5000, "burst": 5000},
@@ -78,7 +78,7 @@ def tessera(
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            hellos = asyncio.run(_ping(cluster.nats_url, 0.5))
+            hellos = asyncio.run(_ping(cluster.nats_config(), 0.5))
             if {h["service"] for h in hellos} >= set(SERVICES):
                 break
         yield {service: p.pid for service, p in zip(SERVICES, procs, strict=True)}

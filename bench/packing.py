@@ -32,8 +32,9 @@ The whole run (4 variants x 5 policies to 130 %) takes about 11 minutes on 2 cor
 about half of it and random a third. ``--quick`` leaves out those two and stops at 100 %
 (about a minute); ``--policies`` and ``--max-demand`` given with it still apply. The
 script re-executes itself with PYTHONHASHSEED=0: which of several equal nodes the core
-picks follows the iteration order of a set of node names, and the figures moved (slightly)
-from one process to the next without it.
+picked followed the iteration order of a set of node names (shared/core/ledger.py
+``refile``, which now goes in name order), and the figures moved (slightly) from one
+process to the next; the fixed seed stays as a guard against any other such order.
 """
 
 from __future__ import annotations

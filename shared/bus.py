@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import msgspec
 import nats
@@ -44,7 +46,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-from shared import events
+from shared import busauth, events
 from shared.aio import raise_if_cancelling
 from shared.config import NatsConfig
 from shared.core.model import NodeName
@@ -80,6 +82,53 @@ def _connected(part: T | None) -> T:
     return part
 
 
+def user_of(cfg: NatsConfig, service: str) -> str:
+    """The NATS user ``service`` connects as: ``nats.user``, else the service's name."""
+    return cfg.user or service
+
+
+def credentials(cfg: NatsConfig, service: str) -> dict[str, str]:
+    """``user`` and ``password`` for ``service`` from ``nats.passwordFile`` (none unset)."""
+    if not cfg.password_file:
+        return {}
+    user = user_of(cfg, service)
+    path = Path(cfg.password_file.replace("{user}", user))
+    try:
+        return {"user": user, "password": path.read_text().strip()}
+    except OSError as exc:
+        raise RuntimeError(f"nats.passwordFile: cannot read {path}: {exc}") from None
+
+
+async def connect(cfg: NatsConfig, service: str) -> NatsClient:
+    """A NATS connection as ``service``'s user (shared/busauth.py), with its password and
+    TLS as configured; it retries while the server starts and reconnects for ever."""
+    options: dict[str, Any] = dict(credentials(cfg, service))
+    if cfg.ca_file:
+        options["tls"] = ssl.create_default_context(cafile=cfg.ca_file)
+    user = user_of(cfg, service)
+
+    async def on_error(exc: Exception) -> None:
+        if "permissions violation" in str(exc).lower():
+            log.error(
+                "the bus refused user %r: %s (what each user may do: shared/busauth.py)",
+                user,
+                exc,
+            )
+        else:
+            log.warning("nats: %r", exc)
+
+    return await nats.connect(
+        cfg.url,
+        name=f"tessera-{service}",
+        error_cb=on_error,
+        connect_timeout=5,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        allow_reconnect=True,
+        **options,
+    )
+
+
 class Bus:
     """A connection to NATS with the Tessera stream and inventory bucket ensured.
 
@@ -90,6 +139,7 @@ class Bus:
     def __init__(self, cfg: NatsConfig, *, name: str) -> None:
         self.cfg = cfg
         self.name = name
+        self.user = user_of(cfg, name)
         self._nc: NatsClient | None = None
         self._js: JetStreamContext | None = None
         self._kv: KeyValue | None = None
@@ -118,14 +168,7 @@ class Bus:
 
     async def connect(self) -> None:
         """Connect (retrying while the server starts) and ensure stream and bucket exist."""
-        self._nc = await nats.connect(
-            self.cfg.url,
-            name=f"tessera-{self.name}",
-            connect_timeout=5,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            allow_reconnect=True,
-        )
+        self._nc = await connect(self.cfg, self.name)
         self._js = self._nc.jetstream()
         await self._ensure_stream()
         self._kv = await self._ensure_bucket()
@@ -144,6 +187,8 @@ class Bus:
         self._kv = None
 
     async def _ensure_stream(self) -> None:
+        """Create the stream if missing; bring its settings up to the config only as a
+        user that may (shared/busauth.py: the allocator, admin, or no authorization)."""
         config = StreamConfig(
             name=self.cfg.stream,
             subjects=[events.STREAM_SUBJECTS],
@@ -152,12 +197,26 @@ class Bus:
             duplicate_window=self.cfg.duplicate_window_s,
         )
         try:
-            await self.js.stream_info(self.cfg.stream)
+            info = await self.js.stream_info(self.cfg.stream)
         except nats.js.errors.NotFoundError:
             with contextlib.suppress(nats.js.errors.BadRequestError):
                 await self.js.add_stream(config)
                 return
-        await self.js.update_stream(config)
+            info = await self.js.stream_info(self.cfg.stream)  # another one created it
+        have = info.config
+        if (
+            have.subjects == config.subjects
+            and have.max_age == config.max_age
+            and have.duplicate_window == config.duplicate_window
+        ):
+            return
+        if busauth.manages_streams(self.user):
+            await self.js.update_stream(config)
+        else:
+            log.warning(
+                "stream %s differs from the config; the device-allocator updates it",
+                self.cfg.stream,
+            )
 
     async def _ensure_bucket(self) -> KeyValue:
         return await self.bucket(self.cfg.inventory_bucket)
@@ -464,7 +523,7 @@ class Lease:
         self._revision = 0
 
     async def _kv(self) -> KeyValue:
-        return await self.bus.bucket("tessera-leases", ttl_s=self.lease_s)
+        return await self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=self.lease_s)
 
     async def acquire(self) -> None:
         kv = await self._kv()

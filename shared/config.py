@@ -108,6 +108,17 @@ class NatsConfig(_Cfg, frozen=True, kw_only=True):
     """JetStream drops a re-published event with the same id within this window."""
     max_age_s: Annotated[float, msgspec.Meta(gt=0.0)] = 86400.0
     """How long the stream keeps events for late subscribers."""
+    user: str = ""
+    """The NATS user to connect as; empty: the service's own name (its role in
+    shared/busauth.py). Only with ``password_file``."""
+    password_file: str = ""
+    """File holding the user's password (a Secret's key); ``{user}`` in the path is
+    replaced by the user name. Empty: connect without credentials (a server without
+    authorization, e.g. a throwaway test server)."""
+    ca_file: str = ""
+    """PEM CA that signed the server's certificate: the connection uses TLS and checks
+    the server against it (use a ``tls://`` URL). Empty: the system's CAs if the URL is
+    ``tls://``, plain TCP otherwise."""
 
 
 class KubernetesConfig(_Cfg, frozen=True, kw_only=True):

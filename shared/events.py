@@ -17,7 +17,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, ClassVar, get_args
+from typing import Any, ClassVar, Self, get_args
 
 import msgspec
 
@@ -344,10 +344,10 @@ class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     nodes: int
 
 
-class AllocationFailed(Event, frozen=True, kw_only=True, tag="allocation.failed"):
-    """No placement for these pods now: ``status`` says why, structured (code, reasons
-    with resource, requested, free, capacity and node counts); ``message``, ``reasons``
-    and ``unresolvable`` are its rendering, kept for readers of the first version."""
+class Refusal(Event, frozen=True, kw_only=True):
+    """Pods not placed now, and why: ``status`` (code, reasons with resource, requested,
+    free, capacity and node counts); ``message``, ``reasons`` and ``unresolvable`` are its
+    rendering, kept for readers of the first version. The binder tells each pod."""
 
     pods: tuple[PodRef, ...]
     message: str
@@ -366,7 +366,7 @@ class AllocationFailed(Event, frozen=True, kw_only=True, tag="allocation.failed"
         *,
         gang: GangRef | None = None,
         attempt: int = 1,
-    ) -> AllocationFailed:
+    ) -> Self:
         """The event for ``status``, with its rendered fields filled in."""
         return cls(
             pods=pods,
@@ -380,7 +380,18 @@ class AllocationFailed(Event, frozen=True, kw_only=True, tag="allocation.failed"
 
     def dedup_id(self) -> str:
         first = self.pods[0].uid if self.pods else ""
-        return f"failed:{first}:{self.attempt}"
+        said = hashlib.blake2b(self.message.encode(), digest_size=6).hexdigest()
+        return f"{self.__struct_config__.tag}:{first}:{self.attempt}:{said}"
+
+
+class AllocationFailed(Refusal, frozen=True, kw_only=True, tag="allocation.failed"):
+    """The allocator found no placement for these pods (published by it alone)."""
+
+
+class PodWaiting(Refusal, frozen=True, kw_only=True, tag="pod.waiting"):
+    """The coordinator holds these pods back before placement: their queue is closed or
+    over its share, their PodGroup is missing or has too few members (published by it
+    alone; ``allocation.failed`` is the allocator's)."""
 
 
 class PreemptionDecided(Event, frozen=True, kw_only=True, tag="allocation.preempting"):
@@ -456,6 +467,7 @@ AnyEvent = (
     | GangReady
     | AllocationDecided
     | AllocationFailed
+    | PodWaiting
     | AllocationBound
     | PreemptionDecided
     | BindFailed

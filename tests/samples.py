@@ -271,6 +271,13 @@ def sample_events() -> list[ev.Event]:
             gang=GANG,
             attempt=3,
         ),
+        ev.PodWaiting.of(
+            (pod("train-2"),),
+            Status(
+                code=Code.UNSCHEDULABLE,
+                reasons=(Reason(kind="waiting", detail="PodGroup train not found"),),
+            ),
+        ),
         ev.AllocationBound(pod=pod(), node=node, grants=GRANTS, attempt=2),
         ev.PreemptionDecided(
             gang=GANG,

@@ -4,8 +4,10 @@ tessera <service> [--config FILE]     run watcher | gang-coordinator | device-al
                                       | binder | job-controller | node-agent
 tessera schema [--out F] [--check]    write (or check) the events' JSON Schema
 tessera config [--file F] [--hash]    validate a config and print the effective one
+tessera secrets [--namespace NS]      fresh Secrets for a cluster (grant key, bus users, TLS)
+tessera nats-conf [--out F] [--check] write (or check) the manifests' nats.conf
 tessera dev build|up|down|status      the local control plane + NATS on loopback
-tessera ping [--nats URL]             list the services alive on the bus
+tessera ping [--nats URL] [--user U]  list the services alive on the bus
 tessera demo [--keep]                 start everything locally and show it alive
 tessera inventory [--source nvml]     print the devices this node's agent would report
 """
@@ -22,10 +24,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import yaml
+
+if TYPE_CHECKING:
+    from shared.config import NatsConfig
 
 SERVICES = {
     "watcher": "services.watcher",
@@ -36,6 +41,7 @@ SERVICES = {
     "node-agent": "services.node_agent",
 }
 DEFAULT_SCHEMA = Path("docs/events.schema.json")
+DEFAULT_NATS_CONF = Path("deploy/kustomize/base/nats.conf")
 DEV_DIR = Path(".tessera-dev")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -92,15 +98,15 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
-def dev_config(path: Path, nats_url: str, kubeconfig: str, **sections: Any) -> Path:
-    """A tessera.yaml pointing every service at the local cluster and NATS, with a fresh
-    grant-signing key beside it (as a cluster's Secret holds one); ``sections`` are more
-    top-level keys (``scheduler={...}``)."""
+def dev_config(path: Path, nats: dict[str, Any], kubeconfig: str, **sections: Any) -> Path:
+    """A tessera.yaml pointing every service at the local cluster (``nats``: its
+    ``LocalCluster.nats_settings()``), with a fresh grant-signing key beside it (as a
+    cluster's Secret holds one); ``sections`` are more top-level keys (``scheduler=...``)."""
     key = path.with_name("grant.key")
     if not key.exists():
         key.write_text(secrets.token_hex(32))
     config: dict[str, Any] = {
-        "nats": {"url": nats_url},
+        "nats": nats,
         "kubernetes": {"kubeconfig": kubeconfig},
         "security": {"grantKeyFile": str(key)},
     }
@@ -137,7 +143,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     cluster = localcluster.LocalCluster(workdir=workdir, detach=True, with_scheduler=args.scheduler)
     cluster.start()
     state = json.loads((workdir / "state.json").read_text())
-    cfg = dev_config(workdir / "tessera.yaml", state["nats_url"], state["kubeconfig"])
+    cfg = dev_config(workdir / "tessera.yaml", state["nats"], state["kubeconfig"])
     print(f"kube-apiserver {cluster.server}  (kubeconfig {cluster.kubeconfig})")
     print(f"nats-server    {cluster.nats_url}")
     print(f"config         {cfg}")
@@ -165,12 +171,14 @@ def spawn_services(
     return procs
 
 
-async def _ping(url: str, wait_s: float) -> list[dict[str, object]]:
+async def _ping(cfg: NatsConfig, wait_s: float) -> list[dict[str, object]]:
+    """Every service's hello, asking as ``cfg``'s user (``admin`` unless set)."""
     import nats
 
+    from shared.bus import connect
     from shared.events import CONTROL_PING_SUBJECT
 
-    nc = await nats.connect(url, connect_timeout=5)
+    nc = await connect(cfg, "admin")
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     await nc.publish(CONTROL_PING_SUBJECT, b"", reply=inbox)
@@ -187,11 +195,35 @@ async def _ping(url: str, wait_s: float) -> list[dict[str, object]]:
     return found
 
 
+def cmd_secrets(args: argparse.Namespace) -> int:
+    from tools.deploy import secrets_yaml
+
+    print(secrets_yaml(args.namespace), end="")
+    return 0
+
+
+def cmd_nats_conf(args: argparse.Namespace) -> int:
+    from tools.deploy import nats_conf
+
+    out = Path(args.out)
+    text = nats_conf()
+    if args.check:
+        if not out.exists() or out.read_text() != text:
+            print(f"{out} is stale: run `tessera nats-conf --out {out}`", file=sys.stderr)
+            return 1
+        print(f"{out} is up to date")
+        return 0
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_ping(args: argparse.Namespace) -> int:
     from shared import config
 
-    url = args.nats or config.load(args.config).nats.url
-    hellos = asyncio.run(_ping(url, args.wait))
+    cfg = config.load(args.config).nats
+    cfg = msgspec.structs.replace(cfg, url=args.nats or cfg.url, user=args.user or cfg.user)
+    hellos = asyncio.run(_ping(cfg, args.wait))
     for h in sorted(hellos, key=lambda h: str(h["service"])):
         print(f"{h['service']:<18} {h['instance']:<28} config {h['config_hash']}")
     return 0 if hellos else 1
@@ -266,7 +298,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     state = json.loads((workdir / "state.json").read_text())
     cfg = dev_config(
         workdir / "tessera.yaml",
-        state["nats_url"],
+        state["nats"],
         state["kubeconfig"],
         scheduler={"names": ["tessera", "volcano", "hami-scheduler"]},
     )
@@ -276,7 +308,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         hellos: list[dict[str, object]] = []
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            hellos = asyncio.run(_ping(cluster.nats_url, 1.0))
+            hellos = asyncio.run(_ping(cluster.nats_config(), 1.0))
             if {h["service"] for h in hellos} >= set(SERVICES):
                 break
         alive = {str(h["service"]): h for h in hellos}
@@ -338,13 +370,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--file", default=None)
     p.add_argument("--hash", action="store_true")
     p.set_defaults(func=cmd_config)
+    p = sub.add_parser("secrets", help="print fresh Secrets for a cluster (kubectl apply -f -)")
+    p.add_argument("--namespace", default="tessera")
+    p.set_defaults(func=cmd_secrets)
+    p = sub.add_parser("nats-conf", help="write the manifests' nats.conf (shared/busauth.py)")
+    p.add_argument("--out", default=str(DEFAULT_NATS_CONF))
+    p.add_argument("--check", action="store_true", help="fail if the file is stale")
+    p.set_defaults(func=cmd_nats_conf)
     p = sub.add_parser("dev", help="local control plane + NATS")
     p.add_argument("action", choices=["build", "up", "down", "status"])
     p.add_argument("--dir", default=os.environ.get("TESSERA_DEV_DIR", str(DEV_DIR)))
     p.add_argument("--scheduler", action="store_true", help="also run kube-scheduler")
     p.set_defaults(func=cmd_dev)
     p = sub.add_parser("ping", help="list services alive on the bus")
-    p.add_argument("--nats", default=None)
+    p.add_argument("--nats", default=None, help="the bus's URL (default: the config's)")
+    p.add_argument("--user", default=None, help="NATS user (default: nats.user, else admin)")
     p.add_argument("--config", default=None)
     p.add_argument("--wait", type=float, default=1.0)
     p.set_defaults(func=cmd_ping)

@@ -7,9 +7,10 @@ module in this folder at the release pinned in ``tools/go.mod``, cached under
 reachable from outside the machine.
 
 The API server runs with RBAC on, a static admin token, a CA and serving certificate
-made here with openssl, and a generated service-account key pair. There is no kubelet:
-a bound pod stays Pending with ``nodeName`` set, which is the end state integration
-tests expect.
+made here (shared/pki.py), and a generated service-account key pair. NATS runs with TLS
+and one user per service with the permissions of shared/busauth.py, as in a cluster.
+There is no kubelet: a bound pod stays Pending with ``nodeName`` set, which is the end
+state integration tests expect.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import msgspec
 import yaml
+
+from shared import busauth, pki
+from shared.config import NatsConfig
 
 TOOLS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TOOLS_DIR.parent
@@ -194,67 +199,57 @@ def free_port() -> int:
         return port
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    if shutil.which("openssl") is None:
-        raise ClusterError("openssl not found: apt-get install openssl")
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+def service_settings(cfg: NatsConfig) -> dict[str, object]:
+    """The ``nats:`` section of a tessera.yaml for services reaching the bus of ``cfg``
+    (e.g. an admin's) each as its own user."""
+    settings: dict[str, object] = msgspec.to_builtins(msgspec.structs.replace(cfg, user=""))
+    return settings
+
+
+def _write(path: Path, data: bytes | str, mode: int = 0o600) -> None:
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    path.chmod(mode)
 
 
 def _make_pki(d: Path) -> None:
     """A CA, an API-server serving certificate for 127.0.0.1, a service-account key pair."""
     d.mkdir(parents=True, exist_ok=True)
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "30",
-        "-subj",
-        "/CN=tessera-local-ca",
-        cwd=d,
+    ca = pki.new_ca("tessera-local-ca", days=30)
+    server = pki.issue(
+        ca,
+        "kube-apiserver",
+        hosts=["127.0.0.1", "localhost", "10.0.0.1", "kubernetes.default.svc"],
+        days=30,
     )
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=kube-apiserver",
-        cwd=d,
-    )
-    (d / "san.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes.default.svc\n"
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "30",
-        "-extfile",
-        "san.ext",
-        cwd=d,
-    )
-    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
-    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+    sa_key, sa_pub = pki.rsa_key_pair()
+    for name, data in {
+        "ca.crt": ca.cert,
+        "ca.key": ca.key,
+        "server.crt": server.cert,
+        "server.key": server.key,
+        "sa.key": sa_key,
+        "sa.pub": sa_pub,
+    }.items():
+        _write(d / name, data)
+
+
+def _make_bus_secrets(d: Path, stream: str, inventory_bucket: str) -> tuple[str, dict[str, str]]:
+    """What a secured nats-server needs on loopback: a CA and a certificate for
+    127.0.0.1, one password per user (``<user>.password``); returns the config's TLS and
+    authorization blocks, and the environment that gives the server the passwords."""
+    d.mkdir(parents=True, exist_ok=True)
+    ca = pki.new_ca("tessera-local-bus-ca", days=30)
+    server = pki.issue(ca, "nats", hosts=["127.0.0.1", "localhost"], days=30)
+    _write(d / "ca.crt", ca.cert, 0o644)
+    _write(d / "server.crt", server.cert)
+    _write(d / "server.key", server.key)
+    passwords = {user: busauth.new_password() for user in busauth.USERS}
+    for user, password in passwords.items():
+        _write(d / f"{user}.password", password)
+    tls = busauth.server_tls(str(d / "server.crt"), str(d / "server.key"))
+    auth = busauth.server_authorization(stream=stream, inventory_bucket=inventory_bucket)
+    env = {busauth.password_env(user): password for user, password in passwords.items()}
+    return tls + auth, env
 
 
 @dataclass
@@ -286,6 +281,8 @@ class LocalCluster:
     apiserver_port: int = 0
     etcd_port: int = 0
     nats_port: int = 0
+    secure_bus: bool = True
+    """NATS with TLS and one user per service (shared/busauth.py), as in a cluster."""
     procs: list[_Proc] = field(default_factory=list)
 
     @property
@@ -299,7 +296,30 @@ class LocalCluster:
 
     @property
     def nats_url(self) -> str:
-        return f"nats://127.0.0.1:{self.nats_port}"
+        scheme = "tls" if self.secure_bus else "nats"
+        return f"{scheme}://127.0.0.1:{self.nats_port}"
+
+    @property
+    def bus_dir(self) -> Path:
+        """The bus's CA and every user's password (``<user>.password``)."""
+        assert self.workdir is not None
+        return self.workdir / "bus"
+
+    def nats_settings(self, user: str = "") -> dict[str, str]:
+        """The ``nats:`` section of a tessera.yaml for this server: the URL, and with a
+        secured bus the CA and the password file of ``user`` (empty: each service its
+        own, by ``{user}``)."""
+        settings = {"url": self.nats_url}
+        if self.secure_bus:
+            settings["passwordFile"] = str(self.bus_dir / "{user}.password")
+            settings["caFile"] = str(self.bus_dir / "ca.crt")
+            if user:
+                settings["user"] = user
+        return settings
+
+    def nats_config(self, user: str = busauth.ADMIN) -> NatsConfig:
+        """A client config for this server as ``user`` (tests and tools: ``admin``)."""
+        return msgspec.convert(self.nats_settings(user), NatsConfig)
 
     def __enter__(self) -> Self:
         self.start()
@@ -336,12 +356,13 @@ class LocalCluster:
             self.stop()
             raise
 
-    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> _Proc:
         assert self.workdir is not None
         log = self.workdir / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
                 argv,
+                env={**os.environ, **env} if env else None,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -354,10 +375,20 @@ class LocalCluster:
     def _start_nats(self) -> None:
         assert self.workdir is not None
         self.nats_port = self.nats_port or free_port()
+        conf = self.workdir / "nats.conf"
+        env: dict[str, str] = {}
+        if self.secure_bus:
+            defaults = NatsConfig()
+            text, env = _make_bus_secrets(self.bus_dir, defaults.stream, defaults.inventory_bucket)
+            conf.write_text(text)
+        else:
+            conf.write_text("")
         proc = self._spawn(
             "nats-server",
             [
                 str(nats_server_binary()),
+                "-c",
+                str(conf),
                 "-a",
                 "127.0.0.1",
                 "-p",
@@ -368,6 +399,7 @@ class LocalCluster:
                 "--http_port",
                 "0",
             ],
+            env,
         )
         _wait(lambda: _tcp_open(self.nats_port), proc, "nats-server", timeout_s=20)
 
@@ -511,6 +543,7 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig) if self.with_kube else None,
             "server": self.server if self.with_kube else None,
             "nats_url": self.nats_url if self.with_nats else None,
+            "nats": self.nats_settings() if self.with_nats else None,
             "pids": {p.name: p.popen.pid for p in self.procs},
             "workdir": str(self.workdir),
         }

@@ -8,8 +8,9 @@ checked against the pod (already bound this way by an earlier try: success); any
 else is ``BindFailed`` and the allocator releases the reservation.
 
 Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's.
-``AllocationFailed`` becomes a ``FailedScheduling`` Event and ``PodScheduled=False``
-condition on each pod, with the per-node reasons; a message is not repeated to a pod.
+``AllocationFailed`` (and the coordinator's ``PodWaiting``) becomes a ``FailedScheduling``
+Event and ``PodScheduled=False`` condition on each pod, with the per-node reasons; a
+message is not repeated to a pod.
 
 ``PreemptionDecided``: each victim gets a ``Preempted`` Event naming the gang and why,
 the ``DisruptionTarget`` condition (reason ``PreemptionByScheduler``, as kube-scheduler
@@ -61,8 +62,8 @@ class Binder(Service):
     def concurrency(self) -> int:
         return self.rt.cfg.scheduler.bind_concurrency
 
-    @handles(ev.AllocationFailed)
-    async def on_failed(self, event: ev.AllocationFailed) -> None:
+    @handles(ev.AllocationFailed, ev.PodWaiting)
+    async def on_failed(self, event: ev.Refusal) -> None:
         """Tell each pod why it was not placed (once per message)."""
         for pod in event.pods:
             await self.tell_unschedulable(pod, event.message)

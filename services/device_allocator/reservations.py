@@ -28,8 +28,6 @@ from shared.core.request import GROUP_NAME
 
 log = logging.getLogger(__name__)
 
-BUCKET = "tessera-reservations"
-
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     """A decided placement not yet confirmed bound (the KV record)."""

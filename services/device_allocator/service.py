@@ -33,7 +33,6 @@ import msgspec
 from kubernetes_asyncio.client import ApiException
 
 from services.device_allocator.reservations import (
-    BUCKET,
     UNSIGNED,
     Reservation,
     Reservations,
@@ -41,8 +40,8 @@ from services.device_allocator.reservations import (
 )
 from services.device_allocator.reservations import bound_grant as read_bound_grant
 from services.device_allocator.room import Room
+from shared import busauth, kube
 from shared import events as ev
-from shared import kube
 from shared.config import grant_key
 from shared.core import annotations as ann
 from shared.core.hosts import node_spec
@@ -105,7 +104,7 @@ class Allocator(Service):
 
     async def start(self) -> None:
         """The ledger from node inventories, bound pods' grants and open reservations."""
-        self.reservations = Reservations(await self.rt.bus.bucket(BUCKET))
+        self.reservations = Reservations(await self.rt.bus.bucket(busauth.RESERVATION_BUCKET))
         namespaces, _ = await kube.list_all(self.api, "/api/v1/namespaces")
         for ns in namespaces:
             meta = ns["metadata"]

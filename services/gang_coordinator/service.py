@@ -3,8 +3,9 @@
 What it decides is in shared/core/gangs.py (readiness, queue admission and order,
 retries, victims to offer); this module turns events into calls on
 :class:`~shared.core.gangs.Gangs` and its :class:`~shared.core.gangs.Dispatch` into
-``GangReady`` events (each in the trace its first pod arrived in) and ``AllocationFailed``
-for pods a queue refuses. PodGroup status is written by podgroups.py.
+``GangReady`` events (each in the trace its first pod arrived in) and ``PodWaiting``
+for pods it holds back (queue refusals, a missing PodGroup). PodGroup status is written
+by podgroups.py.
 
 Events arrive in batches; one dispatch runs per batch, at most every
 ``DISPATCH_INTERVAL_S``: pods arriving together go together, and a dispatch (which
@@ -239,7 +240,7 @@ class Coordinator(Service):
         if decided.told:
             await self.rt.bus.publish_many(
                 [
-                    ev.AllocationFailed.of((m.pod,), status, attempt=m.attempt)
+                    ev.PodWaiting.of((m.pod,), status, attempt=m.attempt)
                     for m, status in decided.told
                 ]
             )

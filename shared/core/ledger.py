@@ -685,10 +685,12 @@ class Ledger:
         return grant
 
     def refile(self) -> None:
-        """Re-file the devices of nodes whose host fullness changed (see nodefit.Hosts)."""
+        """Re-file the devices of nodes whose host fullness changed (see nodefit.Hosts), in
+        name order: the order decides which of equal nodes comes first in the index, and
+        a set's order follows string hashing, which differs per process."""
         refill = self.hosts.refill
         if refill:
-            nodes = [self.nodes[n] for n in refill if n in self.nodes]
+            nodes = [self.nodes[n] for n in sorted(refill) if n in self.nodes]
             refill.clear()
             self.reindex(d for node in nodes for d in node.devices)
 

@@ -18,17 +18,19 @@ import yaml
 from kubernetes_asyncio.client import ApiException
 
 from shared import kube
-from shared.config import KubernetesConfig
+from shared.bus import connect
+from shared.config import KubernetesConfig, NatsConfig
 from tests.helpers import eventually
 from tools.cli import SERVICES, _ping
+from tools.localcluster import service_settings
 
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 2.0
 
 
-async def reset_stream(nats_url: str) -> None:
+async def reset_stream(nats_admin: NatsConfig) -> None:
     """Start from an empty stream, KV buckets and consumers."""
-    nc = await nats.connect(nats_url)
+    nc = await connect(nats_admin, "admin")
     js = nc.jetstream()
     with contextlib.suppress(nats.js.errors.NotFoundError):
         await js.delete_stream("TESSERA")
@@ -43,7 +45,7 @@ class Pipeline:
     workdir: Path
     config: Path
     inventory: Path
-    nats_url: str
+    nats_admin: NatsConfig
     api: kube.Client
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     keepers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -93,7 +95,7 @@ class Pipeline:
             await proc.wait()
 
     async def alive(self) -> set[str]:
-        return {str(h["service"]) for h in await _ping(self.nats_url, 0.3)}
+        return {str(h["service"]) for h in await _ping(self.nats_admin, 0.3)}
 
     def log(self, service: str) -> str:
         return (self.workdir / f"{service}.log").read_text(errors="replace")
@@ -231,13 +233,13 @@ def pod(
 async def start_pipeline(
     workdir: Path,
     kubeconfig: Path,
-    nats_url: str,
+    nats_admin: NatsConfig,
     inventory: dict[str, Any],
     settings: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
 ) -> Pipeline:
     """``settings`` go under ``scheduler:``, ``config`` at the top of tessera.yaml."""
-    await reset_stream(nats_url)
+    await reset_stream(nats_admin)
     key = workdir / "grant.key"  # as a Secret would hold it: grants are signed in tests too
     key.write_text(secrets.token_hex(32))
     path = workdir / "tessera.yaml"
@@ -253,7 +255,7 @@ async def start_pipeline(
                     "evictionGraceS": 0,  # no kubelet here would confirm a graceful deletion
                     **(settings or {}),
                 },
-                "nats": {"url": nats_url},
+                "nats": service_settings(nats_admin),
                 "kubernetes": {"kubeconfig": str(kubeconfig)},
                 "telemetry": {"logLevel": "DEBUG"},
                 **(config or {}),
@@ -263,7 +265,7 @@ async def start_pipeline(
     inv = workdir / "inventory.yaml"
     inv.write_text(yaml.safe_dump(inventory))
     api = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
-    p = Pipeline(workdir, path, inv, nats_url, api)
+    p = Pipeline(workdir, path, inv, nats_admin, api)
     for service in SERVICES:
         await p.start(service)
 
@@ -274,7 +276,7 @@ async def start_pipeline(
     expected = sum(int(n.get("replicas", 1)) for n in inventory.get("nodes", []))
 
     async def inventories_stored() -> bool:
-        return len(await _inventory_keys(nats_url)) >= expected
+        return len(await _inventory_keys(nats_admin)) >= expected
 
     await eventually(inventories_stored, timeout_s=30, what="every node's inventory stored")
     # The allocator applies an inventory from its event, or from the KV within one
@@ -283,8 +285,8 @@ async def start_pipeline(
     return p
 
 
-async def _inventory_keys(nats_url: str) -> list[str]:
-    nc = await nats.connect(nats_url)
+async def _inventory_keys(nats_admin: NatsConfig) -> list[str]:
+    nc = await connect(nats_admin, "admin")
     try:
         kv = await nc.jetstream().key_value("tessera-inventory")
         return list(await kv.keys())

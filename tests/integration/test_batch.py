@@ -12,6 +12,7 @@ import pytest
 
 from services.node_agent.simulate import _uuid
 from shared import kube
+from shared.config import NatsConfig
 from shared.core.request import GROUP_NAME, TASK_SPEC
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
@@ -32,9 +33,9 @@ INVENTORY = {
 
 @pytest.fixture(scope="module")
 async def pipeline(
-    kubeconfig: Path, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
-    p = await start_pipeline(tmp_path_factory.mktemp("batch"), kubeconfig, nats_url, INVENTORY)
+    p = await start_pipeline(tmp_path_factory.mktemp("batch"), kubeconfig, nats_admin, INVENTORY)
     yield p
     await p.close()
 

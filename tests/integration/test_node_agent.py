@@ -20,6 +20,7 @@ import yaml
 
 from services.node_agent.deviceplugin import api_pb2 as pb
 from shared import kube
+from shared.config import NatsConfig
 from shared.core import annotations as ann
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, register_node, start_pipeline
@@ -43,7 +44,7 @@ ADMIT_S = 0.3
 @pytest.fixture
 async def pipeline(
     kubeconfig: Path,
-    nats_url: str,
+    nats_admin: NatsConfig,
     tmp_path_factory: pytest.TempPathFactory,
     kubelet: Kubelet,
 ) -> AsyncIterator[Pipeline]:
@@ -52,7 +53,7 @@ async def pipeline(
     p = await start_pipeline(
         workdir,
         kubeconfig,
-        nats_url,
+        nats_admin,
         {"nodes": []},  # no simulated nodes: gpu-0 is the cluster
         config={
             "nodeAgent": {

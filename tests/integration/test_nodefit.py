@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from shared.config import NatsConfig
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
 
@@ -65,9 +66,9 @@ TOLERATE = [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": 
 
 @pytest.fixture(scope="module")
 async def pipeline(
-    kubeconfig: Path, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
-    p = await start_pipeline(tmp_path_factory.mktemp("nodefit"), kubeconfig, nats_url, INVENTORY)
+    p = await start_pipeline(tmp_path_factory.mktemp("nodefit"), kubeconfig, nats_admin, INVENTORY)
     yield p
     await p.close()
 

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import nats
 import pytest
 import yaml
 from nats.aio.msg import Msg
 
 from shared import events as ev
 from shared import kube
+from shared.bus import connect
+from shared.config import NatsConfig
 from shared.core import annotations as ann
 from tests.helpers import eventually
 from tests.integration.pipeline import REPO, Pipeline, pod, start_pipeline
@@ -93,9 +94,9 @@ CAPACITY = {"pl-a100-0": 81920, "pl-a100-1": 81920, "pl-h100": 81559, "pl-mig": 
 
 @pytest.fixture(scope="module")
 async def pipeline(
-    kubeconfig: Path, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
-    p = await start_pipeline(tmp_path_factory.mktemp("pipeline"), kubeconfig, nats_url, INVENTORY)
+    p = await start_pipeline(tmp_path_factory.mktemp("pipeline"), kubeconfig, nats_admin, INVENTORY)
     yield p
     await p.close()
 
@@ -202,7 +203,7 @@ async def test_invalid_pod_gets_an_event_and_a_condition(pipeline: Pipeline, ns:
 
 
 async def test_deleting_a_pod_frees_its_grant(pipeline: Pipeline, ns: str) -> None:
-    nc = await nats.connect(pipeline.nats_url)
+    nc = await connect(pipeline.nats_admin, "reader")
     sub = await nc.subscribe("tessera.v1.allocation.released.>")
     try:
         await pipeline.create(ns, pod("all-910b3", {"huawei.com/Ascend910B3": 2}))
@@ -227,7 +228,7 @@ async def test_external_subscriber_sees_decided_then_bound_and_the_schema_valida
     schema = json.loads((REPO / "docs/events.schema.json").read_text())
     validator = jsonschema.Draft202012Validator(schema)
     seen: list[tuple[str, dict[str, Any]]] = []
-    nc = await nats.connect(pipeline.nats_url)
+    nc = await connect(pipeline.nats_admin, "reader")
 
     async def record(msg: Msg) -> None:  # bound is per node: tessera.v1.allocation.bound.<node>
         seen.append((".".join(msg.subject.split(".")[:4]), json.loads(msg.data)))

@@ -13,6 +13,7 @@ import pytest
 from kubernetes_asyncio.client import ApiException
 
 from shared import kube
+from shared.config import NatsConfig
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, start_pipeline
 from tests.integration.test_batch import VOLCANO, member, podgroup, queue
@@ -34,12 +35,12 @@ INVENTORY = {
 
 @pytest.fixture(scope="module")
 async def pipeline(
-    kubeconfig: Path, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
     p = await start_pipeline(
         tmp_path_factory.mktemp("preemption"),
         kubeconfig,
-        nats_url,
+        nats_admin,
         INVENTORY,
         {"starvationGuardS": 3.0},
     )

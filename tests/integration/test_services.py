@@ -23,22 +23,24 @@ from services.device_allocator.service import Allocator
 from services.gang_coordinator.service import Coordinator
 from services.watcher.service import Watcher
 from shared import events as ev
-from shared.config import config_hash, load
+from shared.bus import connect
+from shared.config import NatsConfig, config_hash, load
 from shared.runtime import run_service
 from shared.telemetry import setup_tracing
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, reset_stream, start_pipeline
 from tools.cli import SERVICES, _ping
+from tools.localcluster import service_settings
 
 pytestmark = pytest.mark.integration
 
 
-def write_config(tmp_path: Path, nats_url: str, kubeconfig: Path) -> Path:
+def write_config(tmp_path: Path, nats_admin: NatsConfig, kubeconfig: Path) -> Path:
     cfg = tmp_path / "tessera.yaml"
     cfg.write_text(
         yaml.safe_dump(
             {
-                "nats": {"url": nats_url},
+                "nats": service_settings(nats_admin),
                 "kubernetes": {"kubeconfig": str(kubeconfig)},
                 "scheduler": {"leaderLeaseS": 3.0},
             }
@@ -49,10 +51,10 @@ def write_config(tmp_path: Path, nats_url: str, kubeconfig: Path) -> Path:
 
 @pytest.mark.parametrize("service", list(SERVICES))
 async def test_service_process_answers_ping_and_stops_on_sigterm(
-    service: str, nats_url: str, kubeconfig: Path, tmp_path: Path
+    service: str, nats_admin: NatsConfig, kubeconfig: Path, tmp_path: Path
 ) -> None:
-    await reset_stream(nats_url)
-    cfg = write_config(tmp_path, nats_url, kubeconfig)
+    await reset_stream(nats_admin)
+    cfg = write_config(tmp_path, nats_admin, kubeconfig)
     args = [sys.executable, "-m", SERVICES[service], "--config", str(cfg)]
     if service == "node-agent":
         empty = tmp_path / "inventory.yaml"
@@ -65,7 +67,7 @@ async def test_service_process_answers_ping_and_stops_on_sigterm(
         hellos: list[dict[str, object]] = []
         async with asyncio.timeout(30):
             while not hellos:
-                hellos = [h for h in await _ping(nats_url, 0.5) if h["service"] == service]
+                hellos = [h for h in await _ping(nats_admin, 0.5) if h["service"] == service]
         assert hellos[0]["config_hash"] == config_hash(load(cfg))
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -77,7 +79,7 @@ async def test_service_process_answers_ping_and_stops_on_sigterm(
 
 @pytest.fixture
 async def traced(
-    kubeconfig: Path, nats_url: str, tmp_path: Path
+    kubeconfig: Path, nats_admin: NatsConfig, tmp_path: Path
 ) -> AsyncIterator[tuple[InMemorySpanExporter, Pipeline]]:
     """Four services in this process (sharing one in-memory span exporter) and a
     simulated node agent beside them."""
@@ -86,7 +88,7 @@ async def traced(
     p = await start_pipeline(
         tmp_path,
         kubeconfig,
-        nats_url,
+        nats_admin,
         {
             "nodes": [
                 {
@@ -163,17 +165,17 @@ async def test_one_trace_spans_the_four_services_for_one_pod(
 
 
 async def test_a_resync_reaches_a_consumer_that_missed_the_first_announcement(
-    nats_url: str, kubeconfig: Path, tmp_path: Path
+    nats_admin: NatsConfig, kubeconfig: Path, tmp_path: Path
 ) -> None:
     """Regression: a re-announced Queue kept its first event id, so JetStream dropped it
     as a duplicate and a coordinator that started after the watcher never learned the
     ``default`` Queue (its pods waited, told the queue did not exist)."""
-    await reset_stream(nats_url)
-    cfg = write_config(tmp_path, nats_url, kubeconfig)
+    await reset_stream(nats_admin)
+    cfg = write_config(tmp_path, nats_admin, kubeconfig)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", SERVICES["watcher"], "--config", str(cfg)
     )
-    nc = await nats.connect(nats_url)
+    nc = await connect(nats_admin, "admin")
     try:
         js = nc.jetstream()
 

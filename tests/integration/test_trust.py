@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from services.node_agent.simulate import expand, load_inventory
+from shared.config import NatsConfig
 from shared.core import annotations as ann
 from shared.core.model import ContainerGrant, DeviceGrant
 from tests.helpers import eventually
@@ -35,9 +36,9 @@ WHOLE = {"nvidia.com/gpu": 1}
 
 @pytest.fixture(scope="module")
 async def pipeline(
-    kubeconfig: Path, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
-    p = await start_pipeline(tmp_path_factory.mktemp("trust"), kubeconfig, nats_url, INVENTORY)
+    p = await start_pipeline(tmp_path_factory.mktemp("trust"), kubeconfig, nats_admin, INVENTORY)
     yield p
     await p.close()
 
