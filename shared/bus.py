@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import nats
@@ -60,6 +61,8 @@ IDLE_WAIT_S = 1.0
 noticed between fetches)."""
 BURST_WAIT_S = 0.02
 """How long a fetch in a burst waits for more messages before going back to idle."""
+RETRY_WAIT_S = 0.25
+"""How long a consumer waits after the bus failed a fetch (a server lost, reconnecting)."""
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,8 +106,12 @@ async def connect(cfg: NatsConfig, service: str) -> NatsClient:
     """A NATS connection as ``service``'s user (shared/busauth.py), with its password and
     TLS as configured; it retries while the server starts and reconnects for ever."""
     options: dict[str, Any] = dict(credentials(cfg, service))
+    urls = [url.strip() for url in cfg.url.split(",") if url.strip()]
     if cfg.ca_file:
         options["tls"] = ssl.create_default_context(cafile=cfg.ca_file)
+        # Servers of a cluster gossip their IP addresses; a client that fails over to
+        # one still checks the certificate against the name it was given.
+        options["tls_hostname"] = urlsplit(urls[0]).hostname
     user = user_of(cfg, service)
 
     async def on_error(exc: Exception) -> None:
@@ -118,7 +125,7 @@ async def connect(cfg: NatsConfig, service: str) -> NatsClient:
             log.warning("nats: %r", exc)
 
     return await nats.connect(
-        cfg.url,
+        urls,
         name=f"tessera-{service}",
         error_cb=on_error,
         connect_timeout=5,
@@ -195,6 +202,7 @@ class Bus:
             storage=StorageType.FILE,
             max_age=self.cfg.max_age_s,
             duplicate_window=self.cfg.duplicate_window_s,
+            num_replicas=self.cfg.replicas,
         )
         try:
             info = await self.js.stream_info(self.cfg.stream)
@@ -208,6 +216,7 @@ class Bus:
             have.subjects == config.subjects
             and have.max_age == config.max_age
             and have.duplicate_window == config.duplicate_window
+            and (have.num_replicas or 1) == config.num_replicas
         ):
             return
         if busauth.manages_streams(self.user):
@@ -228,7 +237,7 @@ class Bus:
         except nats.js.errors.BucketNotFoundError:
             with contextlib.suppress(nats.js.errors.BadRequestError):
                 return await self.js.create_key_value(
-                    KeyValueConfig(bucket=name, history=1, ttl=ttl_s)
+                    KeyValueConfig(bucket=name, history=1, ttl=ttl_s, replicas=self.cfg.replicas)
                 )
             return await self.js.key_value(name)  # another process created it meanwhile
 
@@ -393,6 +402,13 @@ class Bus:
                     continue
                 except nats.errors.ConnectionClosedError:
                     return
+                except nats.errors.Error as exc:
+                    # A server of the cluster went away (503, no responders) or the
+                    # client is reconnecting: the consumer lives on in the cluster.
+                    log.warning("fetch on %s failed (%r); retrying", durable, exc)
+                    await asyncio.sleep(RETRY_WAIT_S)
+                    idle = True
+                    continue
                 idle = False
 
                 for msg in msgs:
@@ -426,7 +442,7 @@ class Bus:
                 delivery.stream_seq,
                 exc,
             )
-            await msg.term()
+            await _settle(msg.term())
             return
         log.debug("got %s (seq %d, attempt %d)", msg.subject, delivery.stream_seq, delivery.attempt)
         context = propagate.extract(msg.headers or {})
@@ -452,9 +468,9 @@ class Bus:
                     delivery.attempt,
                     delay,
                 )
-                await msg.nak(delay=delay)
+                await _settle(msg.nak(delay=delay))
                 return
-        await msg.ack()
+        await _settle(msg.ack())
 
     # --- inventory KV ----------------------------------------------------------------
 
@@ -500,6 +516,17 @@ class Bus:
                         found[event.node] = event
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+async def _settle(reply: Awaitable[None]) -> None:
+    """Ack, nak or term a message; if the bus fails it (a server lost mid-reply), the
+    message comes again after ``ack_wait`` and the idempotent handler sees it twice."""
+    try:
+        await reply
+    except nats.errors.ConnectionClosedError:
+        raise
+    except nats.errors.Error as exc:
+        log.warning("could not settle a message (%r); it will be delivered again", exc)
 
 
 class LeaseLostError(RuntimeError):

@@ -99,6 +99,8 @@ class NatsConfig(_Cfg, frozen=True, kw_only=True):
     """Where the bus is and how its stream and consumers behave."""
 
     url: str = "nats://127.0.0.1:4222"
+    """The server's URL, or several servers' (a cluster), comma-separated: a client
+    connects to any and fails over to the others."""
     stream: str = "TESSERA"
     inventory_bucket: str = "tessera-inventory"
     ack_wait_s: Annotated[float, msgspec.Meta(gt=0.0)] = 30.0
@@ -108,6 +110,9 @@ class NatsConfig(_Cfg, frozen=True, kw_only=True):
     """JetStream drops a re-published event with the same id within this window."""
     max_age_s: Annotated[float, msgspec.Meta(gt=0.0)] = 86400.0
     """How long the stream keeps events for late subscribers."""
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+    """Copies JetStream keeps of the stream and every KV bucket (3 on a 3-server
+    cluster: losing one server loses nothing)."""
     user: str = ""
     """The NATS user to connect as; empty: the service's own name (its role in
     shared/busauth.py). Only with ``password_file``."""

@@ -7,6 +7,7 @@ tessera config [--file F] [--hash]    validate a config and print the effective 
 tessera secrets [--namespace NS]      fresh Secrets for a cluster (grant key, bus users, TLS)
 tessera nats-conf [--out F] [--check] write (or check) the manifests' nats.conf
 tessera dev build|up|down|status      the local control plane + NATS on loopback
+          [--nats-cluster 3]          (a 3-server JetStream cluster, as deployed)
 tessera ping [--nats URL] [--user U]  list the services alive on the bus
 tessera demo [--keep]                 start everything locally and show it alive
 tessera inventory [--source nvml]     print the devices this node's agent would report
@@ -140,7 +141,12 @@ def cmd_dev(args: argparse.Namespace) -> int:
             f"already up (see {workdir / 'state.json'}); `tessera dev down` first", file=sys.stderr
         )
         return 1
-    cluster = localcluster.LocalCluster(workdir=workdir, detach=True, with_scheduler=args.scheduler)
+    cluster = localcluster.LocalCluster(
+        workdir=workdir,
+        detach=True,
+        with_scheduler=args.scheduler,
+        nats_servers=args.nats_cluster,
+    )
     cluster.start()
     state = json.loads((workdir / "state.json").read_text())
     cfg = dev_config(workdir / "tessera.yaml", state["nats"], state["kubeconfig"])
@@ -381,6 +387,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("action", choices=["build", "up", "down", "status"])
     p.add_argument("--dir", default=os.environ.get("TESSERA_DEV_DIR", str(DEV_DIR)))
     p.add_argument("--scheduler", action="store_true", help="also run kube-scheduler")
+    p.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N nats-servers in a JetStream cluster (3: the stream kept 3 times)",
+    )
     p.set_defaults(func=cmd_dev)
     p = sub.add_parser("ping", help="list services alive on the bus")
     p.add_argument("--nats", default=None, help="the bus's URL (default: the config's)")

@@ -25,12 +25,32 @@ NATS_CONF_HEADER = """\
 # (tests/unit/test_busauth.py fails when it is stale): do not edit by hand.
 # Passwords come from the Secret tessera-bus through the environment; the certificate
 # from the Secret tessera-nats-tls (`tessera secrets` makes both).
+server_name: $POD_NAME
 port: 4222
 http_port: 8222
 jetstream {
   store_dir: /data
 }
 """
+NATS_SERVERS = 3
+"""The StatefulSet's replicas: a JetStream cluster that keeps every stream 3 times."""
+ROUTES_SERVICE = "nats-cluster"
+"""The headless Service that names each NATS pod (``nats-0.nats-cluster``)."""
+
+
+def _cluster_block() -> str:
+    """Routes between the three servers, over TLS with the same certificate (each
+    server checks the others' against the CA)."""
+    routes = "\n".join(
+        f"    nats-route://nats-{i}.{ROUTES_SERVICE}:6222" for i in range(NATS_SERVERS)
+    )
+    return (
+        "cluster {\n  name: tessera\n  port: 6222\n"
+        f"  routes: [\n{routes}\n  ]\n"
+        f'  tls {{\n    cert_file: "{NATS_TLS_DIR}/tls.crt"\n'
+        f'    key_file: "{NATS_TLS_DIR}/tls.key"\n'
+        f'    ca_file: "{NATS_TLS_DIR}/ca.crt"\n    timeout: 5\n  }}\n}}\n'
+    )
 
 
 def nats_conf() -> str:
@@ -38,6 +58,7 @@ def nats_conf() -> str:
     defaults = NatsConfig()
     return (
         NATS_CONF_HEADER
+        + _cluster_block()
         + busauth.server_tls(f"{NATS_TLS_DIR}/tls.crt", f"{NATS_TLS_DIR}/tls.key")
         + busauth.server_authorization(
             stream=defaults.stream, inventory_bucket=defaults.inventory_bucket
@@ -45,11 +66,13 @@ def nats_conf() -> str:
     )
 
 
-def nats_hosts(namespace: str, service: str = "nats") -> list[str]:
-    """Every name a client in the cluster may use for the NATS Service (and its pods)."""
-    names = [service, f"{service}.{namespace}", f"{service}.{namespace}.svc"]
-    names.append(f"{service}.{namespace}.svc.cluster.local")
-    names += [f"*.{service}.{namespace}.svc", f"*.{service}.{namespace}.svc.cluster.local"]
+def nats_hosts(namespace: str) -> list[str]:
+    """Every name a client may use for the NATS Service, and the servers for each other
+    (``nats-0.nats-cluster``...)."""
+    names = []
+    for service, prefix in (("nats", ""), (ROUTES_SERVICE, "*.")):
+        for suffix in ("", f".{namespace}", f".{namespace}.svc", f".{namespace}.svc.cluster.local"):
+            names.append(f"{prefix}{service}{suffix}")
     return names
 
 
@@ -66,7 +89,9 @@ def _secret(name: str, namespace: str, data: dict[str, bytes]) -> dict[str, Any]
 def cluster_secrets(namespace: str, *, days: int = 825) -> list[dict[str, Any]]:
     """The Secrets of a Tessera namespace, with fresh keys and passwords."""
     ca = pki.new_ca(f"tessera-bus-ca.{namespace}", days=days * 4)
-    server = pki.issue(ca, f"nats.{namespace}.svc", hosts=nats_hosts(namespace), days=days)
+    server = pki.issue(
+        ca, f"nats.{namespace}.svc", hosts=nats_hosts(namespace), days=days, client=True
+    )
     return [
         _secret("tessera-grant-key", namespace, {"grant.key": secrets.token_hex(32).encode()}),
         _secret(

@@ -280,10 +280,16 @@ class LocalCluster:
     apiserver_args: Sequence[str] = ()
     apiserver_port: int = 0
     etcd_port: int = 0
-    nats_port: int = 0
+    nats_servers: int = 1
+    """NATS servers: 1, or a JetStream cluster (3: streams and buckets kept 3 times)."""
+    nats_ports: list[int] = field(default_factory=list)
     secure_bus: bool = True
     """NATS with TLS and one user per service (shared/busauth.py), as in a cluster."""
     procs: list[_Proc] = field(default_factory=list)
+    _route_ports: list[int] = field(default_factory=list)
+    _monitor_ports: list[int] = field(default_factory=list)
+    _nats_env: dict[str, str] = field(default_factory=dict)
+    _bins: Path | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -296,8 +302,9 @@ class LocalCluster:
 
     @property
     def nats_url(self) -> str:
+        """Every server's URL, comma-separated (a client may use any)."""
         scheme = "tls" if self.secure_bus else "nats"
-        return f"{scheme}://127.0.0.1:{self.nats_port}"
+        return ",".join(f"{scheme}://127.0.0.1:{port}" for port in self.nats_ports)
 
     @property
     def bus_dir(self) -> Path:
@@ -305,11 +312,13 @@ class LocalCluster:
         assert self.workdir is not None
         return self.workdir / "bus"
 
-    def nats_settings(self, user: str = "") -> dict[str, str]:
+    def nats_settings(self, user: str = "") -> dict[str, object]:
         """The ``nats:`` section of a tessera.yaml for this server: the URL, and with a
         secured bus the CA and the password file of ``user`` (empty: each service its
         own, by ``{user}``)."""
-        settings = {"url": self.nats_url}
+        settings: dict[str, object] = {"url": self.nats_url}
+        if self.nats_servers > 1:
+            settings["replicas"] = self.nats_servers
         if self.secure_bus:
             settings["passwordFile"] = str(self.bus_dir / "{user}.password")
             settings["caFile"] = str(self.bus_dir / "ca.crt")
@@ -343,7 +352,7 @@ class LocalCluster:
             if self.with_kube:
                 names = ["etcd", "kube-apiserver"]
                 names += ["kube-scheduler"] if self.with_scheduler else []
-                bins = ensure_binaries(names)
+                bins = self._bins = ensure_binaries(names)
                 self._start_etcd(bins)
                 self._start_apiserver(bins)
                 self._write_kubeconfig()
@@ -374,34 +383,83 @@ class LocalCluster:
 
     def _start_nats(self) -> None:
         assert self.workdir is not None
-        self.nats_port = self.nats_port or free_port()
-        conf = self.workdir / "nats.conf"
-        env: dict[str, str] = {}
+        count = self.nats_servers
+        self.nats_ports = self.nats_ports or [free_port() for _ in range(count)]
+        self._route_ports = [free_port() for _ in range(count)]
+        self._monitor_ports = [free_port() for _ in range(count)]
         if self.secure_bus:
             defaults = NatsConfig()
-            text, env = _make_bus_secrets(self.bus_dir, defaults.stream, defaults.inventory_bucket)
-            conf.write_text(text)
+            text, self._nats_env = _make_bus_secrets(
+                self.bus_dir, defaults.stream, defaults.inventory_bucket
+            )
+            (self.workdir / "nats-auth.conf").write_text(text)
+        for i in range(count):
+            self.start_nats(i, wait=False)
+        for i in range(count):
+            port = self._monitor_ports[i]
+            _wait(
+                lambda port=port: _http_ok(f"http://127.0.0.1:{port}/healthz"),
+                self._proc(self._nats_name(i)),
+                self._nats_name(i),
+                timeout_s=60,
+            )
+
+    def _nats_name(self, i: int) -> str:
+        return "nats-server" if self.nats_servers == 1 else f"nats-server-{i}"
+
+    def _proc(self, name: str) -> _Proc:
+        return next(p for p in self.procs if p.name == name)
+
+    def start_nats(self, i: int = 0, *, wait: bool = True) -> None:
+        """Start NATS server ``i`` (again, after :meth:`stop_nats`: same port, same
+        JetStream folder, so what it stored on disk comes back)."""
+        assert self.workdir is not None
+        lines = [
+            f"server_name: n{i}",
+            "listen: " + json.dumps(f"127.0.0.1:{self.nats_ports[i]}"),
+            f"http: {json.dumps(f'127.0.0.1:{self._monitor_ports[i]}')}",
+            f"jetstream {{ store_dir: {json.dumps(str(self.workdir / f'jetstream-{i}'))} }}",
+        ]
+        if self.nats_servers > 1:
+            routes = ", ".join(
+                json.dumps(f"nats-route://127.0.0.1:{port}") for port in self._route_ports
+            )
+            lines.append(
+                f"cluster {{ name: tessera, listen: "
+                f"{json.dumps(f'127.0.0.1:{self._route_ports[i]}')}, routes: [{routes}] }}"
+            )
+        if self.secure_bus:
+            lines.append('include "nats-auth.conf"')  # relative to this file
+        conf = self.workdir / f"nats-{i}.conf"
+        conf.write_text("\n".join(lines) + "\n")
+        name = self._nats_name(i)
+        self.procs = [p for p in self.procs if p.name != name]
+        proc = self._spawn(name, [str(nats_server_binary()), "-c", str(conf)], self._nats_env)
+        if wait:
+            port = self._monitor_ports[i]
+            _wait(lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), proc, name, timeout_s=60)
+        self._write_state()
+
+    def stop_nats(self, i: int = 0, *, kill: bool = True) -> None:
+        """Stop NATS server ``i``: SIGKILL (a crash) or SIGTERM (a clean shutdown)."""
+        proc = self._proc(self._nats_name(i))
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                proc.popen.kill()
+            proc.popen.wait()
         else:
-            conf.write_text("")
-        proc = self._spawn(
-            "nats-server",
-            [
-                str(nats_server_binary()),
-                "-c",
-                str(conf),
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(self.nats_port),
-                "-js",
-                "-sd",
-                str(self.workdir / "jetstream"),
-                "--http_port",
-                "0",
-            ],
-            env,
-        )
-        _wait(lambda: _tcp_open(self.nats_port), proc, "nats-server", timeout_s=20)
+            _terminate(proc.popen.pid, proc.popen)
+
+    def restart_apiserver(self) -> None:
+        """SIGKILL the API server and start it again on the same port (etcd keeps all)."""
+        assert self._bins is not None
+        proc = self._proc("kube-apiserver")
+        with contextlib.suppress(ProcessLookupError):
+            proc.popen.kill()
+        proc.popen.wait()
+        self.procs = [p for p in self.procs if p.name != "kube-apiserver"]
+        self._start_apiserver(self._bins, fresh=False)
+        self._write_state()
 
     def _start_etcd(self, bins: Path) -> None:
         assert self.workdir is not None
@@ -435,10 +493,11 @@ class LocalCluster:
         )
         _wait(lambda: _http_ok(f"{client}/health"), proc, "etcd", timeout_s=30)
 
-    def _start_apiserver(self, bins: Path) -> None:
+    def _start_apiserver(self, bins: Path, *, fresh: bool = True) -> None:
         assert self.workdir is not None
         pki = self.workdir / "pki"
-        _make_pki(pki)
+        if fresh:
+            _make_pki(pki)
         (self.workdir / "tokens.csv").write_text(f"{ADMIN_TOKEN},admin,admin,system:masters\n")
         self.apiserver_port = self.apiserver_port or free_port()
         proc = self._spawn(

@@ -65,9 +65,13 @@ def _docs(path: Path) -> list[dict[str, Any]]:
 def test_nats_gets_every_users_password_from_the_secret() -> None:
     [sts] = [d for d in _docs(DEPLOY / "base/nats.yaml") if d["kind"] == "StatefulSet"]
     env = sts["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in env} == {
+    secrets = {e["name"]: e["valueFrom"].get("secretKeyRef") for e in env}
+    assert {name: ref["key"] for name, ref in secrets.items() if ref} == {
         busauth.password_env(u): u for u in busauth.USERS
     }
+    assert sts["spec"]["replicas"] == 3
+    config = yaml.safe_load((DEPLOY / "base/tessera.yaml").read_text())["nats"]
+    assert config["replicas"] == 3  # every stream and bucket on all three servers
 
 
 def test_every_workload_mounts_only_its_own_users_password() -> None:
