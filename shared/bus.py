@@ -356,6 +356,12 @@ class Bus:
                 ),
             )
 
+    async def reset_consumer(self, durable: str) -> None:
+        """Deliver again, at once, every message of ``durable`` taken but not acked (by a
+        process that died holding them): delivery resumes above the ack floor."""
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.js.reset_consumer(self.cfg.stream, durable)
+
     async def _subscribe(
         self, durable: str, subjects: list[str], deliver: str, ack_wait_s: float | None
     ) -> JetStreamContext.PullSubscription:
@@ -529,6 +535,10 @@ async def _settle(reply: Awaitable[None]) -> None:
         log.warning("could not settle a message (%r); it will be delivered again", exc)
 
 
+STANDBY_POLL_S = 0.25
+"""How often a standby tries to take a lease."""
+
+
 class LeaseLostError(RuntimeError):
     """Another holder has the lease (ours expired): stop acting as the leader now."""
 
@@ -564,7 +574,9 @@ class Lease:
                 if not announced:
                     log.info("%s waits as standby %s", self.identity, self.name)
                     announced = True
-            await asyncio.sleep(self.lease_s / 3)
+            # Polled often: a create is one small request, and the lease held by a
+            # replica that died is taken within this of its expiry.
+            await asyncio.sleep(min(STANDBY_POLL_S, self.lease_s / 3))
 
     async def hold(self) -> None:
         kv = await self._kv()

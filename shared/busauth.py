@@ -49,6 +49,8 @@ class Role:
     """Control subjects it answers (every service answers pings)."""
     manages_streams: bool = False
     """It may change the stream's and buckets' settings after a config change."""
+    leads: bool = True
+    """It runs active/standby: it writes its own key (its name) of the lease bucket."""
 
 
 ROLES: Mapping[str, Role] = {
@@ -82,11 +84,13 @@ ROLES: Mapping[str, Role] = {
             ev.PreemptionDecided,
             ev.AllocationReleased,
         ),
-        writes=(RESERVATION_BUCKET, LEASE_BUCKET),
+        writes=(RESERVATION_BUCKET,),
         manages_streams=True,
     ),
     "binder": Role(publishes=(ev.AllocationBound, ev.BindFailed)),
-    NODE_AGENT: Role(publishes=(ev.NodeInventory, ev.AllocationAdmitted), writes=("",)),
+    NODE_AGENT: Role(
+        publishes=(ev.NodeInventory, ev.AllocationAdmitted), writes=("",), leads=False
+    ),
     "job-controller": Role(),
 }
 """Every service's role, by its user name (the service's ``NAME``). ``""`` in ``writes``
@@ -139,6 +143,18 @@ def _bucket_read(bucket: str) -> list[str]:
     ]
 
 
+def _consumer(api: str, stream: str, durable: str) -> list[str]:
+    """Using one durable consumer: create or update it, read its state, fetch, ack, and
+    reset it when its owner changes (shared/runtime.py)."""
+    return [
+        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+        f"{api}.CONSUMER.INFO.{stream}.{durable}",
+        f"{api}.CONSUMER.RESET.{stream}.{durable}",
+        f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+    ]
+
+
 def permissions(user: str, *, stream: str, inventory_bucket: str) -> Permissions:
     """The permissions of ``user`` (a key of :data:`ROLES`, ``reader`` or ``admin``)."""
     if user == ADMIN:
@@ -157,10 +173,14 @@ def permissions(user: str, *, stream: str, inventory_bucket: str) -> Permissions
     ]
     deny: list[str] = []
     buckets = {inventory_bucket, *(b or inventory_bucket for b in role.writes)}
+    if role.leads:
+        buckets.add(LEASE_BUCKET)
     for bucket in sorted(buckets):
         publish += _bucket_read(bucket)
     for bucket in sorted({b or inventory_bucket for b in role.writes}):
         publish.append(f"$KV.{bucket}.>")
+    if role.leads:  # its own lease only: no service can take another's
+        publish.append(f"$KV.{LEASE_BUCKET}.{user}")
     if role.manages_streams:
         publish += [
             f"{api}.STREAM.UPDATE.{s}" for s in [stream, *(f"KV_{b}" for b in sorted(buckets))]
@@ -169,21 +189,11 @@ def permissions(user: str, *, stream: str, inventory_bucket: str) -> Permissions
         # Node agents have one consumer per node, named after it (not expressible as a
         # subject pattern): they get any consumer except the services' own.
         durable = "*" if user == NODE_AGENT else user
-        publish += [
-            f"{api}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
-            f"{api}.CONSUMER.INFO.{stream}.{durable}",
-            f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
-            f"$JS.ACK.{stream}.{durable}.>",
-        ]
+        publish += _consumer(api, stream, durable)
         if user == NODE_AGENT:
             for other in ROLES:
                 if other != NODE_AGENT:
-                    deny += [
-                        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.{other}",
-                        f"{api}.CONSUMER.INFO.{stream}.{other}",
-                        f"{api}.CONSUMER.MSG.NEXT.{stream}.{other}",
-                        f"$JS.ACK.{stream}.{other}.>",
-                    ]
+                    deny += _consumer(api, stream, other)
     return Permissions(
         publish=tuple(publish),
         subscribe=("_INBOX.>", *role.answers),

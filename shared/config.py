@@ -72,9 +72,10 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     """Binding writes in flight at once (no per-node lock)."""
     resync_s: Annotated[float, msgspec.Meta(gt=0.0)] = 30.0
     """The watcher re-announces still-pending pods this often, so no pod is forgotten."""
-    leader_lease_s: Annotated[float, msgspec.Meta(ge=1.0)] = 6.0
-    """The active device-allocator renews its lease at a third of this; a standby takes
-    over this long after the active one stops renewing."""
+    leader_lease_s: Annotated[float, msgspec.Meta(ge=1.0)] = 2.0
+    """The active replica of each service renews its lease at a third of this; a
+    standby takes over at most this long after the active one stops renewing (at once
+    when it stops cleanly and releases it)."""
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
     """Node agents refresh their inventory in the KV bucket this often."""
 

@@ -193,8 +193,9 @@ class Service:
 
     NAME: ClassVar[str]
     USES_API: ClassVar[bool] = True
-    LEADER: ClassVar[bool] = False
-    """Only the replica holding the ``NAME`` lease acts; the others wait as standbys."""
+    LEADER: ClassVar[bool] = True
+    """Only the replica holding the ``NAME`` lease acts; the others wait as standbys
+    (every central service; a node agent is alone on its node and says False)."""
     ACK_WAIT_S: ClassVar[float | None] = None
     _table: ClassVar[dict[type[events.Event], str]]
 
@@ -276,6 +277,10 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
     if subjects:
         # The consumer first, so nothing published while ``start`` reads is missed.
         await rt.bus.ensure_consumer(durable, subjects, deliver="new", ack_wait_s=svc.ACK_WAIT_S)
+        # One process at a time owns a consumer (the lease holder, or a node's agent):
+        # what the previous owner took and never acked comes again now, not after
+        # ``ack_wait``.
+        await rt.bus.reset_consumer(durable)
     await svc.start()
     if subjects:
         rt.adopt(

@@ -77,7 +77,6 @@ class Allocator(Service):
     """Owns the ledger: places gangs, reserves, releases; one active replica."""
 
     NAME = "device-allocator"
-    LEADER = True
     ACK_WAIT_S = 10.0
 
     def __init__(self, rt: Runtime, api: kube.Client | None) -> None:

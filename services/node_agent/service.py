@@ -72,6 +72,7 @@ class NodeAgent(Service):
     node's inventory and its kubelet device plugin."""
 
     NAME = "node-agent"
+    LEADER = False  # one per node, alone with its node's consumer
 
     def __init__(self, rt: Runtime, api: kube.Client | None) -> None:
         super().__init__(rt, api)

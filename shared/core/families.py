@@ -39,6 +39,8 @@ class FitContext:
     allow_more_devices_than_cards: bool = False
     avoid: frozenset[str] = frozenset()
     """Cards used by other pods of the same PodGroup (``vgpu-podgroup-policy: spread``)."""
+    only: frozenset[str] | None = None
+    """Only these cards (an init container trying the app containers' devices)."""
     clamp_memory: bool = False
     """Memory above a card gets the whole card's memory (Volcano vGPU) instead of a no."""
 
@@ -285,7 +287,10 @@ class SlicedFamily(_Family):
         screened = _Screened()
         ok = screened.ok
         avoid = ctx.avoid
+        only = ctx.only
         for d in devs:
+            if only is not None and d.uuid not in only:
+                continue
             need = memory if memory is not None else d.phys_mem * percent // 100
             if ctx.clamp_memory and need > d.phys_mem:
                 need = d.phys_mem

@@ -433,8 +433,11 @@ class PodGrant:
     node while it holds the grant (shared/core/nodefit.py)."""
 
     def device_grants(self) -> Iterator[DeviceGrant]:
+        """What the pod books: every container's devices but an init container's that
+        reuse the app containers' (``ContainerGrant.reuses``)."""
         for c in self.containers:
-            yield from c.devices
+            if not c.reuses:
+                yield from c.devices
 
 
 class Ledger:

@@ -134,6 +134,9 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
 
     name: str
     init: bool = False
+    sidecar: bool = False
+    """An init container with ``restartPolicy: Always``: it runs beside the app
+    containers for the pod's life, so its devices add to theirs."""
     devices: tuple[DeviceRequest, ...] = ()
     disable_isolation: bool = False
     """``CUDA_DISABLE_CONTROL=true``: no isolation library for this container."""
@@ -243,6 +246,10 @@ class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     container: str
     init: bool = False
     devices: tuple[DeviceGrant, ...] = ()
+    reuses: bool = False
+    """An init container's devices, each within what the pod's app containers hold on
+    it: they run one after the other (the kubelet's device manager hands an init
+    container's devices on to the app containers), so it is not booked again."""
     priority: int | None = None
     """``<vendor>/priority`` as the container asked (the isolation library's task priority)."""
     disable_isolation: bool = False

@@ -20,7 +20,7 @@ every reservation made is undone in reverse order, leaving the ledger exactly as
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from shared.core.admission import keys_of_grants
@@ -37,6 +37,7 @@ from shared.core.hosts import PodSpec
 from shared.core.ledger import Ledger, NodeState, PodGrant, PoolKey, Statement
 from shared.core.model import (
     ContainerGrant,
+    ContainerRequest,
     DeviceRequest,
     GangKey,
     NodeName,
@@ -132,6 +133,21 @@ class GangResult:
 
 
 _Route = tuple[PoolKey, DeviceFamily]
+
+
+def _container_grant(
+    container: ContainerRequest, picks: Picks, *, reuses: bool = False
+) -> ContainerGrant:
+    """One container's grant from what it picked."""
+    return ContainerGrant(
+        container=container.name,
+        init=container.init,
+        devices=tuple(g for _, g in picks),
+        reuses=reuses,
+        priority=next((r.priority for r in container.devices if r.priority is not None), None),
+        disable_isolation=container.disable_isolation,
+        core_policy=container.core_policy,
+    )
 
 
 def _mode_mismatch(request: DeviceRequest, pod: PodRequest) -> Reason:
@@ -255,10 +271,25 @@ class Placer:
                 return refused
         if not request.wants_devices:
             return ()
-        grants: list[ContainerGrant] = []
-        left = sum(len(c.devices) for c in request.containers)
+        containers = request.containers
+        # What runs for the pod's whole life first (app containers, sidecars), then each
+        # plain init container: it runs before them, alone, so it may take devices the
+        # app containers hold (``_reuse``) instead of more (the kubelet's device manager
+        # hands an init container's devices on to the app containers).
+        order = [i for i, c in enumerate(containers) if not c.init or c.sidecar]
+        order += [i for i, c in enumerate(containers) if c.init and not c.sidecar]
+        grants: dict[int, ContainerGrant] = {}
+        app: Picks = []  # what the plain app containers took
+        left = sum(len(c.devices) for c in containers)
         with Statement(self.ledger) as trial:
-            for container in request.containers:
+            for i in order:
+                container = containers[i]
+                if container.init and not container.sidecar:
+                    reused = self._reuse(node, container, request, ctx, app)
+                    if reused is not None:
+                        left -= len(container.devices)
+                        grants[i] = _container_grant(container, reused, reuses=True)
+                        continue
                 picks: Picks = []
                 for r in container.devices:
                     found = self._fit_request(node, r, request, ctx)
@@ -269,25 +300,62 @@ class Placer:
                         for dev, g in found:
                             trial.use(dev, g)
                     picks.extend(found)
-                grants.append(
-                    ContainerGrant(
-                        container=container.name,
-                        init=container.init,
-                        devices=tuple(g for _, g in picks),
-                        priority=next(
-                            (r.priority for r in container.devices if r.priority is not None),
-                            None,
-                        ),
-                        disable_isolation=container.disable_isolation,
-                        core_policy=container.core_policy,
-                    )
-                )
+                if not container.init:
+                    app.extend(picks)
+                grants[i] = _container_grant(container, picks)
+        ordered = tuple(grants[i] for i in range(len(containers)))
         busy = self.ledger.admitting.get(node.name)
         if busy:
-            for vendor, count in keys_of_grants(grants):
+            for vendor, count in keys_of_grants(ordered):
                 if (vendor, count) in busy:
                     return fail(Reason(kind="admitting", resource=vendor, requested=count))
-        return tuple(grants)
+        return ordered
+
+    def _reuse(
+        self,
+        node: NodeState,
+        container: ContainerRequest,
+        request: PodRequest,
+        ctx: FitContext,
+        app: Picks,
+    ) -> Picks | None:
+        """An init container's devices inside what the app containers took on this node
+        (each card's memory, cores and exclusivity no more than theirs), or None. The
+        app's picks are set aside while it looks, as if the init container ran first."""
+        if not app or len(container.devices) != 1:
+            return None
+        held: dict[str, list[int]] = {}
+        exclusive: set[str] = set()
+        for dev, g in app:
+            if g.mig_placement is not None or g.vnpu_template is not None:
+                continue  # an instance or a template is not a share to split
+            amounts = held.setdefault(dev.uuid, [0, 0])
+            amounts[0] += g.memory_mib
+            amounts[1] += g.cores
+            if g.exclusive:
+                exclusive.add(dev.uuid)
+        if not held:
+            return None
+        for dev, g in app:
+            dev.apply(g, -1)
+        try:
+            found = self._fit_request(
+                node, container.devices[0], request, replace(ctx, only=frozenset(held))
+            )
+        finally:
+            for dev, g in app:
+                dev.apply(g, 1)
+        if isinstance(found, Reason):
+            return None
+        for dev, g in found:
+            if dev.uuid not in held or g.mig_placement is not None:
+                return None
+            if dev.uuid in exclusive:
+                continue
+            memory, cores = held[dev.uuid]
+            if g.exclusive or g.memory_mib > memory or g.cores > cores:
+                return None
+        return found
 
     def _fit_request(
         self, node: NodeState, r: DeviceRequest, request: PodRequest, ctx: FitContext

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shared.core.model import ContainerGrant, DeviceInfo, PodRequest
+from shared.core.model import ContainerGrant, ContainerRequest, DeviceInfo, PodRequest
 from shared.core.quantity import parse_quantity
 from shared.core.request import ResourceTable, Role
 
@@ -48,6 +48,8 @@ def grant_vector(grants: Iterable[ContainerGrant]) -> Resources:
     """What a placed pod holds, from its grant (exact, where a request is an estimate)."""
     out: Resources = {}
     for c in grants:
+        if c.reuses:  # within the app containers' devices: not held twice
+            continue
         for d in c.devices:
             for key, value in (
                 ("count", 1),
@@ -81,21 +83,47 @@ def cluster_capacity(
 
 def request_vector(request: PodRequest, card_memory: Mapping[str, int]) -> Resources:
     """What a pod takes: count, memory and cores per vendor (percentages resolved against
-    the vendor's typical card, ``card_memory``)."""
+    the vendor's typical card, ``card_memory``), counted as Kubernetes counts a pod's
+    requests: the larger of the app containers with every sidecar, and each init
+    container with the sidecars started before it."""
+    running: Resources = {}  # sidecars started so far
     out: Resources = {}
+    steps: list[Resources] = []
     for c in request.containers:
-        for r in c.devices:
-            memory = r.memory_mib
-            if memory is None:
-                memory = card_memory.get(r.vendor, 0) * (r.memory_percent or 100) // 100
-            cores = 100 if r.exclusive else r.cores
-            for key, value in (
-                ("count", r.count),
-                ("memory", r.count * memory),
-                ("cores", r.count * cores),
-            ):
-                if value:
-                    out[f"{r.vendor}.{key}"] = out.get(f"{r.vendor}.{key}", 0.0) + value
+        vector = _container_vector(c, card_memory)
+        if c.init and not c.sidecar:
+            steps.append(_plus(vector, running))
+            continue
+        if c.sidecar:
+            running = _plus(running, vector)
+        out = _plus(out, vector)
+    for step in steps:
+        for key, value in step.items():
+            out[key] = max(out.get(key, 0.0), value)
+    return out
+
+
+def _plus(a: Resources, b: Resources) -> Resources:
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def _container_vector(c: ContainerRequest, card_memory: Mapping[str, int]) -> Resources:
+    out: Resources = {}
+    for r in c.devices:
+        memory = r.memory_mib
+        if memory is None:
+            memory = card_memory.get(r.vendor, 0) * (r.memory_percent or 100) // 100
+        cores = 100 if r.exclusive else r.cores
+        for key, value in (
+            ("count", r.count),
+            ("memory", r.count * memory),
+            ("cores", r.count * cores),
+        ):
+            if value:
+                out[f"{r.vendor}.{key}"] = out.get(f"{r.vendor}.{key}", 0.0) + value
     return out
 
 

@@ -181,6 +181,9 @@ class RequestParser:
         containers: list[ContainerRequest] = []
         for key, init in (("initContainers", True), ("containers", False)):
             for c in spec.get(key) or ():
+                if not isinstance(c, Mapping):
+                    errors.append(RequestError(field=key, message="each entry must be an object"))
+                    continue
                 containers.append(self._container(c, init, constraints, errors))
         if errors:
             return tuple(errors)
@@ -239,6 +242,7 @@ class RequestParser:
         return ContainerRequest(
             name=cname,
             init=init,
+            sidecar=init and c.get("restartPolicy") == "Always",
             devices=tuple(devices),
             disable_isolation=env.get(ENV_DISABLE_CONTROL, "").lower() == "true",
             core_policy=env.get(ENV_CORE_POLICY) or None,

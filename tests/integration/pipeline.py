@@ -17,7 +17,7 @@ import nats.js.errors
 import yaml
 from kubernetes_asyncio.client import ApiException
 
-from shared import kube
+from shared import busauth, kube
 from shared.bus import connect
 from shared.config import KubernetesConfig, NatsConfig
 from tests.helpers import eventually
@@ -60,7 +60,8 @@ class Pipeline:
         self.keepers[service] = asyncio.create_task(self._keep(service), name=f"keep:{service}")
 
     async def _spawn(self, service: str) -> None:
-        module, _, node = service.partition("@")
+        """``service``: a name, ``name#2`` (a second replica), or ``node-agent@node``."""
+        module, _, node = service.partition("#")[0].partition("@")
         args = [sys.executable, "-m", SERVICES[module], "--config", str(self.config)]
         if service == "node-agent":
             args += ["--simulate", str(self.inventory)]
@@ -93,6 +94,20 @@ class Pipeline:
             proc.send_signal(sig)
         async with asyncio.timeout(30):
             await proc.wait()
+
+    async def holder(self, service: str) -> str:
+        """The identity (``host-pid``) holding ``service``'s lease."""
+        nc = await connect(self.nats_admin, "admin")
+        try:
+            kv = await nc.jetstream().key_value(busauth.LEASE_BUCKET)
+            return ((await kv.get(service)).value or b"").decode()
+        finally:
+            await nc.close()
+
+    async def active(self, service: str) -> str:
+        """Which replica holds ``service``'s lease (``name`` or ``name#2``...)."""
+        pid = int((await self.holder(service)).rsplit("-", 1)[-1])
+        return next(name for name, proc in self.procs.items() if proc.pid == pid)
 
     async def alive(self) -> set[str]:
         return {str(h["service"]) for h in await _ping(self.nats_admin, 0.3)}
@@ -237,8 +252,11 @@ async def start_pipeline(
     inventory: dict[str, Any],
     settings: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
+    replicas: int = 1,
 ) -> Pipeline:
-    """``settings`` go under ``scheduler:``, ``config`` at the top of tessera.yaml."""
+    """``settings`` go under ``scheduler:``, ``config`` at the top of tessera.yaml;
+    ``replicas`` of each central service (``name``, ``name#2``...: one active, the
+    others standby)."""
     await reset_stream(nats_admin)
     key = workdir / "grant.key"  # as a Secret would hold it: grants are signed in tests too
     key.write_text(secrets.token_hex(32))
@@ -268,6 +286,9 @@ async def start_pipeline(
     p = Pipeline(workdir, path, inv, nats_admin, api)
     for service in SERVICES:
         await p.start(service)
+        if service != "node-agent":
+            for i in range(2, replicas + 1):
+                await p.start(f"{service}#{i}")
 
     async def all_alive() -> bool:
         return await p.alive() >= set(SERVICES)

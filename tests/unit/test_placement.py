@@ -632,3 +632,71 @@ def test_gpu_types_match_with_spaces_or_dashes() -> None:
     assert nvml.node == "v100"
     dashes = place(pl, MIB, annotations={"nvidia.com/use-gputype": "tesla-t4"})
     assert dashes.node == "t4"
+
+
+# --- init containers: max(init, app), as the kubelet's device manager hands them on ---
+
+
+def _used(pl: Placer) -> list[int]:
+    return [d.used_mem for d in pl.ledger.nodes[NodeName("n")].devices]
+
+
+def _container(name: str, limits: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "resources": {"limits": limits}, **extra}
+
+
+def test_an_init_containers_slice_reuses_the_app_containers_card() -> None:
+    pl = placer({"n": gpus(2)})
+    p = place(
+        pl,
+        {},
+        containers=[_container("main", {"nvidia.com/gpumem": 40000})],
+        init=[_container("fetch", {"nvidia.com/gpumem": 30000})],
+    )
+    [init, main] = p.grants
+    assert init.init
+    assert init.reuses
+    assert not main.reuses
+    assert init.devices[0].uuid == main.devices[0].uuid
+    assert sorted(_used(pl)) == [0, 40000]  # max(init, app), not their sum
+    pl.ledger.release(p.pod.uid)
+    assert _used(pl) == [0, 0]
+
+
+def test_an_init_container_larger_than_the_app_is_booked_beside_it() -> None:
+    """It cannot run inside what the app holds: it gets (and keeps) its own share."""
+    pl = placer({"n": gpus(2)})
+    p = place(
+        pl,
+        {},
+        containers=[_container("main", {"nvidia.com/gpumem": 20000})],
+        init=[_container("fetch", {"nvidia.com/gpumem": 60000})],
+    )
+    assert not any(g.reuses for g in p.grants)
+    assert sum(_used(pl)) == 80000
+
+
+def test_a_sidecar_runs_beside_the_app_so_its_slice_adds_to_theirs() -> None:
+    pl = placer({"n": gpus(1)})
+    p = place(
+        pl,
+        {},
+        containers=[_container("main", {"nvidia.com/gpumem": 40000})],
+        init=[_container("proxy", {"nvidia.com/gpumem": 10000}, restartPolicy="Always")],
+    )
+    assert not any(g.reuses for g in p.grants)
+    assert _used(pl) == [50000]
+
+
+def test_a_card_too_small_for_init_plus_app_still_takes_the_pod() -> None:
+    """Booked as their sum, 70 GiB would not fit a 48 GiB card; booked as the kubelet
+    runs them (one after the other), the pod fits."""
+    pl = placer({"n": gpus(1, memory=49152)})
+    p = place(
+        pl,
+        {},
+        containers=[_container("main", {"nvidia.com/gpumem": 40000})],
+        init=[_container("fetch", {"nvidia.com/gpumem": 30000})],
+    )
+    assert p.grants[0].reuses
+    assert _used(pl) == [40000]

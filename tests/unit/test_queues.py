@@ -71,3 +71,19 @@ def test_vectors_from_pods_and_from_queue_resources_share_dimensions() -> None:
     cap = {"nvidia.memory": 10000.0}  # names memory only: count is not capped
     assert within(pod, cap, absent=float("inf"))
     assert not within(pod, cap)
+
+
+def test_a_pods_vector_counts_init_containers_as_kubernetes_does() -> None:
+    """max(each init container with the sidecars before it, app containers + sidecars)."""
+
+    def box(name: str, mem: int, **extra: object) -> dict[str, object]:
+        return {"name": name, "resources": {"limits": {"nvidia.com/gpumem": mem}}, **extra}
+
+    pod = request(
+        {},
+        containers=[box("main", 20000)],
+        init=[box("proxy", 5000, restartPolicy="Always"), box("fetch", 30000)],
+    )
+    vector = request_vector(pod, {"nvidia": 81920})
+    assert vector["nvidia.memory"] == 35000  # fetch 30000 beside proxy 5000 > 25000
+    assert vector["nvidia.count"] == 2
