@@ -380,7 +380,17 @@ class Bus:
         ack_wait_s: float | None,
         concurrency: int,
     ) -> None:
-        sub = await self._subscribe(durable, subjects, deliver, ack_wait_s)
+        while True:
+            try:
+                sub = await self._subscribe(durable, subjects, deliver, ack_wait_s)
+                break
+            except nats.errors.ConnectionClosedError:
+                return
+            except (TimeoutError, nats.errors.Error) as exc:
+                # A cluster still electing its leaders, or a server lost meanwhile.
+                raise_if_cancelling()
+                log.warning("consumer %s not ready (%r); retrying", durable, exc)
+                await asyncio.sleep(RETRY_WAIT_S)
         slots = asyncio.Semaphore(concurrency)
         running: set[asyncio.Task[None]] = set()
 

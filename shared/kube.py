@@ -70,10 +70,11 @@ class Client:
         await self.close()
 
 
-async def connect(cfg: KubernetesConfig) -> Client:
-    """A client from ``cfg.kubeconfig``, else ``$KUBECONFIG``, else in-cluster."""
+async def connect(cfg: KubernetesConfig, service: str = "") -> Client:
+    """A client from ``cfg.kubeconfig`` (``{service}`` in it replaced by ``service``),
+    else ``$KUBECONFIG``, else in-cluster (the pod's own ServiceAccount)."""
     configuration = client.Configuration()
-    path = cfg.kubeconfig or os.environ.get("KUBECONFIG", "")
+    path = (cfg.kubeconfig or os.environ.get("KUBECONFIG", "")).replace("{service}", service)
     if path:
         await config.load_kube_config(config_file=path, client_configuration=configuration)
     else:

@@ -270,7 +270,7 @@ async def _lead(rt: Runtime, service: type[Service], lease: Lease) -> None:
 async def _start(rt: Runtime, service: type[Service]) -> None:
     api = None
     if service.USES_API:
-        api = await kube.connect(rt.cfg.kubernetes)
+        api = await kube.connect(rt.cfg.kubernetes, service.NAME)
         rt.on_stop(api.close)
     svc = service(rt, api)
     durable, subjects = svc.durable(), svc.subjects()

@@ -41,13 +41,19 @@ def nats_admin(nats_server: LocalCluster) -> NatsConfig:
 
 @pytest.fixture(scope="session")
 def kube() -> Iterator[LocalCluster]:
-    """etcd + kube-apiserver; builds the binaries on first use (minutes, once)."""
-    with LocalCluster(with_kube=True, with_nats=False) as cluster:
+    """etcd + kube-apiserver; builds the binaries on first use (minutes, once).
+    ``TESSERA_API_AUDIT=FILE`` logs every request of Tessera's ServiceAccounts there
+    (``python -m tools.rbac_audit FILE`` sums up the verbs each one used)."""
+    audit = os.environ.get("TESSERA_API_AUDIT", "")
+    with LocalCluster(with_kube=True, with_nats=False, audit_log=audit) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="session")
 def kubeconfig(kube: LocalCluster) -> Path:
+    """The admin's kubeconfig (for the tests' own reads and writes). Every service
+    under test uses its own ServiceAccount's instead (``service_kubeconfig``)."""
+    kube.service_kubeconfigs()
     return kube.kubeconfig
 
 

@@ -199,6 +199,12 @@ def free_port() -> int:
         return port
 
 
+def service_kubeconfig(admin: Path) -> str:
+    """Where :meth:`LocalCluster.service_kubeconfigs` writes each service's kubeconfig,
+    beside the cluster's admin kubeconfig ``admin`` (with ``{service}`` in the path)."""
+    return str(admin.parent / "kube-users" / "{service}.kubeconfig")
+
+
 def service_settings(cfg: NatsConfig) -> dict[str, object]:
     """The ``nats:`` section of a tessera.yaml for services reaching the bus of ``cfg``
     (e.g. an admin's) each as its own user."""
@@ -278,6 +284,9 @@ class LocalCluster:
     keep: bool = False
     detach: bool = False
     apiserver_args: Sequence[str] = ()
+    audit_log: str = ""
+    """Log every request of the ``tessera`` namespace's ServiceAccounts to this file
+    (JSON lines; tools/rbac_audit.py sums them up)."""
     apiserver_port: int = 0
     etcd_port: int = 0
     nats_servers: int = 1
@@ -526,6 +535,7 @@ class LocalCluster:
                 "--max-mutating-requests-inflight=1500",
                 # A namespace's pods are deleted in parallel (the default, 1, is serial).
                 "--delete-collection-workers=16",
+                *self._audit_args(),
                 *self.apiserver_args,
             ],
         )
@@ -537,7 +547,7 @@ class LocalCluster:
             timeout_s=90,
         )
 
-    def _write_kubeconfig(self) -> None:
+    def _kubeconfig(self, path: Path, user: str, token: str) -> None:
         assert self.workdir is not None
         ca = (self.workdir / "pki" / "ca.crt").read_bytes()
         doc = {
@@ -552,13 +562,78 @@ class LocalCluster:
                     },
                 }
             ],
-            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "users": [{"name": user, "user": {"token": token}}],
             "contexts": [
-                {"name": "tessera-local", "context": {"cluster": "tessera-local", "user": "admin"}}
+                {"name": "tessera-local", "context": {"cluster": "tessera-local", "user": user}}
             ],
             "current-context": "tessera-local",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(doc))
+        _write(path, yaml.safe_dump(doc))
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit_log:
+            return []
+        assert self.workdir is not None
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived", "ResponseStarted"],
+                    "rules": [
+                        {"level": "Metadata", "userGroups": ["system:serviceaccounts:tessera"]},
+                        {"level": "None"},
+                    ],
+                }
+            )
+        )
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}"]
+
+    def _write_kubeconfig(self) -> None:
+        self._kubeconfig(self.kubeconfig, "admin", ADMIN_TOKEN)
+
+    def service_kubeconfigs(self, overlay: str = "overlays/dev") -> str:
+        """Tessera's ServiceAccounts and RBAC from the manifests (``overlay`` of
+        deploy/kustomize), applied here, and one kubeconfig per ServiceAccount with a
+        token of its own (``<service>.kubeconfig``, ``tessera-`` left off); returns the
+        path with ``{service}`` for ``kubernetes.kubeconfig``. A service run this way is
+        refused every verb its ClusterRole lacks, as in a cluster."""
+        assert self.workdir is not None
+        ctl = [kubectl(), "--kubeconfig", str(self.kubeconfig)]
+        rendered = subprocess.run(
+            [kubectl(), "kustomize", str(REPO_ROOT / "deploy/kustomize" / overlay)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        kinds = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+        kinds |= {"Role", "RoleBinding"}
+        rbac = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in kinds]
+        subprocess.run(
+            [*ctl, "apply", "-f", "-"],
+            input=yaml.safe_dump_all(rbac),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        folder = Path(service_kubeconfig(self.kubeconfig)).parent
+        folder.mkdir(exist_ok=True)
+        for account in (d for d in rbac if d["kind"] == "ServiceAccount"):
+            name, namespace = account["metadata"]["name"], account["metadata"]["namespace"]
+            token = subprocess.run(
+                [*ctl, "-n", namespace, "create", "token", name, "--duration=48h"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            service = name.removeprefix("tessera-")
+            self._kubeconfig(
+                folder / f"{service}.kubeconfig",
+                f"system:serviceaccount:{namespace}:{name}",
+                token,
+            )
+        return service_kubeconfig(self.kubeconfig)
 
     def _start_scheduler(self, bins: Path) -> None:
         assert self.workdir is not None

@@ -22,7 +22,7 @@ from shared.bus import connect
 from shared.config import KubernetesConfig, NatsConfig
 from tests.helpers import eventually
 from tools.cli import SERVICES, _ping
-from tools.localcluster import service_settings
+from tools.localcluster import service_kubeconfig, service_settings
 
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 2.0
@@ -44,6 +44,8 @@ async def reset_stream(nats_admin: NatsConfig) -> None:
 class Pipeline:
     workdir: Path
     config: Path
+    simulator: Path
+    """The simulated nodes' config: their own ServiceAccount (it creates Nodes)."""
     inventory: Path
     nats_admin: NatsConfig
     api: kube.Client
@@ -63,7 +65,8 @@ class Pipeline:
         """``service``: a name, ``name#2`` (a second replica), or ``node-agent@node``."""
         module, _, node = service.partition("#")[0].partition("@")
         args = [sys.executable, "-m", SERVICES[module], "--config", str(self.config)]
-        if service == "node-agent":
+        if service == "node-agent":  # as the dev overlay runs it, with its own account
+            args = [sys.executable, "-m", SERVICES[module], "--config", str(self.simulator)]
             args += ["--simulate", str(self.inventory)]
         elif node:  # "node-agent@gpu-0": a real node's agent, its devices from gpu-0.yaml
             args += ["--node", node, "--source", f"file:{self.workdir / node}.yaml"]
@@ -261,29 +264,32 @@ async def start_pipeline(
     key = workdir / "grant.key"  # as a Secret would hold it: grants are signed in tests too
     key.write_text(secrets.token_hex(32))
     path = workdir / "tessera.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "security": {"grantKeyFile": str(key)},
-                "scheduler": {
-                    "names": ["tessera", "volcano"],
-                    "leaderLeaseS": 3.0,
-                    "heartbeatS": HEARTBEAT_S,
-                    "resyncS": 5.0,
-                    "evictionGraceS": 0,  # no kubelet here would confirm a graceful deletion
-                    **(settings or {}),
-                },
-                "nats": service_settings(nats_admin),
-                "kubernetes": {"kubeconfig": str(kubeconfig)},
-                "telemetry": {"logLevel": "DEBUG"},
-                **(config or {}),
-            }
-        )
-    )
+    # Each service with its own ServiceAccount's token (tools/localcluster.py), never the
+    # admin's: a verb missing from deploy/kustomize fails the test that needs it.
+    accounts = service_kubeconfig(kubeconfig)
+    document = {
+        "security": {"grantKeyFile": str(key)},
+        "scheduler": {
+            "names": ["tessera", "volcano"],
+            "leaderLeaseS": 3.0,
+            "heartbeatS": HEARTBEAT_S,
+            "resyncS": 5.0,
+            "evictionGraceS": 0,  # no kubelet here would confirm a graceful deletion
+            **(settings or {}),
+        },
+        "nats": service_settings(nats_admin),
+        "kubernetes": {"kubeconfig": accounts},
+        "telemetry": {"logLevel": "DEBUG"},
+        **(config or {}),
+    }
+    path.write_text(yaml.safe_dump(document))
+    simulator = workdir / "tessera-simulated-nodes.yaml"
+    document["kubernetes"] = {"kubeconfig": accounts.replace("{service}", "simulated-nodes")}
+    simulator.write_text(yaml.safe_dump(document))
     inv = workdir / "inventory.yaml"
     inv.write_text(yaml.safe_dump(inventory))
     api = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
-    p = Pipeline(workdir, path, inv, nats_admin, api)
+    p = Pipeline(workdir, path, simulator, inv, nats_admin, api)
     for service in SERVICES:
         await p.start(service)
         if service != "node-agent":
