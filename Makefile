@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: all install controlplane lint typecheck test test-fast demo down schema proto bench chaos clean
+.PHONY: all install controlplane lint typecheck test test-fast demo down schema proto bench chaos clean images
 
 all: test
 
@@ -65,6 +65,31 @@ schema: install
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 		services/node_agent/deviceplugin/api.proto
+
+# The two images (docs/deploy.md): tessera:dev (the services, Dockerfile) and
+# tessera-node-agent:dev (deploy/images/node-agent.Dockerfile), with the first of docker,
+# podman, nerdctl and buildah that is installed and answers `info`, or the one named:
+# `make images ENGINE=podman`.
+ENGINE ?=
+
+images:
+	@engine="$(ENGINE)"; \
+	if [ -z "$$engine" ]; then \
+		for e in docker podman nerdctl buildah; do \
+			if command -v $$e >/dev/null 2>&1 && $$e info >/dev/null 2>&1; then \
+				engine=$$e; break; \
+			fi; \
+		done; \
+	fi; \
+	if [ -z "$$engine" ]; then \
+		echo "make images: no working container engine: docker, podman, nerdctl and buildah" \
+			"are missing or cannot reach their daemon; install one or set ENGINE=" >&2; \
+		exit 1; \
+	fi; \
+	case "$$(basename "$$engine")" in buildah) build="$$engine bud" ;; *) build="$$engine build" ;; esac; \
+	set -x; \
+	$$build -f Dockerfile -t tessera:dev . && \
+	$$build -f deploy/images/node-agent.Dockerfile -t tessera-node-agent:dev .
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

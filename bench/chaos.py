@@ -51,8 +51,10 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import itertools
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -241,6 +243,13 @@ class Fault:
     recovery_note: str = ""
     detail: str = ""
     wall: str = ""
+    stall_s: float = 0.0
+    stall_at: float = 0.0
+
+    def worst_s(self) -> float | None:
+        """What the recovery target is held against: the first bind of a new pod, or a
+        longer stall after it."""
+        return None if self.recovery_s is None else max(self.recovery_s, self.stall_s)
 
     def label(self) -> str:
         if self.kind == "kill":
@@ -336,6 +345,7 @@ class Supervisor:
 
     async def _spawn(self, rep: Replica) -> None:
         args = [sys.executable, "-m", SERVICES[rep.service], "--config", str(self.config)]
+        args.append("--http-port=0")  # many services on one host: no health port
         if rep.service == "node-agent":
             args += ["--simulate", str(self.inventory)]
         with rep.log.open("ab") as out:
@@ -393,12 +403,49 @@ class Supervisor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(rep.proc.wait(), max(0.1, deadline - time.monotonic()))
             if rep.proc.returncode is None:
+                where = await dump_stack(
+                    rep.proc.pid,
+                    self.workdir / "logs" / "stacks.txt",
+                    f"{rep.name} ignored SIGTERM",
+                )
+                print(
+                    f"chaos: {rep.name} pid {rep.proc.pid} still running 15 s after SIGTERM: "
+                    f"SIGKILL ({where})",
+                    flush=True,
+                )
                 with contextlib.suppress(ProcessLookupError):
                     rep.proc.send_signal(signal.SIGKILL)
                 await rep.proc.wait()
         for task in self.keepers:
             task.cancel()
         await asyncio.gather(*self.keepers, return_exceptions=True)
+
+
+PYSPY = os.environ.get("CHAOS_PYSPY") or shutil.which("py-spy") or ""
+"""py-spy, when installed, shows where a stuck service waits (``CHAOS_PYSPY``: its path)."""
+
+
+async def dump_stack(pid: int, out: Path, why: str) -> str:
+    """Append where process ``pid`` waits (``py-spy dump``) to ``out``; what was done."""
+    if not PYSPY:
+        return "install py-spy or set CHAOS_PYSPY to see where it waits"
+    proc = await asyncio.create_subprocess_exec(
+        PYSPY,
+        "dump",
+        "--pid",
+        str(pid),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        data, _ = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return "py-spy timed out"
+    with out.open("a") as f:
+        f.write(f"=== {why}: pid {pid}\n{data.decode(errors='replace')}\n")
+    return f"its stack in {out}"
 
 
 # --- the bus as admin: leases, inventories, reservations --------------------------------
@@ -800,7 +847,19 @@ class Injector:
             if want <= got:
                 return ""
             await asyncio.sleep(0.5)
-        return f"standby of {service} not answering pings after {cap_s:.0f}s"
+        stacks = self.sup.workdir / "logs" / "stacks.txt"
+        silent = [
+            r
+            for r in reps
+            if r.proc is not None and f"{socket.gethostname()}-{r.proc.pid}" not in got
+        ]
+        where = [
+            await dump_stack(r.proc.pid, stacks, f"{r.name} not answering pings")
+            for r in silent
+            if r.proc is not None
+        ]
+        names = ", ".join(f"{r.name} pid {r.proc.pid}" for r in silent if r.proc is not None)
+        return f"{names} not answering pings after {cap_s:.0f}s ({'; '.join(where)})"
 
     async def run(self, plan: list[Fault]) -> None:
         self.plan = plan
@@ -925,11 +984,38 @@ def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}s"
 
 
+def stall(pods: Pods, start: float, end: float) -> tuple[float, float]:
+    """The longest time from ``start`` to ``end`` with no bind while some pod waited
+    (created before the quiet began, bound after it), and when it began (after
+    ``start``); a fault may stop binding some seconds after it strikes."""
+    times = [start] + [t for t, _ in pods.binds if start < t < end]
+    after = [t for t, _ in pods.binds if t >= end]
+    if after:
+        times.append(after[0])
+    worst = (0.0, 0.0)
+    for a, b in itertools.pairwise(times):
+        # A quiet that runs past the next fault counts here only until that fault.
+        length = min(b, end) - a
+        if length <= max(1.0, worst[0]):
+            continue
+        if any(
+            p.created_at is not None
+            and p.created_at <= a
+            and p.bound_at is not None
+            and p.bound_at >= b
+            for p in pods.pods.values()
+        ):
+            worst = (length, a - start)
+    return worst
+
+
 def finish_recovery(faults: list[Fault], pods: Pods) -> None:
     """Recovery from the whole bind log (a bind may come after the injector moved on);
-    when none came, say why."""
-    for f in faults:
+    when none came, say why. The stall is looked for until the next fault (30 s at most)."""
+    for n, f in enumerate(faults):
         t0 = f.at
+        end = min(t0 + 30.0, faults[n + 1].at if n + 1 < len(faults) else math.inf)
+        f.stall_s, f.stall_at = stall(pods, t0, end)
         job = f.kind == "kill" and f.target == "job-controller"
 
         def pred(p: PodSeen, t0: float = t0, job: bool = job) -> bool:
@@ -1344,7 +1430,7 @@ async def run(args: argparse.Namespace, workdir: Path, watchdog: Watchdog) -> in
                 {
                     "nodes": [
                         {
-                            "name": "chaos-{i:03d}",
+                            "name": "chaos-{i}",
                             "replicas": args.nodes,
                             "devices": [{**A100, "numa": 2}],
                         }
@@ -1453,31 +1539,37 @@ def report(
     print(
         f"chaos: {sum(i.size for i in items)} pods sent over {burst_end - burst_start:.0f}s "
         f"({creator.created} counted, {len(creator.failed)} creates gave up), {len(deleted)} "
-        f"deleted as finished, settled {settle_s:.0f}s; {args.nodes} nodes, "
+        f"deleted as finished, "
+        + (f"settled in {settle_s:.0f}s" if settle_s < args.settle_cap else "NOT settled")
+        + f" (cap {args.settle_cap:.0f}s); {args.nodes} nodes, "
         f"{args.nats_servers} NATS servers, seed {args.seed}"
     )
     print()
     print(
         "| # | fault | at (s) | lease taken (s) | server back (s) | first bind (s) "
-        "| recovery (s) | detail |"
+        "| recovery (s) | longest stall (s) | detail |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for n, f in enumerate(faults, 1):
         rec = fmt(f.recovery_s).rstrip("s") if f.recovery_s is not None else f.recovery_note
         if f.recovery_s is not None and f.recovery_s > TARGET_RECOVERY_S:
             rec = f"**{rec}**"
         cells = [fmt(v).rstrip("s") for v in (f.lease_s, f.server_back_s, f.any_bind_s)]
+        stalled = f"{f.stall_s:.2f} from +{f.stall_at:.1f}" if f.stall_s else "-"
+        if f.stall_s > TARGET_RECOVERY_S:
+            stalled = f"**{stalled}**"
         print(
             f"| {n} | {f.label()} | {f.at - burst_start:.1f} ({f.wall}) | "
             + " | ".join(cells)
-            + f" | {rec} | {f.detail} |"
+            + f" | {rec} | {stalled} | {f.detail} |"
         )
-    measured = [f.recovery_s for f in faults if f.recovery_s is not None]
-    missed = [f for f in faults if f.recovery_s is None or f.recovery_s > TARGET_RECOVERY_S]
+    measured = [w for f in faults if (w := f.worst_s()) is not None]
+    missed = [f for f in faults if (w := f.worst_s()) is None or w > TARGET_RECOVERY_S]
     print()
     if measured:
         print(
-            f"recovery: max {max(measured):.2f}s, mean {sum(measured) / len(measured):.2f}s over "
+            f"recovery (the first bind of a new pod, or a longer stall after it): "
+            f"max {max(measured):.2f}s, mean {sum(measured) / len(measured):.2f}s over "
             f"{len(measured)} faults; {len(missed)} of {len(faults)} over the "
             f"{TARGET_RECOVERY_S:.0f}s target (or not measured)"
         )
@@ -1552,6 +1644,7 @@ def report(
                 "server_back_s": f.server_back_s and round(f.server_back_s, 2),
                 "first_bind_s": f.any_bind_s and round(f.any_bind_s, 2),
                 "recovery_s": f.recovery_s and round(f.recovery_s, 2),
+                "stall_s": round(f.stall_s, 2),
                 "note": f.recovery_note,
             }
             for f in faults
@@ -1559,6 +1652,11 @@ def report(
         "unexpected_exits": len(unexpected),
     }
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    timeline = {
+        p.name: {"kind": p.kind, "created": p.created_at, "bound": p.bound_at, "node": p.node}
+        for p in pods.pods.values()
+    }
+    (workdir / "pods.json").write_text(json.dumps({"burst_start": burst_start, "pods": timeline}))
     print(json.dumps({k: v for k, v in summary.items() if k != "faults"}))
     verdict = a.violations() == 0
     print(
@@ -1594,23 +1692,31 @@ def main() -> None:
     args = parser.parse_args()
     # An aborted TLS connection to a NATS server that died: asyncio's warning, not ours.
     logging.getLogger("asyncio").setLevel(logging.ERROR)
-    workdir = (
-        Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tessera-chaos-"))
-    )
-    workdir.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("shared.bus").setLevel(logging.ERROR)  # this run's own reconnects
+    if args.plan:
+        workdir = Path(tempfile.gettempdir())
+    elif args.workdir:
+        workdir = Path(args.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="tessera-chaos-"))
     watchdog = Watchdog(args.timeout)
     watchdog.timer.start()
     started = time.monotonic()
     print(
         f"chaos: {dt.date.today()} on {platform.node()} ({os.cpu_count()} cores, "
-        f"Python {platform.python_version()})",
+        f"Python {platform.python_version()}), load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     try:
         code = asyncio.run(run(args, workdir, watchdog))
     finally:
         watchdog.timer.cancel()
-    print(f"chaos: {time.monotonic() - started:.0f}s in all", flush=True)
+    print(
+        f"chaos: {time.monotonic() - started:.0f}s in all; load average now "
+        f"{os.getloadavg()[0]:.1f} (other work on this machine slows recovery too)",
+        flush=True,
+    )
     if code == 0 and args.clean and not args.plan:
         shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(code)

@@ -356,6 +356,27 @@ class Bus:
                 ),
             )
 
+    def connected(self) -> str | None:
+        """None while connected to a server, else why not (a readiness check)."""
+        if self._nc is None or self._nc.is_closed:
+            return "not connected to NATS"
+        if not self._nc.is_connected:
+            return "reconnecting to NATS"
+        return None
+
+    async def last_seq(self) -> int:
+        """The stream's last sequence number now."""
+        return int((await self.js.stream_info(self.cfg.stream)).state.last_seq)
+
+    async def behind(self, durable: str, seq: int) -> str | None:
+        """None once ``durable`` has been handed every event of the stream up to ``seq``
+        (or has none left), else how far behind it is."""
+        info = await self.js.consumer_info(self.cfg.stream, durable)
+        delivered = info.delivered.stream_seq if info.delivered else 0
+        if not info.num_pending or (delivered or 0) >= seq:
+            return None
+        return f"{info.num_pending} events not yet taken (catching up to stream seq {seq})"
+
     async def reset_consumer(self, durable: str) -> None:
         """Deliver again, at once, every message of ``durable`` taken but not acked (by a
         process that died holding them): delivery resumes above the ack floor."""
@@ -572,7 +593,9 @@ class Lease:
     async def _kv(self) -> KeyValue:
         return await self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=self.lease_s)
 
-    async def acquire(self) -> None:
+    async def acquire(self, standby: Callable[[], None] | None = None) -> None:
+        """Wait until this identity holds the lease; ``standby`` is called once when
+        another holds it."""
         kv = await self._kv()
         announced = False
         while True:
@@ -584,6 +607,8 @@ class Lease:
                 if not announced:
                     log.info("%s waits as standby %s", self.identity, self.name)
                     announced = True
+                    if standby is not None:
+                        standby()
             # Polled often: a create is one small request, and the lease held by a
             # replica that died is taken within this of its expiry.
             await asyncio.sleep(min(STANDBY_POLL_S, self.lease_s / 3))

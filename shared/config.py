@@ -13,6 +13,7 @@ stops the service at start with a message naming the key and what is allowed.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from pathlib import Path
@@ -21,8 +22,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
-from shared.core.model import Policy
-from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, NodeOverride, PosInt, names
+from shared.core.model import Policy, PosInt
+from shared.core.request import RequestParser
+from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, NodeOverride, VendorSpec, names
 
 ENV_CONFIG = "TESSERA_CONFIG"
 """Environment variable naming the config file when no path is given."""
@@ -131,7 +133,10 @@ class KubernetesConfig(_Cfg, frozen=True, kw_only=True):
     """How services reach the API server, and how hard they may press it."""
 
     kubeconfig: str = ""
-    """Path to a kubeconfig; empty means ``$KUBECONFIG``, then the in-cluster account."""
+    """Path to a kubeconfig; empty means ``$KUBECONFIG``, then the in-cluster account
+    (each service's own ServiceAccount). ``{service}`` in the path is replaced by the
+    service's name, so services sharing one config file still use their own
+    credentials (the local cluster and the tests do)."""
     qps: Annotated[float, msgspec.Meta(gt=0.0)] = 500.0
     burst: PosInt = 1000
 
@@ -176,6 +181,33 @@ class IsolationConfig(_Cfg, frozen=True, kw_only=True):
     priority_env: str = "CUDA_TASK_PRIORITY"
 
 
+class MpsConfig(_Cfg, frozen=True, kw_only=True):
+    """NVIDIA MPS on the cards whose sharing mode is ``mps`` (``operatingMode``): the node
+    agent runs and supervises the control daemon (services/node_agent/mps.py), and hands
+    each MPS container the pipe directory and its limits (services/node_agent/isolation.py).
+    One daemon serves one Linux user per card at a time, so the scheduler puts two pods on
+    one MPS card only when they run as the same UID (shared/core/ledger.py)."""
+
+    control_command: str = "nvidia-cuda-mps-control"
+    """The MPS control binary (on the PATH the NVIDIA runtime gives the agent)."""
+    pipe_host_dir: str = "/run/tessera/mps/pipe"
+    """``CUDA_MPS_PIPE_DIRECTORY`` of the daemon, on the host: mounted into every MPS
+    container at ``pipe_container_dir``."""
+    pipe_container_dir: str = "/tmp/nvidia-mps"
+    log_host_dir: str = "/run/tessera/mps/log"
+    """``CUDA_MPS_LOG_DIRECTORY`` of the daemon."""
+    check_interval_s: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
+    """How often the daemon is asked for its servers (and started again when dead)."""
+    hami_core: bool = True
+    """Also preload HAMi-core with the same memory limit, so the container sees its limit
+    as the card's memory and its use is in the node's metrics (MPS alone stops an
+    allocation at the limit but reports the whole card)."""
+    unset_user: Literal["refuse", "exclusive"] = "refuse"
+    """A pod asking for an MPS slice whose UID is not set explicitly (``runAsUser`` of its
+    containers or its pod): ``refuse`` it with a message (the webhook at creation, else
+    the watcher's Event), or give it an MPS card of its ``exclusive`` own."""
+
+
 class NodeAgentConfig(_Cfg, frozen=True, kw_only=True):
     """The node agent: kubelet device-plugin paths, timings and isolation files."""
 
@@ -186,6 +218,7 @@ class NodeAgentConfig(_Cfg, frozen=True, kw_only=True):
     health_interval_s: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
     """How often devices are re-read for health (NVML events also report at once)."""
     isolation: IsolationConfig = msgspec.field(default_factory=IsolationConfig)
+    mps: MpsConfig = msgspec.field(default_factory=MpsConfig)
 
 
 class SecurityConfig(_Cfg, frozen=True, kw_only=True):
@@ -200,6 +233,40 @@ class SecurityConfig(_Cfg, frozen=True, kw_only=True):
     nor checked (a warning at start)."""
 
 
+class WebhookConfig(_Cfg, frozen=True, kw_only=True):
+    """The admission webhook (services/webhook): what it changes and refuses at pod
+    creation, and the certificate and webhook configurations it keeps itself."""
+
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8443
+    namespace: str = "tessera"
+    """Where the webhook runs: its Service and its certificate's Secret live here, and
+    its pods are never sent to it."""
+    service: str = "tessera-webhook"
+    """The Service the API server calls it through."""
+    url: str = ""
+    """Call it at this URL instead (``https://host:port``: a webhook outside the
+    cluster, the tests'); its host goes into the certificate."""
+    secret: str = "tessera-webhook-tls"
+    """The Secret holding its CA and serving certificate (made and renewed by the
+    webhook itself; no cert-manager needed)."""
+    configuration: str = "tessera"
+    """The name of the Mutating- and ValidatingWebhookConfiguration it writes."""
+    failure_policy: Literal["Fail", "Ignore"] = "Fail"
+    """What the API server does when the webhook cannot answer: refuse the pod
+    (``Fail``) or create it unchecked (``Ignore``)."""
+    namespace_selector: dict[str, Any] = msgspec.field(default_factory=dict)
+    """A LabelSelector for the namespaces it serves (empty: all). Namespaces labelled
+    ``tessera.io/webhook: disabled``, ``kube-system`` and its own are always left out."""
+    set_scheduler_name: bool = True
+    """Give a pod that asks for a managed device and names no scheduler (or
+    ``default-scheduler``) the first of ``scheduler.names``, as HAMi's webhook does."""
+    certificate_days: Annotated[int, msgspec.Meta(ge=2, le=3650)] = 365
+    renew_days: Annotated[int, msgspec.Meta(ge=1, le=3650)] = 30
+    """A serving certificate closer than this to its end is replaced (the CA stays)."""
+    check_interval_s: Annotated[float, msgspec.Meta(gt=0.0, le=86400.0)] = 600.0
+    """How often each replica reads the Secret again (and renews when due)."""
+
+
 class Config(_Cfg, frozen=True, kw_only=True):
     """The whole of ``tessera.yaml``."""
 
@@ -212,6 +279,7 @@ class Config(_Cfg, frozen=True, kw_only=True):
     compat: CompatConfig = msgspec.field(default_factory=CompatConfig)
     node_agent: NodeAgentConfig = msgspec.field(default_factory=NodeAgentConfig)
     security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
+    webhook: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
 
     def node_override(self, node: str) -> NodeOverride | None:
         for override in self.node_configs:
@@ -293,32 +361,65 @@ def _hint(message: str) -> str:
     return message
 
 
+_ROLES = (
+    "resourceCountName",
+    "resourceWholeCountName",
+    "resourceMemoryName",
+    "resourceMemoryPercentageName",
+    "resourceCoreName",
+    "resourcePriorityName",
+    "gpuShareMemoryName",
+)
+"""The resource-name keys of a vendor's block (``gpuShareMemoryName``: NVIDIA's only)."""
+
+
+def _out_of_range(value: Any, where: str = "$") -> str | None:
+    """Why the first number of a config (as builtins) that no setting can mean is wrong,
+    naming where it is, or None: every float is a duration, a rate or a scaling (never
+    infinite), every number fits in int64."""
+    if isinstance(value, float) and math.isinf(value):
+        return f"`{where}` is infinite: give a finite number"
+    if isinstance(value, (int, float)) and not -(2**63) <= value < 2**63:
+        return f"`{where}` is out of range: give a number below 2**63"
+    if isinstance(value, dict):
+        steps = [(f"{where}.{k}", v) for k, v in value.items()]
+    elif isinstance(value, list):
+        steps = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    return next((f for w, v in steps if (f := _out_of_range(v, w)) is not None), None)
+
+
 def _check(cfg: Config) -> None:
-    """Rules no type can express: each resource name belongs to one place; names unique."""
+    """Rules no type can express: numbers finite and in int64; each resource name has
+    one role, in one place; node names unique."""
     if not cfg.scheduler.names:
         raise ConfigError("`$.scheduler.names` is empty: name at least one schedulerName")
+    wrong = _out_of_range(msgspec.to_builtins(cfg))
+    if wrong is not None:
+        raise ConfigError(wrong)
     owners: dict[str, str] = {}
-    specs: list[tuple[str, tuple[str, ...]]] = []
+    roles: list[tuple[str, tuple[str, ...]]] = []
     for vendor in GENERIC_VENDORS:
-        spec = getattr(cfg.devices, vendor)
+        spec: VendorSpec = getattr(cfg.devices, vendor)
         if spec.enabled:
-            specs.append((f"devices.{vendor}", spec.all_names()))
+            given = msgspec.to_builtins(spec)
+            roles += [(f"devices.{vendor}.{k}", names(given[k])) for k in _ROLES if k in given]
     for i, chip in enumerate(cfg.devices.vnpus):
-        specs.append(
-            (
-                f"devices.vnpus[{i}]",
-                (chip.resource_name, chip.resource_memory_name, *names(chip.resource_core_name)),
-            )
-        )
+        roles += [
+            (f"devices.vnpus[{i}].resourceName", (chip.resource_name,)),
+            (f"devices.vnpus[{i}].resourceMemoryName", (chip.resource_memory_name,)),
+            (f"devices.vnpus[{i}].resourceCoreName", names(chip.resource_core_name)),
+        ]
     if cfg.devices.mindcluster.enabled:
-        specs.append(("devices.mindcluster", (cfg.devices.mindcluster.resource_name,)))
-    for where, resource_names in specs:
+        roles.append(("devices.mindcluster.resourceName", (cfg.devices.mindcluster.resource_name,)))
+    for where, resource_names in roles:
         for name in resource_names:
             other = owners.setdefault(name, where)
             if other != where:
                 raise ConfigError(
-                    f"resource name {name!r} is claimed by both `$.{other}` and `$.{where}`: "
-                    "each resource name must belong to one device block"
+                    f"resource name {name!r} is given by both `$.{other}` and `$.{where}`: "
+                    "each resource name must have one role in one device block"
                 )
     seen: set[str] = set()
     for i, override in enumerate(cfg.node_configs):
@@ -352,13 +453,21 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         return Config()
     file = Path(chosen)
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config {file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config {file} is not UTF-8 text: byte {exc.start} ({exc.reason})"
+        ) from None
     try:
         data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError) as exc:
+        # PyYAML's safe loader raises more than YAMLError on a bad scalar: a date such as
+        # 2024-13-45, an !!int of more than 4300 digits, a malformed !!timestamp
         raise ConfigError(f"config {file} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config {file} nests lists or mappings too deep") from None
     try:
         return parse(data)
     except ConfigError as exc:
@@ -373,6 +482,16 @@ def config_hash(cfg: Config) -> str:
     placement = {"devices": cfg.devices, "nodeConfigs": cfg.node_configs}
     blob = msgspec.json.encode(msgspec.to_builtins(placement), order="sorted")
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def request_parser(cfg: Config) -> RequestParser:
+    """The pod request parser as the config sets it (the watcher and the webhook give the
+    same answer for the same pod)."""
+    return RequestParser(
+        cfg.devices,
+        clamp_cores=cfg.scheduler.cores_above_100 == "clamp",
+        mps_unset_user=cfg.node_agent.mps.unset_user,
+    )
 
 
 def grant_key(cfg: Config) -> bytes | None:

@@ -27,8 +27,10 @@ from shared.core.model import (
     DeviceInfo,
     GangKey,
     NodeName,
+    NonNegInt,
     PodRef,
     PodRequest,
+    PosInt,
     RequestError,
     VictimUnit,
 )
@@ -205,7 +207,7 @@ class NodeInventory(Event, frozen=True, kw_only=True, tag="node.inventory"):
     """Hash of the config the agent runs with; the allocator refuses a mismatch."""
     agent: str = ""
     """Agent identity (host and version) for diagnostics."""
-    seq: int = 0
+    seq: NonNegInt = 0
     """Increases with every report of one agent; stale reports are ignored."""
     device_plugin: bool = False
     """The agent serves the kubelet's device-plugin API: a pod bound here is "admitting"
@@ -248,8 +250,8 @@ class PodGroupUpdated(Event, frozen=True, kw_only=True, tag="podgroup.updated"):
     namespace: str
     name: str
     uid: str = ""
-    min_member: int = 1
-    min_task_member: dict[str, int] = msgspec.field(default_factory=dict)
+    min_member: PosInt = 1
+    min_task_member: dict[str, NonNegInt] = msgspec.field(default_factory=dict)
     queue: str = "default"
     priority_class: str = ""
     min_resources: dict[str, str] = msgspec.field(default_factory=dict)
@@ -267,7 +269,7 @@ class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
     """A Volcano Queue: weight, capability, guarantee, reclaimable, priority, state."""
 
     name: str
-    weight: int = 1
+    weight: NonNegInt = 1
     capability: dict[str, str] = msgspec.field(default_factory=dict)
     guarantee: dict[str, str] = msgspec.field(default_factory=dict)
     reclaimable: bool = True
@@ -307,7 +309,7 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     """A gang has at least ``min_member`` pending pods: place them all or none."""
 
     gang: GangRef
-    min_member: int
+    min_member: NonNegInt
     members: tuple[PodPending, ...]
     attempt: int = 1
     victims: tuple[VictimUnit, ...] = ()
@@ -341,7 +343,7 @@ class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     """How many nodes rejected a placement for one reason, as kube-scheduler counts them."""
 
     reason: str
-    nodes: int
+    nodes: NonNegInt
 
 
 class Refusal(Event, frozen=True, kw_only=True):
@@ -487,13 +489,27 @@ _decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
 
 
 def encode(event: Event) -> bytes:
-    """JSON bytes of one event, tag included."""
-    return _encoder.encode(event)
+    """JSON bytes of one event, tag included; ``msgspec.EncodeError`` when it cannot be
+    (values nested too deep: a Job's spec is carried as is)."""
+    try:
+        return _encoder.encode(event)
+    except RecursionError:
+        raise msgspec.EncodeError(
+            f"{type(event).__name__} cannot be encoded: values nested too deep"
+        ) from None
 
 
 def decode(data: bytes) -> AnyEvent:
-    """Decode any event from its JSON; raises ``msgspec.ValidationError`` on bad input."""
-    return _decoder.decode(data)
+    """Decode any event from its JSON; raises ``msgspec.DecodeError`` (or its subclass
+    ``msgspec.ValidationError``), with the reason, on any bad input: what shared/bus.py
+    drops. Strings that are not UTF-8 and values nested too deep for the decoder are
+    among them."""
+    try:
+        return _decoder.decode(data)
+    except UnicodeDecodeError as exc:
+        raise msgspec.DecodeError(f"not an event: a string is not UTF-8 ({exc.reason})") from None
+    except RecursionError:
+        raise msgspec.DecodeError("not an event: values nested too deep") from None
 
 
 def json_schema() -> dict[str, Any]:

@@ -83,6 +83,18 @@ async def connect(cfg: KubernetesConfig, service: str = "") -> Client:
     return Client(configuration, pool=max(cfg.burst // 4, 16))
 
 
+async def unreachable(api: Client) -> str | None:
+    """None when the API server answers ``/version`` (open to every account), else why
+    not (a readiness check)."""
+    try:
+        await request(api, "GET", "/version")
+    except ApiException as exc:
+        return f"the API server answered {exc.status} {exc.reason}"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return f"the API server is unreachable: {exc!r}"
+    return None
+
+
 def pod_ref(obj: Mapping[str, Any]) -> PodRef:
     """The reference to a pod object as the API server returns it."""
     meta = obj["metadata"]

@@ -124,3 +124,20 @@ def rsa_key_pair(bits: int = 2048) -> tuple[bytes, bytes]:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     return _key_pem(key), public
+
+
+def not_after(cert: bytes) -> datetime.datetime:
+    """When a PEM certificate ends."""
+    return x509.load_pem_x509_certificate(cert).not_valid_after_utc
+
+
+def hosts_of(cert: bytes) -> set[str]:
+    """The DNS names and IP addresses a PEM certificate is valid for."""
+    found = x509.load_pem_x509_certificate(cert)
+    try:
+        names = found.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(n) for n in names.get_values_for_type(x509.DNSName)} | {
+        str(ip) for ip in names.get_values_for_type(x509.IPAddress)
+    }

@@ -9,7 +9,10 @@ to unwind, runs the ``on_stop`` steps (close clients, give up a lease), drains t
 then exits; a failure is re-raised after the clean-up.
 
 Every service answers ``tessera.ctl.ping`` with its name, instance and config hash
-(``tessera ping`` lists them; the demo uses it to show the services are alive).
+(``tessera ping`` lists them; the demo uses it to show the services are alive), and
+``/healthz`` and ``/readyz`` on ``telemetry.metricsPort`` (shared/health.py; the checks
+are added here: NATS connected, role known, and once active: API server reachable, the
+durable consumer caught up).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from shared import config as config_module
 from shared import events, kube
 from shared.bus import Bus, Delivery, Lease
 from shared.config import Config, config_hash
+from shared.health import API_CHECK_TTL_S, Cached, Health, Latch
 from shared.telemetry import setup_logging, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -64,6 +68,28 @@ class Runtime:
         self._failed = asyncio.Event()
         self._failure: BaseException | None = None
         self._on_stop: list[Callable[[], Awaitable[Any]]] = []
+        self.role = "starting"
+        """``electing``, ``standby`` (another replica holds the lease), ``starting``
+        (reading its state) or ``active``: readiness says it."""
+        self.health = Health(alive=self._alive)
+        self.health.add("nats", self._bus_check)
+        self.health.add("role", self._role_check)
+
+    def _alive(self) -> str | None:
+        if self._failed.is_set():
+            return f"a task failed ({self._failure!r}); the service is stopping"
+        return None
+
+    async def _bus_check(self) -> str | None:
+        return self.bus.connected()
+
+    async def _role_check(self) -> str | None:
+        if self.role in ("standby", "active"):
+            return None
+        return {
+            "electing": "not yet known whether it leads or stands by",
+            "starting": "taking over: reading its state before the first event",
+        }.get(self.role, self.role)
 
     def on_stop(self, callback: Callable[[], Awaitable[Any]]) -> None:
         """Run ``callback`` at shutdown, after the tasks have stopped (close clients)."""
@@ -261,7 +287,13 @@ async def serve(rt: Runtime, service: type[Service]) -> None:
 
 
 async def _lead(rt: Runtime, service: type[Service], lease: Lease) -> None:
-    await lease.acquire()
+    rt.role = "electing"
+
+    def standby() -> None:
+        rt.role = "standby"
+
+    await lease.acquire(standby)
+    rt.role = "starting"
     rt.on_stop(lease.release)
     await _start(rt, service)
     await lease.hold()  # raises when the lease is lost: the service stops and restarts
@@ -272,6 +304,12 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
     if service.USES_API:
         api = await kube.connect(rt.cfg.kubernetes, service.NAME)
         rt.on_stop(api.close)
+        client = api
+
+        async def reachable() -> str | None:
+            return await kube.unreachable(client)
+
+        rt.health.add("kube-apiserver", Cached(reachable, API_CHECK_TTL_S))
     svc = service(rt, api)
     durable, subjects = svc.durable(), svc.subjects()
     if subjects:
@@ -281,6 +319,13 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
         # what the previous owner took and never acked comes again now, not after
         # ``ack_wait``.
         await rt.bus.reset_consumer(durable)
+        # Ready once it has been handed what was published before it took over.
+        backlog = await rt.bus.last_seq()
+
+        async def caught_up() -> str | None:
+            return await rt.bus.behind(durable, backlog)
+
+        rt.health.add("consumer", Latch(caught_up))
     await svc.start()
     if subjects:
         rt.adopt(
@@ -295,6 +340,7 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
         )
     for name, coro in svc.tasks().items():
         rt.spawn(coro, name)
+    rt.role = "active"
 
 
 async def run_service(
@@ -307,9 +353,13 @@ async def run_service(
     """Run one service until SIGTERM/SIGINT (or ``stop``) or a failure of one of its tasks.
 
     Given ``stop``, the service runs inside the caller's process and loop: no signal
-    handlers, no logging or tracing set-up (tests run several services this way).
+    handlers, no logging or tracing set-up, no HTTP port unless ``args.http_port`` names
+    one (tests run several services this way).
     """
     name = service.NAME
+    port = getattr(args, "http_port", None)
+    if port is None:  # in the caller's process (tests): no port unless asked for one
+        port = cfg.telemetry.metrics_port if stop is None else 0
     if stop is None:
         setup_logging(name, cfg.telemetry.log_level)
         setup_tracing(name, cfg.telemetry)
@@ -324,6 +374,9 @@ async def run_service(
             "%s %s starting (config %s, nats %s)", name, version(), rt.config_hash, cfg.nats.url
         )
         await serve(rt, service)
+        if port:
+            runner = await rt.health.serve(port)
+            rt.on_stop(runner.cleanup)
         await rt.serve(stop)
         log.info("%s stopped", name)
 
@@ -336,6 +389,13 @@ def main_entry(
     """``python -m services.<name> [--config FILE] [service options]``: load and run."""
     parser = argparse.ArgumentParser(prog=f"tessera {service.NAME}")
     parser.add_argument("--config", help="tessera.yaml (default: $TESSERA_CONFIG, else built-in)")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        metavar="PORT",
+        help="serve /healthz, /readyz (and /metrics) here instead of telemetry.metricsPort "
+        "(0: not at all; several services on one host each need their own)",
+    )
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+import aiohttp
 
 T = TypeVar("T")
 
@@ -26,3 +29,16 @@ async def eventually(
             return last
         await asyncio.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+async def readyz(port: int) -> str | None:
+    """A local service's ``/readyz`` text when it answers 200 (shared/health.py), else
+    None (not ready, or not listening yet)."""
+    with contextlib.suppress(aiohttp.ClientError):
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/readyz") as answer,
+        ):
+            text = await answer.text()
+            return text if answer.status == 200 else None
+    return None

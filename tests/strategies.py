@@ -8,9 +8,10 @@ Two tiers for each kind of input:
 - *hostile*: an API-shaped value with random parts replaced by junk of any type (a list
   where a mapping is expected, None, floats, nested junk), or junk outright.
 
-A few inputs that trigger a bug already reported are kept out of the generated values,
-each where it is excluded (see :data:`EXCLUDED`); tests/unit/test_fuzz.py checks every
-one of them in a test of its own, marked ``xfail(strict=True)`` until the bug is fixed.
+Inputs that trigger a bug already found are left out (see :data:`EXCLUDED`, empty
+while no bug is open); tests/unit/test_fuzz.py checks every such bug in a test of its
+own, marked ``xfail(strict=True)`` until it is fixed, then kept as a regression test
+once the input is generated again.
 """
 
 from __future__ import annotations
@@ -30,17 +31,12 @@ from shared.core import request as rq
 from shared.core.request import RequestParser
 from shared.core.spec import DeviceSpecs
 
-EXCLUDED = {
-    "infinite floats": "parse_quantity raises OverflowError; config accepts .inf durations",
-    "integers of more than 4300 digits": "go_int64 and parse_npu_smi raise ValueError",
-    "non-decimal digits such as '²'": "parse_npu_smi raises ValueError from float()",
-    "non-ASCII grant signatures": "annotations.signed raises TypeError",
-    "braces in inventory node names": "simulate.expand raises KeyError/ValueError/IndexError",
-    "invalid YAML or UTF-8 in inventory files": "load_inventory raises yaml/Unicode errors",
-    "one resource name given two roles in one device block": "accepted by shared/config.py",
-    "JSON nested about 1000 deep": "msgspec raises RecursionError",
-}
-"""Inputs kept out of the generated values, and why (each has its own xfail test)."""
+EXCLUDED: dict[str, str] = {}
+"""What the fuzz tests leave out, and why: inputs the strategies never generate or the
+tests pass over, and properties the tests do not assert, each for a bug found and
+still open, with an xfail test of its own in tests/unit/test_fuzz.py. Empty: every bug
+found so far is fixed, and its inputs are generated (the regression tests at the end
+of tests/unit/test_fuzz.py name them)."""
 
 PARSER = RequestParser(DeviceSpecs())
 DEVICE_NAMES = sorted(PARSER.table.by_name)
@@ -85,29 +81,36 @@ HOSTILE_STRINGS = [
     "a" * 300,
     '{"a": 1}',
     "[1, 2]",
+    "\u00b2",  # a digit to str.isdigit(), not to int() or float()
+    "1" * 4301,  # more digits than int() reads
+    "0" * 4400 + "1",
+    "1e3000000",
+    "1e-3000000",
 ]
-"""Strings that have broken parsers before: empty, blank, signs, exponents, Unicode
+"""Strings that often break parsers: empty, blank, signs, exponents, Unicode
 digits, long runs, JSON inside a string."""
 
-SAFE_CHARS = st.characters(blacklist_categories=("Cs", "No"))
-"""Any character but surrogates (no API string holds one) and ``No`` digits such as
-``²``, which str.isdigit() accepts and float() refuses (EXCLUDED)."""
+SAFE_CHARS = st.characters(blacklist_categories=("Cs",))
+"""Any character but surrogates (no API string holds one); ``No`` digits such as ``²``
+included, which str.isdigit() accepts and int() and float() refuse."""
 
 text = st.one_of(st.text(SAFE_CHARS, max_size=16), st.sampled_from(HOSTILE_STRINGS))
 """A short string, often one of :data:`HOSTILE_STRINGS`."""
 
 ascii_text = st.text(st.characters(max_codepoint=127), max_size=40)
 
-finite_floats = st.floats(allow_nan=True, allow_infinity=False)
-"""Floats, NaN included; infinities are EXCLUDED (they have tests of their own)."""
+any_floats = st.floats()
+"""Floats, NaN and infinities included."""
 
 big_ints = st.one_of(
     st.integers(-3, 300),
     st.integers(-(2**70), 2**70),
-    st.sampled_from([2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30]),
+    st.sampled_from([2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30, 10**4299]),
 )
+"""Integers in and far out of int64, up to the 4300 digits a JSON decoder gives (msgspec
+refuses more; YAML files may hold more: :func:`yaml_texts`)."""
 
-scalars = st.one_of(st.none(), st.booleans(), big_ints, finite_floats, text)
+scalars = st.one_of(st.none(), st.booleans(), big_ints, any_floats, text)
 
 junk = st.recursive(
     scalars,
@@ -131,10 +134,10 @@ json_values = st.recursive(
 
 # --- mutation --------------------------------------------------------------------------
 
-Path_ = tuple[Hashable, ...]
+JsonPath = tuple[Hashable, ...]
 
 
-def _paths(value: Any, prefix: Path_ = ()) -> list[Path_]:
+def _paths(value: Any, prefix: JsonPath = ()) -> list[JsonPath]:
     out = [prefix]
     if isinstance(value, dict):
         for key, item in value.items():
@@ -145,7 +148,7 @@ def _paths(value: Any, prefix: Path_ = ()) -> list[Path_]:
     return out
 
 
-def _get(value: Any, path: Path_) -> Any:
+def _get(value: Any, path: JsonPath) -> Any:
     for step in path:
         value = value[step]
     return value
@@ -203,7 +206,7 @@ def maybe_mutated(base: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 def rarely(
     strategy: st.SearchStrategy[Any], otherwise: st.SearchStrategy[Any], one_in: int = 32
-) -> Any:
+) -> st.SearchStrategy[Any]:
     """``strategy`` one time in ``one_in``, else ``otherwise`` (a config has dozens of
     numbers: each must be rarely wrong for some configs to be valid)."""
     return st.integers(1, one_in).flatmap(lambda n: strategy if n == 1 else otherwise)
@@ -228,6 +231,7 @@ def quantity_strings(draw: st.DrawFn, signed: bool = True) -> str:
             st.sampled_from(SUFFIXES),
             st.integers(-40, 40).map(lambda e: f"e{e}"),
             st.integers(0, 40).map(lambda e: f"E+{e}"),
+            st.sampled_from(["e64", "e-64", "e65", "e-65", "e3000000", "e-3000000"]),
         )
     )
     pad = draw(st.sampled_from(["", " ", "\n"]))
@@ -257,7 +261,7 @@ hostile_quantities = st.one_of(
     quantity_strings(),
     st.sampled_from(HOSTILE_STRINGS),
     big_ints,
-    finite_floats,
+    any_floats,
     st.none(),
     st.booleans(),
     junk,
@@ -282,7 +286,7 @@ _ANNOTATION_VALUES: dict[str, list[str]] = {
     rq.USE_UUID[1]: ["GPU-1"],
     rq.NOUSE_UUID[0]: ["GPU-3"],
     rq.NOUSE_UUID[1]: [","],
-    rq.GPU_INDEX: ["0", "0,1", "1,x", "-1", "\u0661"],
+    rq.GPU_INDEX: ["0", "0,1", "1,x", "-1", "\u0661", "\u00b2", "1" * 4301],
     rq.VGPU_MODE[0]: ["hami-core", "mig", "mps", "vnpu", "MIG"],
     rq.VGPU_MODE[1]: ["mig", "hami-core"],
     rq.NODE_POLICY: ["binpack", "spread", "fgd", "Binpack"],
@@ -306,7 +310,7 @@ ANNOTATION_KEYS = sorted(_ANNOTATION_VALUES)
 
 
 @st.composite
-def annotations(draw: st.DrawFn) -> dict[str, str]:
+def pod_annotations(draw: st.DrawFn) -> dict[str, str]:
     """Annotations on the keys the parser reads, with valid, odd or random values."""
     keys = draw(st.lists(st.sampled_from(ANNOTATION_KEYS), max_size=4, unique=True))
     out = {k: draw(rarely(text, st.sampled_from(_ANNOTATION_VALUES[k]), 4)) for k in keys}
@@ -437,18 +441,19 @@ def repeated(draw: st.DrawFn, element: st.SearchStrategy[Any], min_size: int, ma
     return [copy.deepcopy(distinct[i % len(distinct)]) for i in range(size)]
 
 
-_gt_values = st.one_of(
+gt_values = st.one_of(
     st.integers(-(10**20), 10**20).map(str),
     st.from_regex(r"[+-]?[0-9]{1,40}", fullmatch=True),
+    st.sampled_from(["1" * 4301, "-" + "9" * 4400, "0" * 4400 + "1", "-" + "0" * 30]),
     text,
 )
 """Values of node selector requirements: integers in and out of int64 (for ``Gt`` and
-``Lt``), and random text. Integers of more than 4300 digits are EXCLUDED."""
+``Lt``), of more digits than int() reads, and random text."""
 
 _operators = st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt", "in", ""])
 _node_requirement = st.fixed_dictionaries(
     {"key": label_keys, "operator": _operators},
-    optional={"values": st.lists(_gt_values, max_size=3)},
+    optional={"values": st.lists(gt_values, max_size=3)},
 )
 _field_requirement = st.fixed_dictionaries(
     {
@@ -544,12 +549,12 @@ _spread = st.fixed_dictionaries(
 
 
 def _pods(values: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    metadata = st.fixed_dictionaries(
+    metadata: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
         {"name": names, "uid": names},
         optional={
             "namespace": names,
             "labels": labels,
-            "annotations": annotations(),
+            "annotations": pod_annotations(),
             "resourceVersion": st.integers(1, 10**6).map(str),
             "creationTimestamp": st.sampled_from(["2024-01-02T03:04:05Z", ""]),
             "deletionTimestamp": st.sampled_from(["2024-01-02T03:04:05Z"]),
@@ -679,19 +684,19 @@ def text_edits(draw: st.DrawFn, base: str) -> str:
 Overrides = Mapping[str, st.SearchStrategy[Any]]
 
 
-def _ints(t: msgspec.inspect.IntType) -> st.SearchStrategy[int]:
-    """Integers in the type's range, its edges often; rarely just outside it or beyond
-    int64."""
+def _ints(t: msgspec.inspect.IntType, within: bool) -> st.SearchStrategy[int]:
+    """Integers in the type's range, its edges often; unless ``within``, rarely just
+    outside it or beyond int64."""
     lo = t.ge if t.ge is not None else t.gt + 1 if t.gt is not None else -3
     hi = t.le if t.le is not None else t.lt - 1 if t.lt is not None else lo + 1000
     inside = st.one_of(st.sampled_from([lo, lo + 1, hi]), st.integers(lo, hi))
     outside = st.sampled_from([lo - 1, hi + 1, 2**63, -(2**63) - 1])
-    return rarely(outside, inside)
+    return inside if within else rarely(outside, inside)
 
 
-def _floats(t: msgspec.inspect.FloatType) -> st.SearchStrategy[float]:
-    """Floats in the type's range, its edges often; rarely just outside it, or NaN.
-    Infinities are EXCLUDED."""
+def _floats(t: msgspec.inspect.FloatType, within: bool) -> st.SearchStrategy[float]:
+    """Floats in the type's range, its edges often; unless ``within``, rarely just
+    outside it, NaN or an infinity."""
     lo = next((b for b in (t.ge, t.gt) if b is not None), -10.0)
     hi = next((b for b in (t.le, t.lt) if b is not None), 1e6)
     edges = [v for v in (t.ge, t.le) if v is not None]
@@ -701,30 +706,38 @@ def _floats(t: msgspec.inspect.FloatType) -> st.SearchStrategy[float]:
         st.floats(lo, hi, exclude_min=t.gt is not None, exclude_max=t.lt is not None),
         st.sampled_from(edges or [lo]),
     )
-    outside = st.sampled_from([lo - 1e-9, hi + 1e-9, math.nan, -1e308, 1e308])
-    return rarely(outside, inside)
+    outside = st.sampled_from([lo - 1e-9, hi + 1e-9, math.nan, -1e308, 1e308, math.inf, -math.inf])
+    return inside if within else rarely(outside, inside)
 
 
 def schema_values(
-    t: Any, overrides: Overrides | None = None, strings: st.SearchStrategy[str] = text
+    t: Any,
+    overrides: Overrides | None = None,
+    strings: st.SearchStrategy[str] = text,
+    *,
+    within: bool = False,
 ) -> st.SearchStrategy[Any]:
     """Builtin values shaped like the msgspec type ``t`` (a type or its
     ``msgspec.inspect`` info): every struct field by its wire name, of its type, with
-    values at and around each constraint's bounds. ``overrides`` replace the strategy of
-    the fields so named."""
+    values at and around each constraint's bounds (only within them if ``within``).
+    ``overrides`` replace the strategy of the fields so named."""
     info = t if isinstance(t, msgspec.inspect.Type) else msgspec.inspect.type_info(t)
-    return _schema(info, overrides or {}, strings)
+    return _schema(info, overrides or {}, strings, within)
 
 
-def _schema(t: Any, over: Overrides, strings: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
+def _schema(
+    t: Any, over: Overrides, strings: st.SearchStrategy[str], within: bool
+) -> st.SearchStrategy[Any]:
     i = msgspec.inspect
+
+    def inner(x: Any) -> st.SearchStrategy[Any]:
+        return _schema(x, over, strings, within)
+
     if isinstance(t, i.Metadata):
-        return _schema(t.type, over, strings)
+        return inner(t.type)
     if isinstance(t, i.StructType):
         fields = {
-            f.encode_name: over[f.encode_name]
-            if f.encode_name in over
-            else _schema(f.type, over, strings)
+            f.encode_name: over[f.encode_name] if f.encode_name in over else inner(f.type)
             for f in t.fields
         }
         if t.array_like:
@@ -735,23 +748,21 @@ def _schema(t: Any, over: Overrides, strings: st.SearchStrategy[str]) -> st.Sear
             required[t.tag_field] = st.just(t.tag)
         return st.fixed_dictionaries(required, optional=optional)
     if isinstance(t, i.ListType | i.VarTupleType | i.SetType | i.FrozenSetType):
-        return st.lists(_schema(t.item_type, over, strings), max_size=3)
+        return st.lists(inner(t.item_type), max_size=3)
     if isinstance(t, i.TupleType):
-        return st.tuples(*(_schema(x, over, strings) for x in t.item_types)).map(list)
+        return st.tuples(*(inner(x) for x in t.item_types)).map(list)
     if isinstance(t, i.DictType):
-        return st.dictionaries(
-            _schema(t.key_type, over, strings), _schema(t.value_type, over, strings), max_size=3
-        )
+        return st.dictionaries(inner(t.key_type), inner(t.value_type), max_size=3)
     if isinstance(t, i.UnionType):
-        return st.one_of(*(_schema(x, over, strings) for x in t.types))
+        return st.one_of(*(inner(x) for x in t.types))
     if isinstance(t, i.LiteralType):
         return st.sampled_from(list(t.values))
     if isinstance(t, i.EnumType):
         return st.sampled_from([e.value for e in t.cls])
     if isinstance(t, i.IntType):
-        return _ints(t)
+        return _ints(t, within)
     if isinstance(t, i.FloatType):
-        return _floats(t)
+        return _floats(t, within)
     if isinstance(t, i.StrType):
         return strings
     if isinstance(t, i.BoolType):
@@ -759,6 +770,27 @@ def _schema(t: Any, over: Overrides, strings: st.SearchStrategy[str]) -> st.Sear
     if isinstance(t, i.NoneType):
         return st.none()
     return json_values
+
+
+HOSTILE_NUMBERS = [-1, -(2**63) - 1, 2**63, 10**4299, math.inf, -math.inf, math.nan, -0.5, 1e308]
+"""Numbers no count, size, duration or scaling may be."""
+
+
+@st.composite
+def one_number_changed(draw: st.DrawFn, base: st.SearchStrategy[Any]) -> Any:
+    """A value of ``base`` with one of its numbers replaced by one of
+    :data:`HOSTILE_NUMBERS` (a value otherwise valid: its checks all pass but one)."""
+    value = copy.deepcopy(draw(base))
+    numbers = [
+        p
+        for p in _paths(value)
+        if p and isinstance(_get(value, p), int | float) and not isinstance(_get(value, p), bool)
+    ]
+    if not numbers:
+        return value
+    path = draw(st.sampled_from(numbers))
+    _get(value, path[:-1])[path[-1]] = draw(st.sampled_from(HOSTILE_NUMBERS))
+    return value
 
 
 # --- config ----------------------------------------------------------------------------
@@ -789,51 +821,102 @@ def config_dicts() -> st.SearchStrategy[Any]:
     }
     over["resourceName"] = name
     shaped = schema_values(Config, over)
-    return st.one_of(shaped, mutated(shaped), junk)
+    return st.one_of(
+        shaped, mutated(shaped), junk, one_number_changed(schema_values(Config, within=True))
+    )
 
 
 @st.composite
 def yaml_texts(draw: st.DrawFn, documents: st.SearchStrategy[Any]) -> str:
-    """YAML text: a document dumped, then maybe edited character by character."""
+    """YAML text: a document dumped (half the time as is), or it edited character by
+    character, a number in it made 4400 digits long, random text, scalars PyYAML cannot
+    build, or brackets nested deep."""
     import yaml
 
     dumped = yaml.dump(draw(documents), Dumper=yaml.CSafeDumper, allow_unicode=draw(st.booleans()))
-    return draw(st.one_of(st.just(dumped), text_edits(dumped), st.text(SAFE_CHARS)))
+    long_number = re.sub(r"(?<![\w.])[0-9]+(?![\w.])", "1" * 4400, dumped, count=1)
+    odd = st.one_of(
+        text_edits(dumped),
+        st.text(SAFE_CHARS),
+        st.just(long_number),  # more digits than int() reads
+        st.sampled_from(["a: 2024-13-45", "a: !!timestamp x", "a: !!int abc", "a: !!set {x}"]),
+        nested_texts,
+    )
+    return draw(st.one_of(st.just(dumped), odd))
+
+
+@st.composite
+def file_bytes(draw: st.DrawFn, texts: st.SearchStrategy[str]) -> bytes:
+    """A file's bytes: one of ``texts`` in UTF-8, one time in four with bytes that are
+    not UTF-8 put in."""
+    data = draw(texts).encode()
+    if draw(st.integers(0, 3)):
+        return data
+    i = draw(st.integers(0, len(data)))
+    return data[:i] + draw(st.sampled_from([b"\x80", b"\xff", b"\xc3", b"\xed\xa0\x80"])) + data[i:]
+
+
+def nested(depth: int) -> list[Any]:
+    """A list nested ``depth`` deep, built without recursion (the value itself is what
+    a recursive reader must survive)."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+depths = st.one_of(st.integers(1, 1500), st.sampled_from([99, 101, 300, 600, 1000, 1500, 5000]))
+"""Nesting depths, often about where a reader gives up: MAX_DEPTH of the watcher (100),
+PyYAML's recursion (a few hundred), Python's (1000)."""
+
+nested_texts = st.builds(
+    lambda n, flow: flow[0] * n + flow[1] + flow[2] * n,
+    depths,
+    st.sampled_from([("[", "", "]"), ('{"a": ', "1", "}"), ("[{a: ", "1", "}]")]),
+)
+"""JSON and YAML text nested up to 5000 deep (a recursive reader fails near 1000)."""
 
 
 # --- inventory files -------------------------------------------------------------------
 
 
-def _no_braces(value: Any) -> Any:
-    """Node names without ``{``/``}`` other than ``{i}``: any other brace makes
-    simulate.expand raise (EXCLUDED); bounded ``replicas``/``count`` (they are
-    unbounded: a large one only takes long)."""
+def _bounded(value: Any) -> Any:
+    """``value`` with every ``replicas`` and ``count`` above 8 but within their bounds
+    made 8: a file of many nodes is valid but only takes long to expand (those above the
+    bounds stay, to be refused)."""
+    from services.node_agent.simulate import MAX_COUNT, MAX_REPLICAS
+
     if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if k == "name" and isinstance(v, str):
-                v = v.replace("{i}", "\x01").replace("{", "(").replace("}", ")")
-                v = v.replace("\x01", "{i}")
-            elif k in ("replicas", "count") and isinstance(v, int) and 8 < v < 2**63:
-                v = 8
-            out[k] = _no_braces(v)
-        return out
+        limits = {"replicas": MAX_REPLICAS, "count": MAX_COUNT}
+        return {
+            k: 8 if k in limits and isinstance(v, int) and 8 < v <= limits[k] else _bounded(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_no_braces(v) for v in value]
+        return [_bounded(v) for v in value]
     return value
 
 
 def inventory_docs() -> st.SearchStrategy[Any]:
-    """Inventory files (services/node_agent/simulate.py's format) as data."""
-    from services.node_agent.simulate import Inventory
+    """Inventory files (services/node_agent/simulate.py's format) as data: names with
+    and without ``{i}``, with other braces, often the same in two nodes."""
+    from services.node_agent.simulate import MAX_COUNT, MAX_REPLICAS, Inventory
 
+    odd_names = ["gpu-{x}", "gpu-{", "gpu-}", "gpu-{0}", "{i}{i}", "{{i}}", "gpu-{i:03}"]
     over = {
-        "replicas": st.integers(-1, 3),
-        "count": st.integers(-1, 4),
-        "name": st.one_of(names, st.just("gpu-{i}"), text),
+        "replicas": st.one_of(st.integers(-1, 3), st.just(MAX_REPLICAS + 1)),
+        "count": st.one_of(st.integers(-1, 4), st.just(MAX_COUNT + 1)),
+        "name": st.one_of(
+            st.sampled_from(["a", "gpu-{i}"]), names, text, st.sampled_from(odd_names)
+        ),
     }
     shaped = schema_values(Inventory, over)
-    return st.one_of(shaped, mutated(shaped), junk).map(_no_braces)
+    return st.one_of(
+        shaped,
+        mutated(shaped),
+        junk,
+        one_number_changed(schema_values(Inventory, over, within=True)),
+    ).map(_bounded)
 
 
 # --- npu-smi ---------------------------------------------------------------------------
@@ -841,17 +924,24 @@ def inventory_docs() -> st.SearchStrategy[Any]:
 DATA = Path(__file__).parent / "data"
 NPU_SMI = [(DATA / n).read_text() for n in ("npu-smi-910b3.txt", "npu-smi-310p.txt")]
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_WORDS = st.sampled_from(["NA", "lots", "-", "", "one", "0x1F", "1e9", "-5", "9" * 25])
+_CHIP_ROW = re.compile(r"^\|\s*[0-9]+(\s+[0-9]+)?\s*\|\s*[0-9A-Fa-f]{4}:")
+_WORDS = st.sampled_from(
+    ["NA", "lots", "-", "", "one", "0x1F", "1e9", "-5", "9" * 25, "9" * 4301, "\u00b2", "1\u00b2"]
+)
 
 
 @st.composite
 def npu_smi_outputs(draw: st.DrawFn) -> str:
     """``npu-smi info`` output of tests/data, damaged: truncated, junk lines inserted,
-    lines dropped or repeated, numbers replaced by words, characters changed."""
+    lines dropped or repeated, numbers replaced by words (often in a chip's row: its
+    AICore and memory columns), characters changed."""
     lines = draw(st.sampled_from(NPU_SMI)).splitlines()
     for _ in range(draw(st.integers(1, 6))):
-        edit = draw(st.sampled_from(["junk", "drop", "repeat", "word", "chars", "cut"]))
+        edit = draw(st.sampled_from(["junk", "drop", "repeat", "word", "chip", "chars", "cut"]))
         i = draw(st.integers(0, max(len(lines) - 1, 0)))
+        chips = [n for n, line in enumerate(lines) if _CHIP_ROW.match(line)]
+        if edit == "chip" and chips:
+            edit, i = "word", draw(st.sampled_from(chips))
         if not lines:
             lines = [draw(st.text(SAFE_CHARS, max_size=40))]
             continue
@@ -911,6 +1001,8 @@ checkpoint_texts = st.one_of(
     text_edits(msgspec.json.encode(CHECKPOINT).decode()),
     json_values.map(lambda v: msgspec.json.encode(v).decode()),
     st.text(SAFE_CHARS),
+    nested_texts,
+    nested_texts.map(lambda t: '{"Data": {"PodDeviceEntries": ' + t.replace("1", "") + "}}"),
 )
 
 # --- Volcano objects -------------------------------------------------------------------
@@ -949,11 +1041,19 @@ queues = st.fixed_dictionaries(
         "status": st.fixed_dictionaries({}, optional={"state": text}),
     },
 )
-jobs = st.fixed_dictionaries(
-    {
-        "metadata": st.fixed_dictionaries(
-            {"name": names, "uid": names}, optional={"namespace": names}
-        )
-    },
+_job_metadata = st.fixed_dictionaries({"name": names, "uid": names}, optional={"namespace": names})
+shallow_jobs = st.fixed_dictionaries(
+    {"metadata": _job_metadata},
     optional={"spec": st.dictionaries(text, json_values, max_size=4)},
 )
+"""Volcano Jobs of any spec nested a few levels (a mutation copies them recursively)."""
+jobs = st.one_of(
+    shallow_jobs,
+    st.fixed_dictionaries(
+        {
+            "metadata": _job_metadata,
+            "spec": depths.map(lambda n: {"tasks": nested(n)}),
+        }
+    ),
+)
+"""Volcano Jobs, some with a spec nested up to 5000 deep."""

@@ -1,7 +1,7 @@
 """``tessera``: one command for every service and the developer tools.
 
 tessera <service> [--config FILE]     run watcher | gang-coordinator | device-allocator
-                                      | binder | job-controller | node-agent
+                                      | binder | job-controller | node-agent | webhook
 tessera schema [--out F] [--check]    write (or check) the events' JSON Schema
 tessera config [--file F] [--hash]    validate a config and print the effective one
 tessera secrets [--namespace NS]      fresh Secrets for a cluster (grant key, bus users, TLS)
@@ -41,6 +41,8 @@ SERVICES = {
     "job-controller": "services.job_controller",
     "node-agent": "services.node_agent",
 }
+WEBHOOK = "services.webhook"
+"""The admission webhook: not on the bus, so not among SERVICES (nothing pings it)."""
 DEFAULT_SCHEMA = Path("docs/events.schema.json")
 DEFAULT_NATS_CONF = Path("deploy/kustomize/base/nats.conf")
 DEV_DIR = Path(".tessera-dev")
@@ -164,7 +166,10 @@ def spawn_services(
     each logging to ``workdir/<service>.log``."""
     procs = []
     for service, module in SERVICES.items():
-        extra = ["--simulate", str(inventory)] if service == "node-agent" else []
+        # Several services on one host: none takes telemetry.metricsPort (their health
+        # is not probed here).
+        extra = ["--http-port=0"]
+        extra += ["--simulate", str(inventory)] if service == "node-agent" else []
         log = (workdir / f"{service}.log").open("ab")
         procs.append(
             subprocess.Popen(
@@ -357,10 +362,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in SERVICES:
+    runnable = {**SERVICES, "webhook": WEBHOOK}
+    if argv and argv[0] in runnable:
         # The same entry as ``python -m services.<name>``: its __main__ module.
         sys.argv = [f"tessera {argv[0]}", *argv[1:]]
-        runpy.run_module(SERVICES[argv[0]], run_name="__main__", alter_sys=True)
+        runpy.run_module(runnable[argv[0]], run_name="__main__", alter_sys=True)
         return
     parser = argparse.ArgumentParser(
         prog="tessera", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -368,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     for service in SERVICES:
         sub.add_parser(service, help=f"run the {service} service")
+    sub.add_parser("webhook", help="run the admission webhook")
     p = sub.add_parser("schema", help="write the events' JSON Schema")
     p.add_argument("--out", default=str(DEFAULT_SCHEMA))
     p.add_argument("--check", action="store_true", help="fail if the file is stale")

@@ -139,10 +139,10 @@ KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"
 def admitted_in_checkpoint(text: str) -> set[str] | None:
     """The pod UIDs the kubelet's device manager has allocated devices to, from its
     checkpoint (``{"Data": {"PodDeviceEntries": [{"PodUID": ...}, ...]}, ...}``); None
-    when the text is not such a checkpoint."""
+    when the text is not such a checkpoint (JSON nested too deep to decode included)."""
     try:
         data = msgspec.json.decode(text)
         entries = data["Data"]["PodDeviceEntries"] or []
         return {str(e["PodUID"]) for e in entries}
-    except (msgspec.DecodeError, KeyError, TypeError):
+    except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
         return None

@@ -7,6 +7,8 @@ the grants of the pods bound here from ``tessera.v1.allocation.bound.<node>``: a
 ``Allocate`` hands each container exactly its grant, and the last one for a pod
 publishes ``allocation.admitted``. Health is re-read every ``healthIntervalS`` and at
 once on an NVML XID event; a changed inventory is published and streamed to the kubelet.
+Cards in ``mps`` mode get the node's MPS control daemon (mps.py), whose state and client
+counts the inventory carries (published again when they change).
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ import re
 import socket
 from pathlib import Path
 
+from aiohttp import web
+
 from services.node_agent.admission import KUBELET_CHECKPOINT, admitted_in_checkpoint
 from services.node_agent.deviceplugin.server import Desk, ResourceServer
 from services.node_agent.inventory import InventorySource, NvmlSource
 from services.node_agent.metrics import NodeMetrics
 from services.node_agent.mig import MigDriver, MigError, NvmlMig, changes_for, reconfigure
+from services.node_agent.mps import MpsDaemon, mps_cards, with_state
 from services.node_agent.resources import count_resources
 from shared import events as ev
 from shared import kube
@@ -58,6 +63,9 @@ class Agent:
         self.mig: MigDriver | None = (
             NvmlMig(source.nvml) if isinstance(source, NvmlSource) else None
         )
+        self.mps = MpsDaemon(rt.cfg.node_agent.mps, node)
+        """The MPS control daemon of the cards in mps mode (none: it only stops one a
+        previous run left, once idle)."""
         self.metrics = NodeMetrics(
             node,
             lambda: self.devices,
@@ -71,15 +79,14 @@ class Agent:
         """Read the devices, recover what a previous run knew, publish, serve. The
         service's consumer of binds exists already, so none published meanwhile is lost."""
         await asyncio.to_thread(self.prepare_host)
-        self.devices = await asyncio.to_thread(self.source.read)
+        self.devices = await self._read()
+        await self.mps.start()  # adopt or start the daemon before the first publish
+        self.devices = with_state(self.devices, self.mps.state())
         if api is not None:
             await self.recover(api)
         await self._publish()
         await self._serve()
-        port = self.rt.cfg.telemetry.metrics_port
-        if port:
-            runner = await self.metrics.serve(port)
-            self.rt.on_stop(runner.cleanup)
+        self.rt.health.routes.append(web.get("/metrics", self.metrics.scrape))
         if isinstance(self.source, NvmlSource):
             loop = asyncio.get_running_loop()
 
@@ -87,6 +94,7 @@ class Agent:
                 loop.call_soon_threadsafe(self._dirty.set)
 
             self.source.watch_health(changed)
+        self.rt.spawn(self.mps.supervise(self._mps_changed), "mps")
         log.info(
             "node agent for %s: %d devices, serving %s",
             self.node,
@@ -103,10 +111,15 @@ class Agent:
         )
         path = Path(self.rt.cfg.node_agent.device_plugin_dir) / KUBELET_CHECKPOINT
         try:
-            text = await asyncio.to_thread(path.read_text)
+            text = await asyncio.to_thread(path.read_text, encoding="utf-8")
         except OSError:
             text = ""
+        except UnicodeDecodeError as exc:
+            log.warning("%s is not UTF-8 (%s): read as no checkpoint", path, exc.reason)
+            text = ""
         allocated = admitted_in_checkpoint(text) if text else set()
+        if allocated is None:
+            log.warning("%s is not a kubelet checkpoint: read as none", path)
         waiting = 0
         key = grant_key(self.rt.cfg)
         for obj in items:
@@ -186,7 +199,7 @@ class Agent:
             except MigError as exc:
                 log.error("MIG for %s on %s: %s", bound.pod, change.card, exc)
         if changed:  # the new instances' UUIDs: read, publish, stream
-            self.devices = await asyncio.to_thread(self.source.read)
+            self.devices = await self._read()
             await self._publish()
             await self._serve()
 
@@ -225,6 +238,20 @@ class Agent:
                 log.warning("device plugin %s not registered yet: %s", resource.name, exc)
             self.rt.spawn(server.supervise(), f"device-plugin {resource.name}")
 
+    async def _read(self) -> tuple[DeviceInfo, ...]:
+        """The devices as published: read from the source, the cards in mps mode with
+        the MPS daemon's state (which learns the cards now in mps mode)."""
+        devices = await asyncio.to_thread(self.source.read)
+        self.mps.set_cards(mps_cards(self.rt.cfg, self.node, devices))
+        return with_state(devices, self.mps.state())
+
+    async def _mps_changed(self) -> None:
+        """The MPS daemon's state or client counts changed: publish them."""
+        devices = with_state(self.devices, self.mps.state())
+        if devices != self.devices:
+            self.devices = devices
+            await self._publish()
+
     def _report(self) -> ev.NodeInventory:
         self.seq += 1
         return ev.NodeInventory(
@@ -249,7 +276,7 @@ class Agent:
                     self._dirty.wait(), timeout=self.rt.cfg.node_agent.health_interval_s
                 )
             self._dirty.clear()
-            devices = await asyncio.to_thread(self.source.read)
+            devices = await self._read()
             log.debug(
                 "devices re-read: %d, %d unhealthy",
                 len(devices),

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from services.node_agent.simulate import expand, load_inventory
 from shared.config import Config
+from shared.core.hosts import go_int64
 from shared.core.model import DeviceInfo, DeviceUUID, MigInstance, NodeName
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,23 @@ def numa_of(bus_id: str, sysfs: Path) -> int:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass
+class NoDevices:
+    """A node with neither NVML nor npu-smi: the agent stays up and serves nothing
+    (a DaemonSet on a node without accelerators must not crash-loop)."""
+
+    why: str
+
+    def read(self) -> tuple[DeviceInfo, ...]:
+        return ()
+
+    def usage(self) -> dict[str, tuple[int, float]]:
+        return {}
+
+    def close(self) -> None:
+        return None
 
 
 class NvmlSource:
@@ -256,15 +274,25 @@ class NpuChip:
     aicore_percent: float = 0.0
 
 
-_TOP = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*(\S+)\s*\|")
-_CHIP = re.compile(r"^\|\s*(\d+)(?:\s+(\d+))?\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f:.]+)\s*\|(.*)\|")
-_USAGE = re.compile(r"(\d+)\s*/\s*(\d+)")
+_TOP = re.compile(r"^\|\s*([0-9]+)\s+(\S+)\s*\|\s*(\S+)\s*\|")
+_CHIP = re.compile(
+    r"^\|\s*([0-9]+)(?:\s+([0-9]+))?\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f:.]+)\s*\|(.*)\|"
+)
+_USAGE = re.compile(r"([0-9]+)\s*/\s*([0-9]+)")
+_PERCENT = re.compile(r"[0-9]{1,3}(?:\.[0-9]+)?")
+"""Numbers of ``npu-smi info``: ASCII digits only (``str.isdigit`` takes ``²``, which
+float() refuses), read by go_int64 (None past int64, where int() would raise)."""
 HEALTHY_NPU = ("OK", "Warning")
+UNREADABLE = "Unreadable"
+"""The health of a chip whose memory npu-smi shows no number for: out of placements."""
 
 
 def parse_npu_smi(text: str) -> list[NpuChip]:
     """The chips of ``npu-smi info`` output (910B/910A: one chip per NPU, HBM; 310P:
-    one or two chips per card, each with its logical device id, DDR memory)."""
+    one or two chips per card, each with its logical device id, DDR memory). Never
+    raises: an NPU or chip whose number cannot be read is left out, and a chip whose
+    memory cannot be read is reported with the health :data:`UNREADABLE`, each with a
+    log line."""
     chips: list[NpuChip] = []
     npu: tuple[int, str, str] | None = None
     for line in text.splitlines():
@@ -274,17 +302,35 @@ def parse_npu_smi(text: str) -> list[NpuChip]:
             continue
         top = _TOP.match(line)
         if top and not _CHIP.match(line):
-            npu = (int(top.group(1)), top.group(2), top.group(3))
+            number = go_int64(top.group(1))
+            npu = None if number is None else (number, top.group(2), top.group(3))
+            if npu is None:
+                log.warning("npu-smi: unreadable NPU number, its chips left out: %.80r", line)
             continue
         row = _CHIP.match(line)
         if row and npu is not None:
             number, name, health = npu
             rest = row.group(4)
+            chip = go_int64(row.group(1))
+            logic = go_int64(row.group(2)) if row.group(2) is not None else number
+            if chip is None or logic is None:
+                log.warning(
+                    "npu-smi: NPU %d: unreadable chip number, left out: %.80r", number, line
+                )
+                continue
             usages = _USAGE.findall(rest)
-            used, memory = (int(usages[-1][0]), int(usages[-1][1])) if usages else (0, 0)
+            used, memory = (
+                (go_int64(usages[-1][0]), go_int64(usages[-1][1])) if usages else (None, None)
+            )
+            if used is None or memory is None:
+                log.warning(
+                    "npu-smi: NPU %d chip %d: unreadable memory, reported unhealthy: %.80r",
+                    number,
+                    chip,
+                    line,
+                )
+                used, memory, health = 0, 0, UNREADABLE
             core = rest.split()[0] if rest.split() else "NA"  # AICore(%), or NA
-            chip = int(row.group(1))
-            logic = int(row.group(2)) if row.group(2) is not None else number
             chips.append(
                 NpuChip(
                     number,
@@ -295,7 +341,7 @@ def parse_npu_smi(text: str) -> list[NpuChip]:
                     row.group(3),
                     memory,  # HBM when shown, else DDR
                     used,
-                    float(core) if core.replace(".", "", 1).isdigit() else 0.0,
+                    min(float(core), 100.0) if _PERCENT.fullmatch(core) else 0.0,
                 )
             )
     return chips

@@ -12,7 +12,9 @@ existing ``libvgpu.so`` works.
   card, the core policy, log level and priority; the library, its accounting and lock
   directories, and ``/etc/ld.so.preload`` (not when the container set
   ``CUDA_DISABLE_CONTROL=true``).
-- MPS devices: the MPS client limits instead of the library.
+- MPS devices: the node's MPS daemon's pipe directory, the active-thread percentage (the
+  cores) and the pinned memory limit per device, and HAMi-core as above for memory only
+  (``nodeAgent.mps.hamiCore``), so the container sees its limit as the card's memory.
 - MIG instances: their UUIDs in ``NVIDIA_VISIBLE_DEVICES``; MIG isolates in hardware.
 - Ascend: ``ASCEND_VISIBLE_DEVICES`` (device indexes), ``ASCEND_VNPU_SPECS`` for a vNPU
   template, and the davinci device nodes.
@@ -127,14 +129,29 @@ def _sliced(
     cores = max(d.cores for d in devices)
 
     if mode == "mps":
-        out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cores)
+        down = [d.uuid for d in devices if (c := inventory.get(d.uuid)) and c.mps == "unavailable"]
+        if down:
+            raise HandoutError(
+                f"no MPS daemon runs for {', '.join(down)} (see the node agent's log): "
+                "the container would run without its core limit"
+            )
+        # The client of the node's MPS daemon (services/node_agent/mps.py): its pipe, its
+        # share of the SMs (all when no cores were asked) and its pinned memory; HAMi-core
+        # below only for memory (MPS alone stops allocations at the limit but reports the
+        # whole card), unless nodeAgent.mps.hamiCore is off.
+        mps = cfg.node_agent.mps
+        out.envs["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_container_dir
+        out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cores or 100)
         out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
             f"{i}={d.memory_mib}M" for i, d in enumerate(devices)
         )
-        return
+        out.mounts.append(Mount(mps.pipe_container_dir, mps.pipe_host_dir, read_only=False))
+        if not mps.hami_core:
+            return
     for i, d in enumerate(devices):
         out.envs[f"{iso.memory_limit_env}_{i}"] = f"{d.memory_mib}m"
-    out.envs[iso.core_limit_env] = str(cores)
+    if mode != "mps":
+        out.envs[iso.core_limit_env] = str(cores)
     directory = f"{pod.uid}_{grant.container}"
     out.envs[iso.shared_cache_env] = f"{iso.cache_container_dir}/{directory}.cache"
     scaling = (override.device_memory_scaling if override else None) or spec.device_memory_scaling

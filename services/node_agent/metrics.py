@@ -11,7 +11,9 @@ plus Tessera's own:
   per container and device, from the isolation library's shared accounting file of each
   container (``nodeAgent.isolation.cacheHostDir/<pod uid>_<container>/``);
 - ``tessera_node_devices`` (by vendor, model, health), ``tessera_allocate_total`` (by
-  resource and result) and ``tessera_admissions_waiting``.
+  resource and result) and ``tessera_admissions_waiting``;
+- ``tessera_mps_daemon_up`` (1 or 0 per node) and ``tessera_mps_clients`` per device, for
+  the cards in ``mps`` mode only (services/node_agent/mps.py, as the inventory carries it).
 
 The accounting file is HAMi-core's ``shared_region_t`` (layout version 1.2, x86-64): a
 header with the device UUIDs and limits, then 1,024 process slots with each process's
@@ -152,6 +154,16 @@ class NodeMetrics:
             ),
             ("tessera_node_devices", "Devices of this node.", self._inventory),
             (
+                "tessera_mps_daemon_up",
+                "The MPS control daemon of this node's cards in mps mode answers (1) or not (0).",
+                self._mps_up,
+            ),
+            (
+                "tessera_mps_clients",
+                "MPS client processes on a card in mps mode.",
+                self._mps_clients,
+            ),
+            (
                 "tessera_admissions_waiting",
                 "Pods bound here whose kubelet has not taken their devices yet.",
                 lambda _o: [Observation(self.waiting(), {"node": self.node})],
@@ -200,6 +212,15 @@ class NodeMetrics:
             Observation(n, {"node": self.node, "vendor": v, "model": m, "healthy": str(h).lower()})
             for (v, m, h), n in sorted(counts.items())
         ]
+
+    def _mps_up(self, _o: CallbackOptions) -> list[Observation]:
+        states = {d.mps for d in self.devices() if d.mps}
+        if not states:  # no card in mps mode: no daemon to report
+            return []
+        return [Observation(int("running" in states), {"node": self.node})]
+
+    def _mps_clients(self, _o: CallbackOptions) -> list[Observation]:
+        return [Observation(d.mps_clients, self._device_labels(d)) for d in self.devices() if d.mps]
 
     def containers(self) -> list[tuple[dict[str, str], DeviceAccount]]:
         """Every container's accounting on this node, with its labels."""
@@ -252,15 +273,7 @@ class NodeMetrics:
             finally:
                 self._usage, self._containers = {}, []
 
-    async def serve(self, port: int, host: str = "0.0.0.0") -> web.AppRunner:
-        async def metrics(_request: web.Request) -> web.Response:
-            body = await asyncio.to_thread(self.text)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, host, port).start()
-        log.info("metrics on :%d/metrics", port)
-        return runner
+    async def scrape(self, _request: web.Request) -> web.Response:
+        """``GET /metrics`` (served with the agent's health: shared/health.py)."""
+        body = await asyncio.to_thread(self.text)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

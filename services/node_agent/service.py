@@ -1,7 +1,9 @@
 """The node-agent's imperative shell: inventory out, device-plugin in.
 
-``--source`` picks where devices come from on a real node (agent.py): ``nvml``
-(default), ``ascend`` (``npu-smi``), or ``file:INVENTORY[#NODE]`` (one node of an
+``--source`` picks where devices come from on a real node (agent.py): ``auto`` (the
+default: NVML where the driver is, else ``npu-smi`` where it is on the PATH, else no
+devices: one log line and the agent stays up serving nothing), ``nvml``, ``ascend``
+(``npu-smi``), or ``file:INVENTORY[#NODE]`` (one node of an
 inventory file, served through the device plugin like a real one: for trying the kubelet
 side without a GPU). ``--simulate INVENTORY`` instead plays every node of an inventory
 file at once, with no kubelet (demos, benchmarks; see simulate.py).
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from services.node_agent.inventory import (
     AscendSource,
     FileSource,
     InventorySource,
+    NoDevices,
     NvmlSource,
 )
 from services.node_agent.simulate import Simulator, load_inventory
@@ -40,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--source",
-        default="nvml",
-        help="devices of this node: nvml, ascend, or file:INVENTORY[#NODE] (default nvml)",
+        default="auto",
+        help="devices of this node: auto, nvml, ascend, or file:INVENTORY[#NODE] "
+        "(default auto: NVML, else npu-smi, else none)",
     )
     parser.add_argument(
         "--node",
@@ -51,7 +56,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_source(cfg: Config, spec: str, node: NodeName) -> InventorySource:
-    """The inventory source ``--source`` names; a clear exit when it cannot be opened."""
+    """The inventory source ``--source`` names; a clear exit when a named one cannot be
+    opened (``auto`` never exits: a node with neither NVML nor npu-smi serves nothing)."""
+    if spec == "auto":
+        try:
+            return NvmlSource(cfg)
+        except Exception as exc:  # no driver or no GPU here
+            nvml = f"{type(exc).__name__}: {exc}"
+        if shutil.which("npu-smi"):
+            return AscendSource(cfg)
+        why = f"no NVML ({nvml}) and no npu-smi on the PATH"
+        log.warning("node %s: %s: this node serves no devices; the agent stays up", node, why)
+        return NoDevices(why)
     if spec == "nvml":
         try:
             return NvmlSource(cfg)

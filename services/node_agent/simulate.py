@@ -39,6 +39,11 @@ from shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+MAX_REPLICAS = 100_000
+"""The most replicas one node of an inventory file may have."""
+MAX_COUNT = 64
+"""The most devices of one kind a simulated node may have."""
+
 
 class _Inv(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     pass
@@ -51,13 +56,13 @@ class SimDevices(_Inv, frozen=True, kw_only=True):
     model: str
     memory: Annotated[int, msgspec.Meta(ge=1)]
     """MiB per device."""
-    count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)] = 1
     mode: SharingMode = "hami-core"
     numa: Annotated[int, msgspec.Meta(ge=1)] = 1
     """NUMA nodes the devices are spread over."""
     chip: str | None = None
     cores: Annotated[int, msgspec.Meta(ge=1)] = 100
-    sm_count: int = 0
+    sm_count: Annotated[int, msgspec.Meta(ge=0)] = 0
     unhealthy: list[int] = msgspec.field(default_factory=list)
     """Indexes of devices to report unhealthy."""
 
@@ -74,7 +79,7 @@ class SimNode(_Inv, frozen=True, kw_only=True):
     """A simulated node (``replicas`` of it): labels, taints, allocatable, devices."""
 
     name: str
-    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=MAX_REPLICAS)] = 1
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     taints: list[SimTaint] = msgspec.field(default_factory=list)
     allocatable: dict[str, str] = msgspec.field(default_factory=dict)
@@ -90,12 +95,44 @@ class Inventory(_Inv, frozen=True, kw_only=True):
 
 
 def load_inventory(path: str | Path) -> Inventory:
-    """Read and validate an inventory file; errors name the key."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    """Read and validate an inventory file. Anything wrong with it stops the agent
+    (SystemExit) with the reason, naming the key: a file that cannot be read or is not
+    UTF-8 YAML, a bad value, a node name with braces other than ``{i}``, or two nodes
+    of one name."""
     try:
-        return msgspec.convert(data, Inventory)
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise SystemExit(f"inventory {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise SystemExit(
+            f"inventory {path} is not UTF-8 text: byte {exc.start} ({exc.reason})"
+        ) from None
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError) as exc:
+        # PyYAML's safe loader raises more than YAMLError on a bad scalar (see shared/config.py)
+        raise SystemExit(f"inventory {path} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise SystemExit(f"inventory {path} nests lists or mappings too deep") from None
+    try:
+        inventory = msgspec.convert(data, Inventory)
     except msgspec.ValidationError as exc:
         raise SystemExit(f"inventory {path}: {exc}") from None
+    first: dict[str, int] = {}
+    for i, node in enumerate(inventory.nodes):
+        where = f"inventory {path}: `$.nodes[{i}].name`"
+        if "{" in node.name.replace("{i}", "") or "}" in node.name.replace("{i}", ""):
+            raise SystemExit(
+                f"{where} {node.name!r} has braces: the only placeholder is {{i}}, the "
+                "replica's number"
+            )
+        for replica in range(node.replicas):
+            name = node.name.replace("{i}", str(replica))
+            if name in first:
+                raise SystemExit(
+                    f"{where}: node {name!r} is named twice (first by `$.nodes[{first[name]}]`);"
+                    " give each node its own name ({i} numbers the replicas)"
+                )
+            first[name] = i
+    return inventory
 
 
 def _uuid(node: str, vendor: str, index: int) -> DeviceUUID:
@@ -109,7 +146,7 @@ def expand(inventory: Inventory) -> dict[NodeName, tuple[SimNode, tuple[DeviceIn
     out: dict[NodeName, tuple[SimNode, tuple[DeviceInfo, ...]]] = {}
     for spec in inventory.nodes:
         for i in range(spec.replicas):
-            name = NodeName(spec.name.format(i=i))
+            name = NodeName(spec.name.replace("{i}", str(i)))
             devices: list[DeviceInfo] = []
             per_vendor: dict[str, int] = {}
             for group in spec.devices:

@@ -30,10 +30,11 @@ from nats.aio.msg import Msg
 
 from shared import events as ev
 from shared import kube
+from shared.config import request_parser
 from shared.core import annotations as ann
 from shared.core.hosts import PodSpec, node_spec, pod_spec
 from shared.core.model import NodeName, PodRef, PodRequest, PodUID, RequestError
-from shared.core.request import GROUP_NAME, TASK_SPEC, RequestParser
+from shared.core.request import GROUP_NAME, TASK_SPEC, rejection
 from shared.runtime import Runtime, Service
 from shared.telemetry import tracer
 
@@ -48,6 +49,23 @@ INVALID = kube.Condition("PodScheduled", "False", "InvalidRequest")
 K = TypeVar("K")
 U = TypeVar("U", bound=ev.Event)
 
+UNREADABLE = (
+    KeyError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    msgspec.ValidationError,
+    msgspec.EncodeError,
+)
+"""What reading one object of the API server may raise when the object is not as its
+schema says: the object is logged (and told, where there is someone to tell) and
+skipped, never fatal (any user who can create it could otherwise stop scheduling for
+everyone)."""
+MAX_DEPTH = 100
+"""How deep lists and mappings may nest in a Job's spec, which the bus carries as is (a
+real one nests about 15 deep; one nested close to Python's recursion limit could be
+decoded by no consumer)."""
+
 
 def _timestamp(text: str | None) -> float:
     if not text:
@@ -55,30 +73,52 @@ def _timestamp(text: str | None) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def _name(obj: Any) -> str:
+    """``namespace/name`` (or ``name``) of an object, for a log line, whatever its shape."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    return "/".join(str(meta[k]) for k in ("namespace", "name") if meta.get(k)) or "?"
+
+
 @dataclass
 class Mirror(Generic[K, U]):
     """One kind of object as its last announced event: a change is published, a repeat
-    is not, a deletion (seen, or missed while relisting) publishes ``deleted(key)``."""
+    is not, a deletion (seen, or missed while relisting) publishes ``deleted(key)``. An
+    object that cannot be read is logged and skipped (no pod to tell: the Kubernetes
+    Events of shared/kube.py are written on pods)."""
 
     bus_publish: Callable[[ev.Event], Coroutine[Any, Any, None]]
     key: Callable[[dict[str, Any]], K]
     update: Callable[[dict[str, Any]], U]
     deleted: Callable[[K, dict[str, Any]], ev.Event]
     known: dict[K, U] = field(default_factory=dict)
+    what: str = "object"
+    """What the objects are, for log lines (``Job``)."""
 
     async def on_event(self, kind: str, obj: dict[str, Any]) -> None:
-        key = self.key(obj)
-        if kind == "DELETED":
+        try:
+            key = self.key(obj)
+            update = None if kind == "DELETED" else self.update(obj)
+        except UNREADABLE as exc:
+            log.warning(
+                "%s %s cannot be read (%r); skipped until it changes", self.what, _name(obj), exc
+            )
+            return
+        if update is None:
             if self.known.pop(key, None) is not None:
                 await self.bus_publish(self.deleted(key, obj))
             return
-        update = self.update(obj)
         if ev.changed(self.known.get(key), update):
             self.known[key] = update
             await self.bus_publish(update)
 
     async def on_relist(self, items: list[dict[str, Any]]) -> None:
-        present = {self.key(o) for o in items}
+        present = set()
+        for obj in items:
+            try:
+                present.add(self.key(obj))
+            except UNREADABLE:
+                continue  # on_event says why
         for key in set(self.known) - present:
             await self.bus_publish(self.deleted(key, {}))
             del self.known[key]
@@ -98,7 +138,9 @@ def podgroup_event(obj: dict[str, Any]) -> ev.PodGroupUpdated:
         name=name,
         uid=obj["metadata"].get("uid", ""),
         min_member=max(int(spec.get("minMember") or 1), 1),
-        min_task_member={str(k): int(v) for k, v in (spec.get("minTaskMember") or {}).items()},
+        min_task_member={
+            str(k): max(int(v), 0) for k, v in (spec.get("minTaskMember") or {}).items()
+        },
         queue=spec.get("queue") or "default",
         priority_class=spec.get("priorityClassName") or "",
         min_resources={str(k): str(v) for k, v in (spec.get("minResources") or {}).items()},
@@ -120,13 +162,32 @@ def queue_event(obj: dict[str, Any]) -> ev.QueueUpdated:
     )
 
 
+def _depth(value: Any) -> int:
+    """How deep lists and mappings nest in ``value``, up to just past :data:`MAX_DEPTH`
+    (walked without recursion: the value may nest deeper than the stack allows)."""
+    deepest = 0
+    todo = [(value, 0)]
+    while todo and deepest <= MAX_DEPTH:
+        item, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            todo += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            todo += [(v, depth + 1) for v in item]
+    return deepest
+
+
 def job_event(obj: dict[str, Any]) -> ev.JobUpdated:
+    """A Job's event; ValueError when its spec nests deeper than :data:`MAX_DEPTH`."""
     namespace, name = _namespaced(obj)
+    spec = obj.get("spec") or {}
+    if _depth(spec) > MAX_DEPTH:
+        raise ValueError(f"its spec nests more than {MAX_DEPTH} levels deep")
     return ev.JobUpdated(
         namespace=namespace,
         name=name,
         uid=obj["metadata"].get("uid", ""),
-        spec=obj.get("spec") or {},
+        spec=spec,
     )
 
 
@@ -137,9 +198,7 @@ class Watcher(Service):
 
     def __init__(self, rt: Runtime, api: kube.Client | None) -> None:
         super().__init__(rt, api)
-        self.parser = RequestParser(
-            rt.cfg.devices, clamp_cores=rt.cfg.scheduler.cores_above_100 == "clamp"
-        )
+        self.parser = request_parser(rt.cfg)
         self.names = set(rt.cfg.scheduler.names)
         self.managed = frozenset(self.parser.table.by_name)
         """Tessera's device resource names: the device families fit them, not NodeResourcesFit."""
@@ -160,18 +219,21 @@ class Watcher(Service):
                 labels={str(k): str(v) for k, v in (o["metadata"].get("labels") or {}).items()},
             ),
             lambda k, _: ev.NamespaceUpdated(name=k),
+            what="Namespace",
         )
         self.podgroups = Mirror(
             publish,
             _namespaced,
             podgroup_event,
             lambda k, _: ev.PodGroupDeleted(namespace=k[0], name=k[1]),
+            what="PodGroup",
         )
         self.queues = Mirror(
             publish,
             lambda o: str(o["metadata"]["name"]),
             queue_event,
             lambda k, _: ev.QueueDeleted(name=k),
+            what="Queue",
         )
         self.jobs = Mirror(
             publish,
@@ -180,6 +242,7 @@ class Watcher(Service):
             lambda k, o: ev.JobDeleted(
                 namespace=k[0], name=k[1], uid=(o.get("metadata") or {}).get("uid", "")
             ),
+            what="Job",
         )
 
     async def start(self) -> None:
@@ -303,7 +366,7 @@ class Watcher(Service):
             )
 
     async def _reject(self, ref: PodRef, errors: tuple[RequestError, ...]) -> None:
-        message = "; ".join(f"{e.field}: {e.message}" for e in errors)
+        message = rejection(errors)
         self.pending.pop(ref.uid, None)
         if self.rejected.get(ref.uid) == message:
             return
@@ -315,7 +378,7 @@ class Watcher(Service):
             ref,
             reason="FailedScheduling",
             kind="Warning",
-            message=f"invalid device request: {message}",
+            message=message,
             component="tessera-watcher",
             condition=INVALID,
         )
@@ -334,7 +397,7 @@ class Watcher(Service):
         who can create a pod could otherwise stop scheduling for everyone)."""
         try:
             await self.on_pod(kind, obj)
-        except (KeyError, TypeError, ValueError, AttributeError, msgspec.ValidationError) as exc:
+        except UNREADABLE as exc:
             meta = obj.get("metadata") if isinstance(obj, dict) else None
             name = f"{(meta or {}).get('namespace')}/{(meta or {}).get('name')}"
             log.warning("pod %s cannot be read (%r); skipped until it changes", name, exc)
@@ -404,25 +467,28 @@ class Watcher(Service):
 
     async def on_node(self, kind: str, obj: dict[str, Any]) -> None:
         """A Node's spec (labels, taints, allocatable, cordon) and its cordoned devices;
-        said again only when one of them changes (not on status heartbeats)."""
-        name = NodeName(obj["metadata"]["name"])
-        if kind == "DELETED":
+        said again only when one of them changes (not on status heartbeats). A Node that
+        cannot be read is logged and skipped until it changes, never fatal."""
+        try:
+            name = NodeName(str(obj["metadata"]["name"]))
+            spec = None if kind == "DELETED" else node_spec(obj)
+            cordoned = ann.cordoned_devices(obj["metadata"].get("annotations") or {})
+        except UNREADABLE as exc:
+            log.warning("node %s cannot be read (%r); skipped until it changes", _name(obj), exc)
+            return
+        if spec is None:
             self.nodes.pop(name, None)
             await self.rt.bus.publish(ev.NodeDeleted(node=name))
             return
-        spec = node_spec(obj)
         update = ev.NodeUpdated(
-            node=name,
-            cordoned_devices=ann.cordoned_devices(obj["metadata"].get("annotations") or {}),
-            unschedulable=spec.unschedulable,
-            spec=spec,
+            node=name, cordoned_devices=cordoned, unschedulable=spec.unschedulable, spec=spec
         )
         if ev.changed(self.nodes.get(name), update):
             self.nodes[name] = update
             await self.rt.bus.publish(update)
 
     async def on_node_relist(self, items: list[dict[str, Any]]) -> None:
-        present = {o["metadata"]["name"] for o in items}
+        present = {_name(o) for o in items}
         for name in set(self.nodes) - present:
             await self.on_node("DELETED", {"metadata": {"name": name}})
         for obj in items:

@@ -81,10 +81,13 @@ def signature(key: bytes, uid: str, node: str, grants: Sequence[ContainerGrant])
 def signed(
     key: bytes | None, uid: str, node: str, grants: Sequence[ContainerGrant], given: str
 ) -> bool:
-    """Is this grant Tessera's own (True when no key is configured)?"""
+    """Is this grant Tessera's own (True when no key is configured)? Any other text,
+    non-ASCII included, is not a signature (compared as bytes: ``compare_digest`` refuses
+    a str that is not ASCII)."""
     if key is None:
         return True
-    return hmac.compare_digest(given, signature(key, uid, node, grants))
+    expected = signature(key, uid, node, grants).encode()
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected)
 
 
 def grant_annotations(

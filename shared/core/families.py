@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from shared.core.ledger import Dev, MigSlot, NodeState, PoolIndex, PoolKey, geometry_id
-from shared.core.model import Constraints, DeviceGrant, DeviceRequest, Policy
+from shared.core.model import MPS_ALONE, Constraints, DeviceGrant, DeviceRequest, Policy
 from shared.core.policy import Workload, device_score, prefer_high
 from shared.core.spec import DeviceSpecs, VnpuChip, VnpuTemplate
 from shared.core.status import UNRESOLVABLE, Reason
@@ -71,6 +71,24 @@ UNHEALTHY = Reason(kind="unhealthy")
 SPLIT_REACHED = Reason(kind="split-reached")
 BUSY = Reason(kind="busy")
 GROUP_SPREAD = Reason(kind="group-spread")
+MPS_UNAVAILABLE = Reason(kind="mps-unavailable")
+MPS_USER_UNSET = Reason(kind="mps-user-unset", code=UNRESOLVABLE)
+MPS_OTHER_USER = Reason(kind="mps-other-user")
+
+
+def mps_refusal(d: Dev, run_as: int | None) -> Reason | None:
+    """Why an MPS card cannot take a pod running as ``run_as`` (Constraints.run_as):
+    its daemon is not running, the pod's user is unknown, or the card serves another
+    user's clients (one MPS daemon serves one user per card at a time)."""
+    if not d.mps_ready:
+        return MPS_UNAVAILABLE
+    if run_as is None:
+        return MPS_USER_UNSET
+    if d.used_slots and (run_as == MPS_ALONE or d.mps_user != run_as):
+        return MPS_OTHER_USER
+    return None
+
+
 NUMA = Reason(kind="numa")
 MIG_NONE_FREE = Reason(kind="mig-none-free")
 MIG_TOO_SMALL = Reason(kind="mig-too-small", code=UNRESOLVABLE)
@@ -259,6 +277,8 @@ class SlicedFamily(_Family):
         def dynamic(d: Dev) -> Reason | None:
             if not d.usable:
                 return UNHEALTHY
+            if d.mode == "mps" and (refused := mps_refusal(d, run_as)) is not None:
+                return refused
             if d.used_slots >= d.slots:
                 return SPLIT_REACHED
             if exclusive and d.used_slots:
@@ -288,6 +308,8 @@ class SlicedFamily(_Family):
         ok = screened.ok
         avoid = ctx.avoid
         only = ctx.only
+        # A whole card is no MPS client: it holds the card alone whoever it runs as.
+        run_as = MPS_ALONE if exclusive else constraints.run_as
         for d in devs:
             if only is not None and d.uuid not in only:
                 continue
@@ -314,6 +336,14 @@ class SlicedFamily(_Family):
                     or (d.total_cores - d.used_cores >= cores and d.used_cores < d.total_cores)
                 )
                 and d.uuid not in avoid
+                and (
+                    d.mode != "mps"
+                    or (
+                        d.mps_ready
+                        and run_as is not None
+                        and (not d.used_slots or (run_as != MPS_ALONE and d.mps_user == run_as))
+                    )
+                )
             ):
                 ok.append(d)
             elif screened.dynamic is None:
@@ -342,6 +372,7 @@ class SlicedFamily(_Family):
                 memory_mib=need_of(d),
                 cores=cores,
                 exclusive=exclusive,
+                mps_user=run_as if d.mode == "mps" else None,
             )
 
         policy = ctx.device_policy

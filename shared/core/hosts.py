@@ -58,9 +58,9 @@ class Requirement(msgspec.Struct, frozen=True, array_like=True):
         if value is None:
             return False
         have = go_int64(value)  # Gt / Lt: both sides base-10 int64 (the bound checked at parse)
-        if have is None:
+        bound = go_int64(self.values[0]) if len(self.values) == 1 else None
+        if have is None or bound is None:
             return False
-        bound = int(self.values[0])
         return have > bound if op == "Gt" else have < bound
 
 
@@ -69,10 +69,16 @@ _INT64 = re.compile(r"[+-]?[0-9]+")
 
 def go_int64(text: str) -> int | None:
     """``strconv.ParseInt(text, 10, 64)``: digits with an optional sign, in range; None
-    otherwise (Python's int() also takes spaces, underscores and any size)."""
+    otherwise (Python's int() also takes spaces, underscores and any size, and raises on
+    more than 4300 digits: past 19 significant ones a value is out of int64 anyway)."""
     if not _INT64.fullmatch(text):
         return None
-    value = int(text)
+    digits = text.lstrip("+-").lstrip("0")
+    if len(digits) > 19:
+        return None
+    value = int(digits or "0")
+    if text.startswith("-"):
+        value = -value
     return value if -(2**63) <= value < 2**63 else None
 
 

@@ -128,6 +128,8 @@ class Dev:
         "mode",
         "model",
         "model_lc",
+        "mps_ready",
+        "mps_user",
         "node",
         "numa",
         "phys_mem",
@@ -183,6 +185,9 @@ class Dev:
         self.used_ai_cores = 0
         self.used_ai_cpus = 0
         self.pool: PoolKey = (self.vendor, mode, self.chip)
+        self.mps_ready = info.mps != "unavailable"
+        self.mps_user: int | None = None
+        """The UID of the MPS clients on it while ``used_slots`` (mode ``mps``)."""
 
     def _reported_alt(self, info: DeviceInfo) -> int:
         """The geometry the card runs now, added as an alternative if unknown."""
@@ -258,6 +263,8 @@ class Dev:
         else:
             self.used_mem += sign * grant.memory_mib
             self.used_cores += sign * grant.cores
+        if sign > 0 and not self.used_slots:
+            self.mps_user = grant.mps_user
         self.used_slots += sign
         self.used_ai_cores += sign * grant.ai_cores
         self.used_ai_cpus += sign * grant.ai_cpus

@@ -8,13 +8,19 @@ frozen type serves all three. New fields get defaults; nothing is renamed or ret
 
 from __future__ import annotations
 
-from typing import Literal, NewType
+from typing import Annotated, Literal, NewType
 
 import msgspec
 
 PodUID = NewType("PodUID", str)
 NodeName = NewType("NodeName", str)
 DeviceUUID = NewType("DeviceUUID", str)
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+"""Memory, cores, counts and indexes: what arrives from the bus or an annotation with a
+negative one is refused when decoded."""
+PosInt = Annotated[int, msgspec.Meta(ge=1)]
+Percent = Annotated[int, msgspec.Meta(ge=0, le=100)]
 
 Vendor = Literal[
     "nvidia",
@@ -34,6 +40,12 @@ Vendor = Literal[
 SharingMode = Literal["hami-core", "mig", "mps", "vnpu"]
 """How a device is shared: software slicing through the isolation library (``hami-core``,
 NVIDIA or Ascend), MIG instances, MPS clients, or Ascend hard vNPU templates (``vnpu``)."""
+MPS_ALONE = -1
+"""``Constraints.run_as`` and ``DeviceGrant.mps_user`` of a pod whose UID is not set,
+holding an MPS card alone (one MPS daemon serves one user per card at a time)."""
+MpsState = Literal["", "running", "unavailable"]
+"""The MPS control daemon of a card: not in MPS mode (empty), running, or unavailable
+(no MPS binary on the node, or the daemon will not start)."""
 
 RequestKind = Literal["vgpu", "gpu-share", "gpu-number", "npu-template", "npu-core"]
 """How a request slices devices.
@@ -116,17 +128,17 @@ class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     """The memory resource name the user wrote (or the vendor's first), for messages."""
     core_resource: str = ""
     """The core resource name the user wrote (or the vendor's first), for messages."""
-    count: int = 1
-    memory_mib: int | None = None
-    memory_percent: int | None = None
-    cores: int = 0
+    count: NonNegInt = 1
+    memory_mib: NonNegInt | None = None
+    memory_percent: Percent | None = None
+    cores: NonNegInt = 0
     """Percent of one device's compute; 100 means exclusive."""
     exclusive: bool = False
     chip: str | None = None
     """Ascend chip the request targets (``910B3``...), from the resource name."""
-    npu_cores: int | None = None
+    npu_cores: NonNegInt | None = None
     """MindCluster AI cores (``huawei.com/npu-core``)."""
-    priority: int | None = None
+    priority: NonNegInt | None = None
 
 
 class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -151,7 +163,7 @@ class Constraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     nouse_types: tuple[str, ...] = ()
     use_uuids: tuple[str, ...] = ()
     nouse_uuids: tuple[str, ...] = ()
-    device_indexes: tuple[int, ...] = ()
+    device_indexes: tuple[NonNegInt, ...] = ()
     mode: SharingMode | None = None
     node_policy: Policy | None = None
     device_policy: Policy | None = None
@@ -160,6 +172,11 @@ class Constraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     vnpu_hami_core: bool = False
     vnpu_level: Literal["low", "high"] | None = None
     vnpu_dvpp: Literal["yes", "no", "null"] | None = None
+    run_as: int | None = None
+    """The UID an MPS card's clients must share with this pod (shared/core/request.py):
+    the one ``runAsUser`` of its device containers; :data:`MPS_ALONE` when unset and
+    ``nodeAgent.mps.unsetUser`` is ``exclusive`` (an MPS card of its own); None when
+    unset and that rule is ``refuse`` (no MPS card)."""
 
 
 class PodRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -186,8 +203,8 @@ class MigInstance(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
     profile: str
     """Profile name, e.g. ``1g.10gb``."""
-    memory_mib: int
-    placement: int
+    memory_mib: NonNegInt
+    placement: NonNegInt
     """Index of this slot within the geometry; stable across reconfiguration."""
     uuid: str | None = None
     """The instance UUID once it exists on the card."""
@@ -197,46 +214,53 @@ class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One physical device as a node agent reports it (before node overrides)."""
 
     uuid: DeviceUUID
-    index: int
+    index: NonNegInt
     vendor: Vendor
     model: str
     """Type string users match with use-gputype, e.g. ``NVIDIA-A100-SXM4-80GB``."""
-    memory_mib: int
-    cores: int = 100
+    memory_mib: NonNegInt
+    cores: NonNegInt = 100
     """Compute capacity in percent of one device (100 x core scaling)."""
-    sm_count: int = 0
-    numa: int = 0
+    sm_count: NonNegInt = 0
+    numa: NonNegInt = 0
     mode: SharingMode = "hami-core"
     healthy: bool = True
     chip: str | None = None
     """Ascend chip name (``910B3``, ``310P3``) or None."""
-    ai_cores: int = 0
+    ai_cores: NonNegInt = 0
     """Ascend AI cores of the chip."""
-    ai_cpus: int = 0
+    ai_cpus: NonNegInt = 0
     """Ascend AI CPUs of the chip."""
     mig_geometry: tuple[MigInstance, ...] = ()
     """The MIG geometry the card runs now; empty when MIG is off or unconfigured."""
+    mps: MpsState = ""
+    """The MPS control daemon serving this card (cards in ``mps`` mode; empty otherwise):
+    a card in ``mps`` mode whose daemon is ``unavailable`` is offered to no MPS pod."""
+    mps_clients: NonNegInt = 0
+    """MPS client processes on this card now (cards in ``mps`` mode)."""
 
 
 class DeviceGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What one container gets of one device."""
 
     uuid: DeviceUUID
-    index: int = 0
+    index: NonNegInt = 0
     vendor: Vendor = "nvidia"
     model: str = ""
-    memory_mib: int = 0
-    cores: int = 0
+    memory_mib: NonNegInt = 0
+    cores: NonNegInt = 0
     exclusive: bool = False
     mig_profile: str | None = None
-    mig_placement: int | None = None
+    mig_placement: NonNegInt | None = None
     mig_geometry: str | None = None
     """The geometry the instance belongs to (its profiles in placement order, comma
     separated): the node agent creates it on a card that runs another one."""
+    mps_user: int | None = None
+    """On an MPS card: the UID its clients run as (:data:`MPS_ALONE`: this pod's alone)."""
     vnpu_template: str | None = None
-    ai_cores: int = 0
+    ai_cores: NonNegInt = 0
     """Ascend AI cores the vNPU template holds."""
-    ai_cpus: int = 0
+    ai_cpus: NonNegInt = 0
     """Ascend AI CPUs the vNPU template holds."""
 
 
@@ -250,7 +274,7 @@ class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     """An init container's devices, each within what the pod's app containers hold on
     it: they run one after the other (the kubelet's device manager hands an init
     container's devices on to the app containers), so it is not booked again."""
-    priority: int | None = None
+    priority: NonNegInt | None = None
     """``<vendor>/priority`` as the container asked (the isolation library's task priority)."""
     disable_isolation: bool = False
     """The container set ``CUDA_DISABLE_CONTROL=true``: no preload library."""

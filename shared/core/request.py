@@ -26,6 +26,7 @@ from typing import Any, Literal
 from msgspec.structs import replace
 
 from shared.core.model import (
+    MPS_ALONE,
     Constraints,
     ContainerRequest,
     DeviceRequest,
@@ -62,6 +63,15 @@ ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 
 
+MAX_DEVICES = 1024
+"""The most devices one container may ask for: more than any node has."""
+MAX_AMOUNT = 1 << 24
+"""The most any other device resource may ask for of one device (16777216: MiB of
+memory, or cores): more than any device has."""
+MAX_DIGITS_INDEX = 6
+"""The most digits of a device index in ``volcano.sh/gpu-index``."""
+
+
 class Role(enum.Enum):
     """What a configured resource name gives of a request (count, memory, cores...)."""
 
@@ -76,6 +86,16 @@ class Role(enum.Enum):
     NPU_MEMORY = "npu memory"
     NPU_CORES = "npu cores"
     NPU_MINDCLUSTER = "npu-core"
+
+
+_MOST: dict[Role, tuple[int, str]] = {
+    Role.COUNT: (MAX_DEVICES, "devices per container"),
+    Role.WHOLE: (MAX_DEVICES, "devices per container"),
+    Role.NPU_COUNT: (MAX_DEVICES, "NPUs per container"),
+    Role.NPU_MINDCLUSTER: (8 * MAX_DEVICES, "AI cores per container"),
+}
+"""The largest value of each role and what it counts per container; any other role
+asks for :data:`MAX_AMOUNT` of one device at most."""
 
 
 @dataclass(frozen=True)
@@ -155,9 +175,17 @@ class _Values:
 class RequestParser:
     """Parses pods against one device configuration; build once, call for every pod."""
 
-    def __init__(self, specs: DeviceSpecs, *, clamp_cores: bool = False) -> None:
+    def __init__(
+        self,
+        specs: DeviceSpecs,
+        *,
+        clamp_cores: bool = False,
+        mps_unset_user: Literal["refuse", "exclusive"] = "refuse",
+    ) -> None:
         self.table = ResourceTable.build(specs)
         self.clamp_cores = clamp_cores
+        self.mps_unset_user = mps_unset_user
+        """What an MPS card does with a pod whose UID is not set (``run_as``)."""
 
     def wants_devices(self, pod: Mapping[str, Any]) -> bool:
         """Cheap pre-check: does any container name one of our resources?"""
@@ -179,15 +207,51 @@ class RequestParser:
         errors: list[RequestError] = []
         constraints = _constraints(annotations, labels, errors)
         containers: list[ContainerRequest] = []
+        users: set[int | None] = set()
+        pod_user = _run_as_user(spec.get("securityContext"))
         for key, init in (("initContainers", True), ("containers", False)):
             for c in spec.get(key) or ():
                 if not isinstance(c, Mapping):
                     errors.append(RequestError(field=key, message="each entry must be an object"))
                     continue
                 containers.append(self._container(c, init, constraints, errors))
+                if any(not d.exclusive for d in containers[-1].devices):  # an MPS client
+                    user = _run_as_user(c.get("securityContext"))
+                    users.add(pod_user if user is None else user)
+        constraints = self._run_as(constraints, users, errors)
         if errors:
             return tuple(errors)
         return PodRequest(containers=tuple(containers), constraints=constraints)
+
+    def _run_as(
+        self, constraints: Constraints, users: set[int | None], errors: list[RequestError]
+    ) -> Constraints:
+        """The UID an MPS card's clients must share with the pod (Constraints.run_as);
+        an error when the pod asks for MPS and gives none (a second user's client would
+        hang at CUDA initialisation until the first user's clients end)."""
+        if not users:
+            return constraints
+        if len(users) == 1 and None not in users:
+            return replace(constraints, run_as=users.pop())
+        if self.mps_unset_user == "exclusive":
+            return replace(constraints, run_as=MPS_ALONE)
+        if constraints.mode == "mps":
+            known = sorted(u for u in users if u is not None)
+            errors.append(
+                RequestError(
+                    field="securityContext.runAsUser",
+                    message=(
+                        f"the containers asking for MPS devices run as different users {known}"
+                        if len(known) > 1
+                        else "a pod in MPS mode must set runAsUser (on the pod, or on each "
+                        "container asking for a device)"
+                    )
+                    + ": one MPS daemon serves one user per card at a time, and another "
+                    "user's pod would hang at CUDA initialisation (or set "
+                    "nodeAgent.mps.unsetUser: exclusive to give such pods a card of their own)",
+                )
+            )
+        return constraints
 
     # --- one container -------------------------------------------------------------
 
@@ -210,16 +274,23 @@ class RequestParser:
             where = f"{rname} (container {cname})"
             try:
                 value = parse_whole(raw)
-            except ValueError:
-                errors.append(
-                    RequestError(
-                        field=where, message=f"{raw!r} is not a whole number; write an integer"
-                    )
-                )
+            except ValueError as exc:
+                errors.append(RequestError(field=where, message=f"{exc}; write a whole number"))
                 continue
             if value < 0:
                 errors.append(
                     RequestError(field=where, message=f"{value} is negative; ask for 0 or more")
+                )
+                continue
+            most, what = _MOST.get(res.role, (MAX_AMOUNT, "per device"))
+            if value > most:
+                holder = "device" if res.role not in _MOST else "node"
+                errors.append(
+                    RequestError(
+                        field=where,
+                        message=f"{value} is more than any {holder} has; ask for at most "
+                        f"{most} {what}",
+                    )
                 )
                 continue
             chip_key = res.chip.chip_name if res.chip and res.role != Role.NPU_MINDCLUSTER else ""
@@ -553,7 +624,7 @@ def _constraints(
     indexes: list[int] = []
     if GPU_INDEX in annotations:
         for item in _split(annotations[GPU_INDEX]):
-            if item.isdigit():
+            if item.isascii() and item.isdigit() and len(item) <= MAX_DIGITS_INDEX:
                 indexes.append(int(item))
             else:
                 bad(GPU_INDEX, item, "a comma list of device indexes such as 0,1")
@@ -637,3 +708,17 @@ def _constraints(
         vnpu_level=level,
         vnpu_dvpp=dvpp,
     )
+
+
+def rejection(errors: Sequence[RequestError]) -> str:
+    """What a pod whose request can never be placed is told, by the watcher (its Event)
+    and the admission webhook (the refusal ``kubectl apply`` prints) alike."""
+    return "invalid device request: " + "; ".join(f"{e.field}: {e.message}" for e in errors)
+
+
+def _run_as_user(context: Any) -> int | None:
+    """``runAsUser`` of a securityContext, when set to a UID."""
+    if not isinstance(context, Mapping):
+        return None
+    user = context.get("runAsUser")
+    return user if isinstance(user, int) and not isinstance(user, bool) and user >= 0 else None

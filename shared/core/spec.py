@@ -15,7 +15,7 @@ from typing import Annotated, Literal, get_args
 
 import msgspec
 
-from shared.core.model import SharingMode, Vendor
+from shared.core.model import NonNegInt, Percent, PosInt, SharingMode, Vendor
 
 GENERIC_VENDORS: tuple[Vendor, ...] = tuple(v for v in get_args(Vendor) if v != "ascend")
 """Vendors sliced by count, memory and cores (Ascend has chips and templates instead)."""
@@ -23,10 +23,7 @@ GENERIC_VENDORS: tuple[Vendor, ...] = tuple(v for v in get_args(Vendor) if v != 
 Names = str | list[str]
 """One resource name or several; see :func:`names`."""
 
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-PosInt = Annotated[int, msgspec.Meta(ge=1)]
 Scaling = Annotated[float, msgspec.Meta(gt=0.0)]
-Percent = Annotated[int, msgspec.Meta(ge=0, le=100)]
 
 
 def names(value: Names) -> tuple[str, ...]:

@@ -28,6 +28,8 @@ from collections.abc import Iterable
 
 import msgspec
 
+from shared.core.model import NonNegInt
+
 
 class Code(enum.IntEnum):
     """What the caller does next (see the module docstring)."""
@@ -69,6 +71,9 @@ _TEXT: dict[str, str] = {
     "split-reached": "device split count reached",
     "busy": "no idle device for an exclusive request",
     "group-spread": "card already used by the PodGroup (vgpu-podgroup-policy: spread)",
+    "mps-unavailable": "device(s) in MPS mode have no MPS daemon running",
+    "mps-user-unset": "device(s) in MPS mode serve only pods that set runAsUser",
+    "mps-other-user": "device(s) serve another user's MPS clients",
     "numa": "not enough devices on one NUMA node",
     "larger-than-card": "{resource} larger than the card",
     "too-few-devices": "{resource}: {requested} devices asked, {free} eligible on the node{detail}",
@@ -110,7 +115,7 @@ class Reason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     free: int | None = None
     capacity: int | None = None
     detail: str = ""
-    nodes: int = 1
+    nodes: NonNegInt = 1
 
     def text(self) -> str:
         """The reason as people read it (the one place texts are made)."""
@@ -139,7 +144,7 @@ class Status(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     code: Code = Code.SUCCESS
     reasons: tuple[Reason, ...] = ()
-    nodes: int = 0
+    nodes: NonNegInt = 0
     context: str = ""
     note: str = ""
     """What is being done about it (a preemption, a hold), after the reasons, as

@@ -22,7 +22,7 @@ from shared.bus import connect
 from shared.config import KubernetesConfig, NatsConfig
 from tests.helpers import eventually
 from tools.cli import SERVICES, _ping
-from tools.localcluster import service_kubeconfig, service_settings
+from tools.localcluster import free_port, service_kubeconfig, service_settings
 
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 2.0
@@ -52,6 +52,8 @@ class Pipeline:
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     keepers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     restarts: list[str] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)
+    """Each process's HTTP port (``--http-port``), kept across its restarts."""
     namespaces: list[str] = field(default_factory=list)
     """Made by ``namespace()``: a fixture may clear what its tests left there."""
 
@@ -64,9 +66,11 @@ class Pipeline:
     async def _spawn(self, service: str) -> None:
         """``service``: a name, ``name#2`` (a second replica), or ``node-agent@node``."""
         module, _, node = service.partition("#")[0].partition("@")
-        args = [sys.executable, "-m", SERVICES[module], "--config", str(self.config)]
+        self.ports[service] = self.ports.get(service) or free_port()
+        config = self.simulator if service == "node-agent" else self.config
+        args = [sys.executable, "-m", SERVICES[module], "--config", str(config)]
+        args.append(f"--http-port={self.ports[service]}")  # /healthz, /readyz, /metrics
         if service == "node-agent":  # as the dev overlay runs it, with its own account
-            args = [sys.executable, "-m", SERVICES[module], "--config", str(self.simulator)]
             args += ["--simulate", str(self.inventory)]
         elif node:  # "node-agent@gpu-0": a real node's agent, its devices from gpu-0.yaml
             args += ["--node", node, "--source", f"file:{self.workdir / node}.yaml"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shared.config import NatsConfig
-from tests.helpers import eventually
+from tests.helpers import eventually, readyz
 from tests.integration.pipeline import Pipeline, pod, start_pipeline
 
 pytestmark = pytest.mark.integration
@@ -48,6 +48,20 @@ async def pipeline(
     )
     yield p
     await p.close()
+
+
+async def test_the_active_replica_and_the_standby_are_both_ready(pipeline: Pipeline) -> None:
+    """``/readyz`` (shared/health.py): a standby is ready too (it takes over within the
+    lease), the active one once it reads the API server and has caught up."""
+    for name, port in pipeline.ports.items():
+        text = await eventually(lambda port=port: readyz(port), what=f"{name} ready")
+        assert {"[+]role ok", "[+]nats ok"} <= set(text.splitlines()), (name, text)
+    services = ["device-allocator", "binder", "gang-coordinator", "watcher", "job-controller"]
+    for service in services:
+        active = await pipeline.active(service)
+        text = await readyz(pipeline.ports[active]) or ""
+        wanted = {"[+]kube-apiserver ok"} | ({"[+]consumer ok"} if service != "watcher" else set())
+        assert wanted <= set(text.splitlines()), text
 
 
 @pytest.mark.parametrize(

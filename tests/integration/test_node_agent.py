@@ -63,6 +63,7 @@ async def pipeline(
                     "libraryHostPath": str(workdir / "vgpu/libvgpu.so"),
                     "preloadHostPath": str(workdir / "vgpu/ld.so.preload"),
                     "cacheHostDir": str(workdir / "vgpu/containers"),
+                    "lockDir": str(workdir / "vgpulock"),
                 },
             },
             "telemetry": {"logLevel": "DEBUG", "metricsPort": 0},
@@ -170,6 +171,12 @@ async def test_twenty_pods_bound_at_once_each_get_their_own_limits(
         assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].endswith(
             f"{obj['metadata']['uid']}_main.cache"
         )
+        # Its accounting directory and the lock directory exist on the host, open to
+        # whatever user the container runs as.
+        mounts = {m.container_path: m.host_path for m in played.handed[name].mounts}
+        for where in ("/usr/local/vgpu/cache", str(pipeline.workdir / "vgpulock")):
+            assert Path(mounts[where]).stat().st_mode & 0o777 == 0o777, where  # noqa: ASYNC240
+        assert mounts["/usr/local/vgpu/cache"].endswith(f"{obj['metadata']['uid']}_main")
     # Binds went on while the kubelet admitted: pods of other shapes were in flight to
     # the node together (up to one per shape, never two one Allocate could mean).
     assert 2 <= played.in_flight_max <= 4

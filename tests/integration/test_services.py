@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import nats
 import nats.errors
 import nats.js.errors
@@ -27,10 +28,10 @@ from shared.bus import connect
 from shared.config import NatsConfig, config_hash, load
 from shared.runtime import run_service
 from shared.telemetry import setup_tracing
-from tests.helpers import eventually
+from tests.helpers import eventually, readyz
 from tests.integration.pipeline import Pipeline, pod, reset_stream, start_pipeline
 from tools.cli import SERVICES, _ping
-from tools.localcluster import service_settings
+from tools.localcluster import free_port, service_settings
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +56,8 @@ async def test_service_process_answers_ping_and_stops_on_sigterm(
 ) -> None:
     await reset_stream(nats_admin)
     cfg = write_config(tmp_path, nats_admin, kubeconfig)
-    args = [sys.executable, "-m", SERVICES[service], "--config", str(cfg)]
+    port = free_port()
+    args = [sys.executable, "-m", SERVICES[service], "--config", str(cfg), f"--http-port={port}"]
     if service == "node-agent":
         empty = tmp_path / "inventory.yaml"
         empty.write_text("nodes: []\n")
@@ -69,6 +71,17 @@ async def test_service_process_answers_ping_and_stops_on_sigterm(
             while not hellos:
                 hellos = [h for h in await _ping(nats_admin, 0.5) if h["service"] == service]
         assert hellos[0]["config_hash"] == config_hash(load(cfg))
+        # Ready once active: connected to NATS and the API server, its consumer caught up.
+        ready = await eventually(lambda: readyz(port), what=f"{service} ready")
+        checks = {"[+]nats ok", "[+]role ok", "[+]kube-apiserver ok"}
+        if service not in ("watcher", "node-agent"):  # they consume nothing (a simulator)
+            checks.add("[+]consumer ok")
+        assert checks <= set(ready.splitlines()), ready
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/healthz") as answer,
+        ):
+            assert answer.status == 200, await answer.text()
     finally:
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(20):
@@ -173,7 +186,7 @@ async def test_a_resync_reaches_a_consumer_that_missed_the_first_announcement(
     await reset_stream(nats_admin)
     cfg = write_config(tmp_path, nats_admin, kubeconfig)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", SERVICES["watcher"], "--config", str(cfg)
+        sys.executable, "-m", SERVICES["watcher"], "--config", str(cfg), "--http-port=0"
     )
     nc = await connect(nats_admin, "admin")
     try:

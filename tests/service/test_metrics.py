@@ -7,10 +7,12 @@ import struct
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.node_agent import metrics as m
 from shared.core.model import DeviceInfo, DeviceUUID, PodRef, PodUID
+from shared.health import Health
 
 GPU = DeviceInfo(
     uuid=DeviceUUID("GPU-aaaa"), index=0, vendor="nvidia", model="NVIDIA-A100", memory_mib=81920
@@ -77,7 +79,8 @@ async def test_metrics_are_scraped_and_parsed(tmp_path: Path) -> None:
     )
     node.allocations.add(3, {"resource": "nvidia.com/gpu", "result": "ok"})
     port = free_port()
-    runner = await node.serve(port, host="127.0.0.1")
+    health = Health(alive=lambda: None, routes=[web.get("/metrics", node.scrape)])
+    runner = await health.serve(port, host="127.0.0.1")
     try:
         async with (
             aiohttp.ClientSession() as http,

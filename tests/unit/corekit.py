@@ -84,10 +84,13 @@ def pod_json(
     labels: dict[str, str] | None = None,
     containers: list[dict[str, Any]] | None = None,
     init: list[dict[str, Any]] | None = None,
+    run_as: int | None = None,
 ) -> dict[str, Any]:
     if containers is None:
         containers = [{"name": "main", "resources": {"limits": limits or {}}}]
     spec: dict[str, Any] = {"containers": containers}
+    if run_as is not None:
+        spec["securityContext"] = {"runAsUser": run_as}
     if init:
         spec["initContainers"] = init
     return {

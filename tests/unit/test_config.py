@@ -100,7 +100,11 @@ def test_env_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ),
         (
             {"devices": {"amd": {"resourceCountName": "nvidia.com/gpu"}}},
-            ["'nvidia.com/gpu'", "`$.devices.nvidia`", "`$.devices.amd`"],
+            [
+                "'nvidia.com/gpu'",
+                "`$.devices.nvidia.resourceCountName`",
+                "`$.devices.amd.resourceCountName`",
+            ],
         ),
         ({"nats": {"url": 4222}}, ["`$.nats.url`", "Expected `str`"]),
         ({"telemetry": {"typo": 1}}, ["unknown field `typo`", "otlpEndpoint"]),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
-from services.node_agent.isolation import handout
+from services.node_agent.isolation import HandoutError, handout
 from shared.config import Config
 from shared.core.model import (
     ContainerGrant,
@@ -32,15 +33,34 @@ def grant(**kw: object) -> ContainerGrant:
     return ContainerGrant(container="main", devices=(d,))
 
 
-def test_a_node_set_to_mps_hands_mps_client_limits_not_the_library() -> None:
+def test_an_mps_card_hands_the_daemon_pipe_the_client_limits_and_the_memory_library() -> None:
     c = cfg(nodeConfigs=[{"name": "gpu-0", "operatingMode": "mps"}])
     out = handout(c, NODE, POD, grant(), {CARD.uuid: CARD})
     assert out.envs == {
         "NVIDIA_VISIBLE_DEVICES": "GPU-a",
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+        # HAMi-core for memory only (the container sees 4096 MiB as the card's size);
+        # MPS limits the SMs, so no CUDA_DEVICE_SM_LIMIT.
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/u_main.cache",
     }
-    assert out.mounts == []
+    mounts = {m.container_path: (m.host_path, m.read_only) for m in out.mounts}
+    assert mounts["/tmp/nvidia-mps"] == ("/run/tessera/mps/pipe", False)
+    assert mounts["/etc/ld.so.preload"] == ("/usr/local/vgpu/ld.so.preload", True)
+    # Without the library: the MPS client limits alone; cores not asked: all of them.
+    bare = cfg(
+        nodeConfigs=[{"name": "gpu-0", "operatingMode": "mps"}],
+        nodeAgent={"mps": {"hamiCore": False, "pipeHostDir": "/var/mps"}},
+    )
+    whole = ContainerGrant(container="main", devices=(DeviceGrant(uuid=CARD.uuid, memory_mib=8),))
+    out = handout(bare, NODE, POD, whole, {CARD.uuid: CARD})
+    assert out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in out.envs
+    assert [(m.container_path, m.host_path) for m in out.mounts] == [
+        ("/tmp/nvidia-mps", "/var/mps")
+    ]
 
 
 def test_scaling_core_policy_and_log_level_reach_the_library() -> None:
@@ -64,3 +84,10 @@ def test_a_whole_card_needs_no_limits() -> None:
     out = handout(Config(), NODE, POD, grant(exclusive=True, memory=81920), {CARD.uuid: CARD})
     assert out.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-a"}
     assert out.mounts == []
+
+
+def test_an_mps_card_without_its_daemon_is_not_handed_over() -> None:
+    c = cfg(nodeConfigs=[{"name": "gpu-0", "operatingMode": "mps"}])
+    down = msgspec.structs.replace(CARD, mps="unavailable")
+    with pytest.raises(HandoutError, match="no MPS daemon runs for GPU-a"):
+        handout(c, NODE, POD, grant(), {CARD.uuid: down})

@@ -228,7 +228,7 @@ def test_modes_route_to_matching_nodes_only() -> None:
     )
     for mode in ("hami-core", "mps", "mig"):
         node = place(
-            pl, {"nvidia.com/gpumem": 4000}, annotations={"nvidia.com/vgpu-mode": mode}
+            pl, {"nvidia.com/gpumem": 4000}, annotations={"nvidia.com/vgpu-mode": mode}, run_as=7
         ).node
         assert node == {"hami-core": "soft", "mps": "mps", "mig": "mig"}[mode]
 

@@ -117,6 +117,25 @@ def socket_name(resource: str) -> str:
     return "tessera-" + resource.replace("/", "-").replace(".", "_") + ".sock"
 
 
+WRITABLE_MODE = 0o777
+"""The directories a container writes through the isolation library (its accounting
+file's, the lock directory) are open to every user, as HAMi's plugin makes them: the
+container's user is whoever its image says."""
+
+
+def make_writable_dirs(given: Handout) -> None:
+    """Create, on the host, every directory the container gets writable (its accounting
+    directory, the lock directory) before the kubelet mounts them; OSError when one
+    cannot be made (the Allocate is then refused with the reason)."""
+    for mount in given.mounts:
+        if mount.read_only:
+            continue
+        path = Path(mount.host_path)
+        path.mkdir(parents=True, exist_ok=True)
+        if path.stat().st_mode & 0o777 != WRITABLE_MODE:
+            path.chmod(WRITABLE_MODE)  # mkdir's mode is cut by the umask
+
+
 @dataclass(eq=False)
 class ResourceServer:
     """The device plugin of one resource on one node."""
@@ -280,9 +299,9 @@ class ResourceServer:
             count = len(c.devices_ids)
             try:
                 match = await self.desk.claim(vendor, count, self.cfg.node_agent.admission_wait_s)
-                responses.append(
-                    to_proto(handout(self.cfg, self.node, match.pod, match.grant, self.devices()))
-                )
+                given = handout(self.cfg, self.node, match.pod, match.grant, self.devices())
+                await asyncio.to_thread(make_writable_dirs, given)
+                responses.append(to_proto(given))
             except TimeoutError:
                 self.record(self.resource.name, "unknown-pod")
                 await self._refuse(
@@ -292,7 +311,7 @@ class ResourceServer:
                     f"device(s) of {self.resource.name} (waited "
                     f"{self.cfg.node_agent.admission_wait_s:.0f}s): was it scheduled by Tessera?",
                 )
-            except (AmbiguousError, HandoutError) as exc:
+            except (AmbiguousError, HandoutError, OSError) as exc:
                 self.record(self.resource.name, type(exc).__name__)
                 await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             self.record(self.resource.name, "ok")

@@ -1,0 +1,3 @@
+from services.webhook.service import main
+
+main()

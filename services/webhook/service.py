@@ -1,0 +1,318 @@
+"""The admission webhook: an aiohttp server over TLS that the API server calls when a pod
+is created.
+
+- ``/mutate``: a pod that asks for a device Tessera manages and names no scheduler (or
+  ``default-scheduler``) gets the first of ``scheduler.names`` (HAMi's webhook does the
+  same for its scheduler), unless ``webhook.setSchedulerName`` is off.
+- ``/validate``: a pod of one of ``scheduler.names`` whose device request can never be
+  placed is refused with the message the watcher would put in its Event; any pod that
+  carries a grant annotation at creation (Tessera's ``tessera.io/grant`` and its
+  companions, or HAMi's and Volcano's assignment keys) is refused: only the binder
+  writes them, through the Binding.
+- ``/healthz`` and ``/readyz`` (ready once it serves with a certificate the API server
+  trusts).
+
+It keeps its own certificate (certs.py) and writes its Mutating- and
+ValidatingWebhookConfiguration (``webhook.configuration``) with that CA, its failure
+policy and the namespaces it serves: never ``kube-system``, never its own namespace,
+never one labelled ``tessera.io/webhook: disabled``. A request it cannot make sense of
+is let through with a warning and a log line: the watcher still checks every pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import signal
+import ssl
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from services.webhook import certs
+from shared import config as config_module
+from shared import kube
+from shared.config import Config, request_parser
+from shared.core import annotations as ann
+from shared.core.model import PodRequest
+from shared.core.request import rejection
+from shared.health import API_CHECK_TTL_S, Cached, Health
+from shared.telemetry import setup_logging
+
+log = logging.getLogger(__name__)
+
+NAME = "webhook"
+OPT_OUT = "tessera.io/webhook"
+"""Label a namespace ``tessera.io/webhook: disabled`` to leave it out."""
+DEFAULT_SCHEDULER = "default-scheduler"
+GRANT_KEYS = frozenset(
+    {ann.GRANT, ann.SIGNATURE, ann.NODE, ann.BIND_TIME}
+    | {key for keys in ann.COMPAT_KEYS.values() for key in keys.values()}
+)
+"""Annotations only the scheduler writes (at bind time): a pod may not bring its own."""
+
+
+def forged_annotations(pod: dict[str, Any]) -> list[str]:
+    """The scheduler-only annotations a new pod carries."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return sorted(k for k in annotations if k in GRANT_KEYS)
+
+
+class Webhook:
+    """The two admission decisions, on plain dicts (no I/O)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.parser = request_parser(cfg)
+
+    def mutate(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
+        """The JSON patch for a new pod (empty: nothing to change)."""
+        if not self.cfg.webhook.set_scheduler_name:
+            return []
+        spec = pod.get("spec") or {}
+        if spec.get("schedulerName") not in (None, "", DEFAULT_SCHEDULER):
+            return []
+        if not self.parser.wants_devices(pod):
+            return []
+        name = self.cfg.scheduler.names[0]
+        return [{"op": "add", "path": "/spec/schedulerName", "value": name}]
+
+    def validate(self, pod: dict[str, Any]) -> str | None:
+        """Why a new pod is refused, or None."""
+        forged = forged_annotations(pod)
+        if forged:
+            return (
+                f"annotation {', '.join(forged)} is written by the scheduler when it binds "
+                "a pod; a pod may not carry it at creation"
+            )
+        if (pod.get("spec") or {}).get("schedulerName") not in self.cfg.scheduler.names:
+            return None
+        parsed = self.parser.parse(pod)
+        if isinstance(parsed, PodRequest):
+            return None
+        return rejection(parsed)
+
+    def review(self, body: dict[str, Any], mutating: bool) -> dict[str, Any]:
+        """The AdmissionReview answer to one AdmissionReview request."""
+        request = body.get("request") or {}
+        response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
+        pod = request.get("object")
+        if request.get("operation") == "CREATE" and isinstance(pod, dict):
+            try:
+                if mutating:
+                    patch = self.mutate(pod)
+                    if patch:
+                        response["patchType"] = "JSONPatch"
+                        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+                else:
+                    refused = self.validate(pod)
+                    if refused is not None:
+                        response["allowed"] = False
+                        response["status"] = {
+                            "code": 403,
+                            "reason": "Forbidden",
+                            "message": refused,
+                        }
+                        log.info("refused a pod in %s: %s", request.get("namespace"), refused)
+            except Exception as exc:  # never block pods on the webhook's own bug
+                log.exception("could not review a pod in %s", request.get("namespace"))
+                response["allowed"] = True
+                response["warnings"] = [f"tessera webhook could not check this pod: {exc}"]
+        return {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": response,
+        }
+
+
+def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """The Mutating- and ValidatingWebhookConfiguration (API path, object)."""
+    w = cfg.webhook
+    selector = json.loads(json.dumps(w.namespace_selector or {}))
+    expressions = list(selector.get("matchExpressions") or [])
+    expressions += [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": sorted({"kube-system", w.namespace}),
+        },
+        {"key": OPT_OUT, "operator": "NotIn", "values": ["disabled"]},
+    ]
+    selector["matchExpressions"] = expressions
+    out = []
+    for kind, path, suffix in (
+        ("MutatingWebhookConfiguration", "mutatingwebhookconfigurations", "mutate"),
+        ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations", "validate"),
+    ):
+        client: dict[str, Any] = {"caBundle": base64.b64encode(ca).decode()}
+        if w.url:
+            client["url"] = f"{w.url.rstrip('/')}/{suffix}"
+        else:
+            client["service"] = {
+                "namespace": w.namespace,
+                "name": w.service,
+                "path": f"/{suffix}",
+                "port": 443,
+            }
+        hook: dict[str, Any] = {
+            "name": f"{suffix}.pods.tessera.io",
+            "clientConfig": client,
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE"],
+                    "resources": ["pods"],
+                    "scope": "Namespaced",
+                }
+            ],
+            "failurePolicy": w.failure_policy,
+            "namespaceSelector": selector,
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+        }
+        if kind.startswith("Mutating"):
+            hook["reinvocationPolicy"] = "Never"
+        obj = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": w.configuration},
+            "webhooks": [hook],
+        }
+        out.append((f"/apis/admissionregistration.k8s.io/v1/{path}/{w.configuration}", obj))
+    return out
+
+
+async def apply_configurations(api: kube.Client, cfg: Config, ca: bytes) -> None:
+    """Write both configurations (server-side apply: created or brought up to date)."""
+    for path, obj in configurations(cfg, ca):
+        await kube.request(
+            api,
+            "PATCH",
+            path,
+            obj,
+            query={"fieldManager": "tessera-webhook", "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+
+
+class Server:
+    """The HTTPS server, its certificate kept current."""
+
+    def __init__(self, cfg: Config, api: kube.Client) -> None:
+        self.cfg = cfg
+        self.api = api
+        self.webhook = Webhook(cfg)
+        self.ready = False
+        self.folder = Path(tempfile.mkdtemp(prefix="tessera-webhook-"))
+        self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.bundle: certs.Bundle | None = None
+        self.health = Health(alive=lambda: None)
+        self.health.add("certificate", self._certificate)
+        self.health.add("kube-apiserver", Cached(self._reachable, API_CHECK_TTL_S))
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 << 20)
+        app.router.add_post("/mutate", self._mutate)
+        app.router.add_post("/validate", self._validate)
+        self.health.install(app)
+        return app
+
+    async def _review(self, request: web.Request, mutating: bool) -> web.Response:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return web.json_response({"error": "not an AdmissionReview"}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response({"error": "not an AdmissionReview"}, status=400)
+        return web.json_response(self.webhook.review(body, mutating))
+
+    async def _mutate(self, request: web.Request) -> web.Response:
+        return await self._review(request, mutating=True)
+
+    async def _validate(self, request: web.Request) -> web.Response:
+        return await self._review(request, mutating=False)
+
+    async def _certificate(self) -> str | None:
+        return None if self.ready else "no serving certificate yet"
+
+    async def _reachable(self) -> str | None:
+        return await kube.unreachable(self.api)
+
+    async def refresh(self) -> None:
+        """Take the current certificate (renewing it when due) and serve with it; write
+        the configurations when the CA is new to this replica."""
+        bundle = await certs.ensure(self.api, self.cfg.webhook)
+        if self.bundle is not None and bundle.version == self.bundle.version:
+            return
+        cert, key = self.folder / "tls.crt", self.folder / "tls.key"
+        cert.write_bytes(bundle.serving.cert)
+        key.touch(mode=0o600)
+        key.write_bytes(bundle.serving.key)
+        self.tls.load_cert_chain(cert, key)  # new handshakes use it at once
+        if self.bundle is None or self.bundle.ca.cert != bundle.ca.cert:
+            await apply_configurations(self.api, self.cfg, bundle.ca.cert)
+        self.bundle = bundle
+        self.ready = True
+
+    async def keep_fresh(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.webhook.check_interval_s)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("could not refresh the webhook's certificate; serving the old one")
+
+
+async def run(cfg: Config, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set."""
+    api = await kube.connect(cfg.kubernetes, NAME)
+    server = Server(cfg, api)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    try:
+        await server.refresh()
+        site = web.TCPSite(runner, "0.0.0.0", cfg.webhook.port, ssl_context=server.tls)
+        await site.start()
+        log.info(
+            "webhook serving on :%d (configuration %s)", cfg.webhook.port, cfg.webhook.configuration
+        )
+        fresh = asyncio.create_task(server.keep_fresh(), name="webhook:certificate")
+        try:
+            await stop.wait()
+        finally:
+            fresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await fresh
+    finally:
+        await runner.cleanup()
+        await api.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m services.webhook [--config FILE]``."""
+    parser = argparse.ArgumentParser(prog="tessera webhook")
+    parser.add_argument("--config", help="tessera.yaml (default: $TESSERA_CONFIG, else built-in)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_module.load(args.config)
+    except config_module.ConfigError as exc:
+        raise SystemExit(f"tessera webhook: {exc}") from None
+    setup_logging(NAME, cfg.telemetry.log_level)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(cfg, stop)
+        log.info("webhook stopped")
+
+    asyncio.run(serve())

@@ -1,0 +1,212 @@
+"""The admission webhook on the real API server (services/webhook): it runs as its own
+ServiceAccount, makes its certificate and webhook configurations, and the API server
+calls it for every pod created in the namespaces it serves."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiException
+
+from services.webhook import certs
+from shared import kube, pki
+from shared.config import KubernetesConfig, WebhookConfig
+from shared.core import annotations as ann
+from tests.helpers import eventually
+from tools import localcluster
+from tools.localcluster import free_port, service_kubeconfig
+
+pytestmark = pytest.mark.integration
+
+LABEL = {"tessera-webhook-test": "on"}
+CONFIGURATION = "tessera"  # the name its ClusterRole lets it write
+
+
+@pytest.fixture(scope="module")
+async def api(kubeconfig: Path) -> AsyncIterator[kube.Client]:
+    client = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    yield client
+    await client.close()
+
+
+@pytest.fixture(scope="module")
+async def webhook(
+    kubeconfig: Path, api: kube.Client, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[dict[str, Any]]:
+    """The webhook as a process, reached by URL on loopback, serving only namespaces
+    labelled for this test (a webhook left behind must not refuse other tests' pods)."""
+    workdir = tmp_path_factory.mktemp("webhook")
+    port = free_port()
+    settings = {
+        "port": port,
+        "url": f"https://127.0.0.1:{port}",
+        "configuration": CONFIGURATION,
+        "namespaceSelector": {"matchLabels": LABEL},
+        "checkIntervalS": 1.0,
+    }
+    config = workdir / "tessera.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "scheduler": {"names": ["tessera", "volcano"]},
+                "kubernetes": {"kubeconfig": service_kubeconfig(kubeconfig)},
+                "webhook": settings,
+            }
+        )
+    )
+    log = (workdir / "webhook.log").open("ab")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.webhook", "--config", str(config), stdout=log, stderr=log
+    )
+
+    async def configured() -> bool:
+        try:
+            found = await kube.request(
+                api,
+                "GET",
+                "/apis/admissionregistration.k8s.io/v1/"
+                f"validatingwebhookconfigurations/{CONFIGURATION}",
+            )
+        except ApiException:
+            return False
+        return bool(found["webhooks"][0]["clientConfig"].get("caBundle"))
+
+    try:
+        await eventually(configured, timeout_s=30, what="the webhook configurations")
+        yield {"settings": settings, "log": workdir / "webhook.log"}
+    finally:
+        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+            with contextlib.suppress(ApiException):
+                await kube.request(
+                    api,
+                    "DELETE",
+                    f"/apis/admissionregistration.k8s.io/v1/{kind}/{CONFIGURATION}",
+                )
+        proc.terminate()
+        await proc.wait()
+
+
+async def _namespace(api: kube.Client, labels: dict[str, str]) -> str:
+    name = f"wh-{uuid.uuid4().hex[:8]}"
+    await kube.request(
+        api,
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}},
+    )
+    return name
+
+
+def _pod(name: str, limits: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **meta},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]
+        },
+    }
+
+
+def _apply(
+    kubeconfig: Path, namespace: str, pod: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            localcluster.kubectl(),
+            "--kubeconfig",
+            str(kubeconfig),
+            "-n",
+            namespace,
+            "apply",
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump(pod),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+async def test_a_pod_asking_for_gpu_memory_gets_tesseras_scheduler(
+    webhook: dict[str, Any], api: kube.Client
+) -> None:
+    ns = await _namespace(api, LABEL)
+    created = await kube.request(
+        api, "POST", f"/api/v1/namespaces/{ns}/pods", _pod("slice", {"nvidia.com/gpumem": 2048})
+    )
+    assert created["spec"]["schedulerName"] == "tessera"
+    plain = await kube.request(
+        api, "POST", f"/api/v1/namespaces/{ns}/pods", _pod("cpu-only", {"cpu": "1"})
+    )
+    assert plain["spec"]["schedulerName"] == "default-scheduler"
+
+
+async def test_an_invalid_request_is_refused_at_kubectl_apply_with_the_watchers_message(
+    webhook: dict[str, Any], api: kube.Client, kubeconfig: Path
+) -> None:
+    ns = await _namespace(api, LABEL)
+    proc = _apply(kubeconfig, ns, _pod("typo", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}))
+    assert proc.returncode != 0
+    assert 'admission webhook "validate.pods.tessera.io" denied the request' in proc.stderr
+    assert "invalid device request: nvidia.com/gpucores (container main)" in proc.stderr
+
+
+async def test_a_hand_written_grant_is_refused(
+    webhook: dict[str, Any], api: kube.Client, kubeconfig: Path
+) -> None:
+    ns = await _namespace(api, LABEL)
+    for key in (ann.GRANT, "hami.io/vgpu-devices-allocated", "volcano.sh/vgpu-ids-new"):
+        pod = _pod("thief", {"nvidia.com/gpu": 1}, annotations={key: "[]"})
+        proc = _apply(kubeconfig, ns, pod)
+        assert proc.returncode != 0, key
+        assert f"annotation {key} is written by the scheduler" in proc.stderr
+
+
+async def test_namespaces_it_does_not_serve_are_left_alone(
+    webhook: dict[str, Any], api: kube.Client
+) -> None:
+    for labels in ({}, {**LABEL, "tessera.io/webhook": "disabled"}):
+        ns = await _namespace(api, labels)
+        pod = _pod("left-alone", {"nvidia.com/gpumem": 2048}, annotations={ann.GRANT: "[]"})
+        created = await kube.request(api, "POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        assert created["spec"]["schedulerName"] == "default-scheduler"
+
+
+async def test_its_certificate_is_renewed_and_it_keeps_serving(
+    webhook: dict[str, Any], api: kube.Client
+) -> None:
+    """A serving certificate near its end is replaced (the CA stays, so the API server
+    trusts the new one at once); here the Secret's is swapped for one about to end."""
+    cfg = WebhookConfig(url=webhook["settings"]["url"])
+    path = "/api/v1/namespaces/tessera/secrets/tessera-webhook-tls"
+    secret = await kube.request(api, "GET", path)
+    data = secret["data"]
+    ca = pki.KeyPair(cert=base64.b64decode(data["ca.crt"]), key=base64.b64decode(data["ca.key"]))
+    ending = pki.issue(ca, "tessera-webhook", hosts=certs.hosts(cfg), days=2)  # < renewDays
+    data["tls.crt"] = base64.b64encode(ending.cert).decode()
+    data["tls.key"] = base64.b64encode(ending.key).decode()
+    await kube.request(api, "PUT", path, secret)
+
+    async def renewed() -> bool:
+        now = await kube.request(api, "GET", path)
+        cert = base64.b64decode(now["data"]["tls.crt"])
+        return cert != ending.cert and base64.b64decode(now["data"]["ca.crt"]) == ca.cert
+
+    await eventually(renewed, timeout_s=20, what="a renewed serving certificate")
+    ns = await _namespace(api, LABEL)
+    created = await kube.request(
+        api, "POST", f"/api/v1/namespaces/{ns}/pods", _pod("after", {"nvidia.com/gpumem": 1024})
+    )
+    assert created["spec"]["schedulerName"] == "tessera"
