@@ -177,8 +177,8 @@ class Bus:
         """Connect (retrying while the server starts) and ensure stream and bucket exist."""
         self._nc = await connect(self.cfg, self.name)
         self._js = self._nc.jetstream()
-        await self._ensure_stream()
-        self._kv = await self._ensure_bucket()
+        await through_failover("stream", self._ensure_stream)
+        self._kv = await through_failover("bucket", self._ensure_bucket)
 
     async def close(self) -> None:
         for task in self._consumers:
@@ -254,7 +254,11 @@ class Bus:
         with tracer().start_as_current_span(
             f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes
         ):
-            await self.js.publish(subject, events.encode(event), headers=self._headers(event))
+            data, headers = events.encode(event), self._headers(event)
+            await through_failover(
+                f"publish {event.SUBJECT}",
+                lambda: self.js.publish(subject, data, headers=headers),
+            )
 
     async def publish_many(
         self,
@@ -262,7 +266,19 @@ class Bus:
         contexts: Sequence[otel_context.Context | None] | None = None,
     ) -> None:
         """Publish many events pipelined (acks awaited together): the hot-path form.
-        ``contexts``, one per event, puts each in its own trace (None: the current one)."""
+        ``contexts``, one per event, puts each in its own trace (None: the current one).
+        A batch the bus could not store while failing over is sent again whole (each
+        event's message id makes what was stored a dropped duplicate)."""
+        events_ = list(batch)
+        await through_failover(
+            f"publish {len(events_)} events", lambda: self._publish_many(events_, contexts)
+        )
+
+    async def _publish_many(
+        self,
+        batch: Sequence[events.Event],
+        contexts: Sequence[otel_context.Context | None] | None,
+    ) -> None:
         futures = []
         for i, event in enumerate(batch):
             given = contexts[i] if contexts is not None else None
@@ -279,8 +295,11 @@ class Bus:
             finally:
                 if token is not None:
                     otel_context.detach(token)
-        if futures:
-            await asyncio.gather(*futures)
+        # Every ack is awaited (none left unretrieved), then the first failure raised.
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
 
     # --- consuming -------------------------------------------------------------------
 
@@ -518,7 +537,8 @@ class Bus:
     async def put_inventory(self, inventory: events.NodeInventory) -> None:
         """Store a node's latest inventory (the event is published separately)."""
         # Node names are DNS subdomains: every character is valid in a KV key.
-        await self.kv.put(inventory.node, events.encode(inventory))
+        data = events.encode(inventory)
+        await through_failover("inventory", lambda: self.kv.put(inventory.node, data))
 
     async def delete_inventory(self, node: NodeName) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
@@ -566,6 +586,44 @@ async def _settle(reply: Awaitable[None]) -> None:
         log.warning("could not settle a message (%r); it will be delivered again", exc)
 
 
+FAILOVER_S = 30.0
+"""How long a write waits out the bus's own failover (a server lost or restarted: its
+streams and buckets elect new leaders in seconds) before the error is the caller's."""
+TRANSIENT = (
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.NoRespondersError,
+    nats.errors.TimeoutError,
+    nats.errors.ConnectionReconnectingError,
+)
+"""What a JetStream request answers while a server is lost and its leaders move."""
+
+R = TypeVar("R")
+
+
+async def through_failover(what: str, call: Callable[[], Awaitable[R]]) -> R:
+    """``call()``, tried again while the bus fails over (:data:`TRANSIENT`, for up to
+    :data:`FAILOVER_S`): a service rides out a lost NATS server instead of restarting.
+    Only for calls that may be repeated: publishes (the message id makes a repeat a
+    duplicate JetStream drops), puts of a whole value, creates."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FAILOVER_S
+    pause = 0.1
+    warned = False
+    while True:
+        try:
+            return await call()
+        except TRANSIENT as exc:
+            raise_if_cancelling()
+            if loop.time() + pause > deadline:
+                raise
+            if not warned:
+                log.warning("%s: the bus is failing over (%r); retrying", what, exc)
+                warned = True
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+
 STANDBY_POLL_S = 0.25
 """How often a standby tries to take a lease."""
 
@@ -600,7 +658,9 @@ class Lease:
         announced = False
         while True:
             try:
-                self._revision = await kv.create(self.name, self.identity.encode())
+                self._revision = await through_failover(
+                    f"lease {self.name}", lambda: kv.create(self.name, self.identity.encode())
+                )
                 log.info("%s is the active %s", self.identity, self.name)
                 return
             except nats.js.errors.KeyWrongLastSequenceError:
@@ -626,8 +686,9 @@ class Lease:
                 renewed = loop.time()
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
                 raise LeaseLostError(f"{self.identity} lost the {self.name} lease") from None
-            except (nats.errors.TimeoutError, nats.errors.ConnectionReconnectingError) as exc:
-                # A slow or reconnecting server: keep trying while the lease still holds.
+            except TRANSIENT as exc:
+                # A slow, reconnecting or failing-over server: keep trying while the
+                # lease still holds.
                 raise_if_cancelling()
                 if loop.time() - renewed >= self.lease_s:
                     raise LeaseLostError(
@@ -637,7 +698,10 @@ class Lease:
 
     async def release(self) -> None:
         kv = await self._kv()
-        with contextlib.suppress(nats.js.errors.KeyValueError, nats.js.errors.KeyNotFoundError):
+        # Not given back (the bus is failing over): it expires within ``lease_s``.
+        with contextlib.suppress(
+            nats.js.errors.KeyValueError, nats.js.errors.KeyNotFoundError, *TRANSIENT
+        ):
             entry = await kv.get(self.name)
             if entry.value == self.identity.encode():
                 await kv.delete(self.name, last=entry.revision)

@@ -361,7 +361,7 @@ def _hint(message: str) -> str:
     return message
 
 
-_ROLES = (
+ROLE_KEYS = (
     "resourceCountName",
     "resourceWholeCountName",
     "resourceMemoryName",
@@ -404,7 +404,7 @@ def _check(cfg: Config) -> None:
         spec: VendorSpec = getattr(cfg.devices, vendor)
         if spec.enabled:
             given = msgspec.to_builtins(spec)
-            roles += [(f"devices.{vendor}.{k}", names(given[k])) for k in _ROLES if k in given]
+            roles += [(f"devices.{vendor}.{k}", names(given[k])) for k in ROLE_KEYS if k in given]
     for i, chip in enumerate(cfg.devices.vnpus):
         roles += [
             (f"devices.vnpus[{i}].resourceName", (chip.resource_name,)),
@@ -452,26 +452,32 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     if not chosen:
         return Config()
     file = Path(chosen)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {file}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config {file} is not UTF-8 text: byte {exc.start} ({exc.reason})"
-        ) from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except (yaml.YAMLError, ValueError, TypeError, AttributeError) as exc:
-        # PyYAML's safe loader raises more than YAMLError on a bad scalar: a date such as
-        # 2024-13-45, an !!int of more than 4300 digits, a malformed !!timestamp
-        raise ConfigError(f"config {file} is not valid YAML: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"config {file} nests lists or mappings too deep") from None
+    data = read_yaml(file, "config")
     try:
         return parse(data)
     except ConfigError as exc:
         raise ConfigError(f"{file}: {exc}") from None
+
+
+def read_yaml(file: Path, what: str) -> Any:
+    """A UTF-8 YAML file's data ({} when empty); ConfigError naming ``what`` and the
+    file when it cannot be read, is not UTF-8, or is not YAML."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {file} is not UTF-8 text: byte {exc.start} ({exc.reason})"
+        ) from None
+    try:
+        return yaml.safe_load(text) or {}
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError) as exc:
+        # PyYAML's safe loader raises more than YAMLError on a bad scalar: a date such as
+        # 2024-13-45, an !!int of more than 4300 digits, a malformed !!timestamp
+        raise ConfigError(f"{what} {file} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {file} nests lists or mappings too deep") from None
 
 
 def config_hash(cfg: Config) -> str:

@@ -34,7 +34,7 @@ from nats.aio.msg import Msg
 
 from shared import config as config_module
 from shared import events, kube
-from shared.bus import Bus, Delivery, Lease
+from shared.bus import Bus, Delivery, Lease, through_failover
 from shared.config import Config, config_hash
 from shared.health import API_CHECK_TTL_S, Cached, Health, Latch
 from shared.telemetry import setup_logging, setup_tracing
@@ -320,7 +320,7 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
         # ``ack_wait``.
         await rt.bus.reset_consumer(durable)
         # Ready once it has been handed what was published before it took over.
-        backlog = await rt.bus.last_seq()
+        backlog = await through_failover("stream info", rt.bus.last_seq)
 
         async def caught_up() -> str | None:
             return await rt.bus.behind(durable, backlog)

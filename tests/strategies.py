@@ -803,22 +803,11 @@ claim the same one (shared/config.py must refuse it)."""
 def config_dicts() -> st.SearchStrategy[Any]:
     """``tessera.yaml`` contents: every section and key, values at and around their
     bounds, random parts replaced by junk; or junk outright."""
-    from shared.config import Config
+    from shared.config import ROLE_KEYS, Config
 
     name = rarely(st.sampled_from(RESOURCE_NAME_POOL), text)
     resource = st.one_of(name, st.lists(name, max_size=3))
-    over = {
-        key: resource
-        for key in (
-            "resourceCountName",
-            "resourceWholeCountName",
-            "resourceMemoryName",
-            "resourceMemoryPercentageName",
-            "resourceCoreName",
-            "resourcePriorityName",
-            "gpuShareMemoryName",
-        )
-    }
+    over = {key: resource for key in ROLE_KEYS}
     over["resourceName"] = name
     shaped = schema_values(Config, over)
     return st.one_of(

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-import yaml
 from kubernetes_asyncio.client import ApiException
 
 from services.node_agent.resources import capacity
 from shared import events as ev
 from shared import kube
+from shared.config import ConfigError, read_yaml
 from shared.core.model import DeviceInfo, DeviceUUID, NodeName, SharingMode, Vendor
 from shared.runtime import Runtime
 
@@ -100,18 +100,9 @@ def load_inventory(path: str | Path) -> Inventory:
     UTF-8 YAML, a bad value, a node name with braces other than ``{i}``, or two nodes
     of one name."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise SystemExit(f"inventory {path}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise SystemExit(
-            f"inventory {path} is not UTF-8 text: byte {exc.start} ({exc.reason})"
-        ) from None
-    except (yaml.YAMLError, ValueError, TypeError, AttributeError) as exc:
-        # PyYAML's safe loader raises more than YAMLError on a bad scalar (see shared/config.py)
-        raise SystemExit(f"inventory {path} is not valid YAML: {exc}") from None
-    except RecursionError:
-        raise SystemExit(f"inventory {path} nests lists or mappings too deep") from None
+        data = read_yaml(Path(path), "inventory")
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
     try:
         inventory = msgspec.convert(data, Inventory)
     except msgspec.ValidationError as exc:
