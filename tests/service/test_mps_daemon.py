@@ -116,12 +116,18 @@ async def test_it_starts_the_daemon_for_the_mps_cards_with_its_directories(
     assert (Path(mps.pipe_host_dir) / "tessera-cards").read_text().split() == [A, B]
 
 
-async def test_a_dead_daemon_is_started_again(mps: MpsConfig) -> None:
+async def killed_daemon(mps: MpsConfig) -> tuple[MpsDaemon, int]:
+    """A supervisor whose daemon was started, then SIGKILLed; and the dead one's pid."""
     daemon = MpsDaemon(mps, "gpu-0", [A])
     await daemon.start()
     first = daemon_pid(mps)
     assert first is not None
     os.kill(first, signal.SIGKILL)
+    return daemon, first
+
+
+async def test_a_dead_daemon_is_started_again(mps: MpsConfig) -> None:
+    daemon, first = await killed_daemon(mps)
     changes = 0
 
     async def changed() -> None:
@@ -146,11 +152,7 @@ async def test_a_dead_daemon_is_started_again(mps: MpsConfig) -> None:
 
 
 async def test_one_round_is_enough_to_restart(mps: MpsConfig) -> None:
-    daemon = MpsDaemon(mps, "gpu-0", [A])
-    await daemon.start()
-    first = daemon_pid(mps)
-    assert first is not None
-    os.kill(first, signal.SIGKILL)
+    daemon, first = await killed_daemon(mps)
     await daemon.check()
     assert daemon_pid(mps) not in (None, first)
     assert len(starts(mps)) == 2
