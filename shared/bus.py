@@ -102,9 +102,11 @@ def credentials(cfg: NatsConfig, service: str) -> dict[str, str]:
         raise RuntimeError(f"nats.passwordFile: cannot read {path}: {exc}") from None
 
 
-async def connect(cfg: NatsConfig, service: str) -> NatsClient:
+async def connect(cfg: NatsConfig, service: str, *, patient: bool = True) -> NatsClient:
     """A NATS connection as ``service``'s user (shared/busauth.py), with its password and
-    TLS as configured; it retries while the server starts and reconnects for ever."""
+    TLS as configured; it retries while the server starts and reconnects for ever. Not
+    ``patient`` (a command someone waits for): a server that does not answer within
+    about 3 s fails the call."""
     options: dict[str, Any] = dict(credentials(cfg, service))
     urls = [url.strip() for url in cfg.url.split(",") if url.strip()]
     if cfg.ca_file:
@@ -121,17 +123,17 @@ async def connect(cfg: NatsConfig, service: str) -> NatsClient:
                 user,
                 exc,
             )
-        else:
+        elif patient:  # otherwise the caller says it, once
             log.warning("nats: %r", exc)
 
     return await nats.connect(
         urls,
         name=f"tessera-{service}",
         error_cb=on_error,
-        connect_timeout=5,
-        max_reconnect_attempts=-1,
+        connect_timeout=5 if patient else 2,
+        max_reconnect_attempts=-1 if patient else 1,
         reconnect_time_wait=0.5,
-        allow_reconnect=True,
+        allow_reconnect=patient,
         **options,
     )
 

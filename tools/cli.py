@@ -189,7 +189,7 @@ async def _ping(cfg: NatsConfig, wait_s: float) -> list[dict[str, object]]:
     from shared.bus import connect
     from shared.events import CONTROL_PING_SUBJECT
 
-    nc = await connect(cfg, "admin")
+    nc = await connect(cfg, "admin", patient=False)
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     await nc.publish(CONTROL_PING_SUBJECT, b"", reply=inbox)
@@ -230,11 +230,17 @@ def cmd_nats_conf(args: argparse.Namespace) -> int:
 
 
 def cmd_ping(args: argparse.Namespace) -> int:
+    from nats import errors as nats_errors
+
     from shared import config
 
     cfg = config.load(args.config).nats
     cfg = msgspec.structs.replace(cfg, url=args.nats or cfg.url, user=args.user or cfg.user)
-    hellos = asyncio.run(_ping(cfg, args.wait))
+    try:
+        hellos = asyncio.run(_ping(cfg, args.wait))
+    except (OSError, TimeoutError, nats_errors.Error) as exc:
+        print(f"tessera ping: cannot reach NATS at {cfg.url}: {exc!r}", file=sys.stderr)
+        return 1
     for h in sorted(hellos, key=lambda h: str(h["service"])):
         print(f"{h['service']:<18} {h['instance']:<28} config {h['config_hash']}")
     return 0 if hellos else 1

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -17,6 +22,7 @@ from shared.config import NatsConfig, TelemetryConfig
 from shared.telemetry import setup_tracing, tracer
 from tests.helpers import eventually
 from tests.samples import sample_events
+from tools.localcluster import free_port
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +219,27 @@ async def test_concurrent_handlers_run_together_and_all_are_acked(nats_cfg: Nats
 
     assert sorted(e.event_id for e in got) == sorted(e.event_id for e in sent)
     assert peak == 8
+
+
+def test_ping_without_a_server_fails_within_seconds_with_one_line() -> None:
+    """``tessera ping`` is a command someone waits for: no NATS, one line and exit 1."""
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "tessera"),
+            "ping",
+            "--nats",
+            f"nats://127.0.0.1:{port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "TESSERA_CONFIG": ""},
+    )
+    assert proc.returncode == 1
+    assert time.monotonic() - started < 5
+    assert proc.stderr.strip().splitlines() == [
+        f"tessera ping: cannot reach NATS at nats://127.0.0.1:{port}: NoServersError()"
+    ]
