@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -34,6 +32,7 @@ from nats.aio.msg import Msg
 
 from shared import config as config_module
 from shared import events, kube
+from shared.aio import stop_on_signals
 from shared.bus import Bus, Delivery, Lease, through_failover
 from shared.config import Config, config_hash
 from shared.health import API_CHECK_TTL_S, Cached, Health, Latch
@@ -363,11 +362,7 @@ async def run_service(
     if stop is None:
         setup_logging(name, cfg.telemetry.log_level)
         setup_tracing(name, cfg.telemetry)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
     async with Bus(cfg.nats, name=name) as bus:
         rt = Runtime(name, cfg, bus, args)
         log.info(

@@ -55,12 +55,12 @@ def _schema_text() -> str:
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
-def cmd_schema(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    text = _schema_text()
-    if args.check:
+def write_or_check(out: Path, text: str, command: str, check: bool) -> int:
+    """Write a generated file, or (``check``) say whether it is current: exit 1 when
+    stale, naming the ``tessera`` command that makes it."""
+    if check:
         if not out.exists() or out.read_text() != text:
-            print(f"{out} is stale: run `tessera schema --out {out}`", file=sys.stderr)
+            print(f"{out} is stale: run `tessera {command} --out {out}`", file=sys.stderr)
             return 1
         print(f"{out} is up to date")
         return 0
@@ -68,6 +68,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
     out.write_text(text)
     print(f"wrote {out}")
     return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    return write_or_check(Path(args.out), _schema_text(), "schema", args.check)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -216,17 +220,7 @@ def cmd_secrets(args: argparse.Namespace) -> int:
 def cmd_nats_conf(args: argparse.Namespace) -> int:
     from tools.deploy import nats_conf
 
-    out = Path(args.out)
-    text = nats_conf()
-    if args.check:
-        if not out.exists() or out.read_text() != text:
-            print(f"{out} is stale: run `tessera nats-conf --out {out}`", file=sys.stderr)
-            return 1
-        print(f"{out} is up to date")
-        return 0
-    out.write_text(text)
-    print(f"wrote {out}")
-    return 0
+    return write_or_check(Path(args.out), nats_conf(), "nats-conf", args.check)
 
 
 def cmd_ping(args: argparse.Namespace) -> int:

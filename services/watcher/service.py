@@ -73,6 +73,43 @@ def _timestamp(text: str | None) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def updated_event(
+    obj: dict[str, Any], ref: PodRef, node: NodeName, phase: str, host: PodSpec
+) -> ev.PodUpdated:
+    """A pod on a node, as the watcher announces it (its grants and their signature)."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    return ev.PodUpdated(
+        pod=ref,
+        node=node,
+        phase=phase,
+        grants=ann.read_grants(annotations) or (),
+        resource_version=meta.get("resourceVersion", ""),
+        spec=host,
+        scheduler_name=spec.get("schedulerName", ""),
+        signature=annotations.get(ann.SIGNATURE, ""),
+    )
+
+
+def pending_event(
+    obj: dict[str, Any], ref: PodRef, request: PodRequest, host: PodSpec
+) -> ev.PodPending:
+    """A pod waiting for Tessera, as the watcher announces it."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    return ev.PodPending(
+        pod=ref,
+        request=request,
+        scheduler_name=spec.get("schedulerName", ""),
+        group=annotations.get(GROUP_NAME) or None,
+        task=annotations.get(TASK_SPEC) or None,
+        priority=int(spec.get("priority") or 0),
+        created_at=_timestamp(meta.get("creationTimestamp")),
+        resource_version=meta.get("resourceVersion", ""),
+        spec=host,
+    )
+
+
 def _name(obj: Any) -> str:
     """``namespace/name`` (or ``name``) of an object, for a log line, whatever its shape."""
     meta = obj.get("metadata") if isinstance(obj, dict) else None
@@ -291,18 +328,7 @@ class Watcher(Service):
             host = pod_spec(obj, self.managed)
             if self.bound.get(ref.uid) != (node, host):
                 self.bound[ref.uid] = (NodeName(node), host)
-                await self.rt.bus.publish(
-                    ev.PodUpdated(
-                        pod=ref,
-                        node=NodeName(node),
-                        phase=phase,
-                        grants=ann.read_grants(meta.get("annotations") or {}) or (),
-                        resource_version=meta.get("resourceVersion", ""),
-                        spec=host,
-                        scheduler_name=spec.get("schedulerName", ""),
-                        signature=(meta.get("annotations") or {}).get(ann.SIGNATURE, ""),
-                    )
-                )
+                await self.rt.bus.publish(updated_event(obj, ref, NodeName(node), phase, host))
             return
         if not ours or meta.get("deletionTimestamp"):
             return
@@ -312,18 +338,7 @@ class Watcher(Service):
             await self._reject(ref, parsed)
             return
         self.rejected.pop(ref.uid, None)
-        annotations = meta.get("annotations") or {}
-        pending = ev.PodPending(
-            pod=ref,
-            request=parsed,
-            scheduler_name=spec.get("schedulerName", ""),
-            group=annotations.get(GROUP_NAME) or None,
-            task=annotations.get(TASK_SPEC) or None,
-            priority=int(spec.get("priority") or 0),
-            created_at=_timestamp(meta.get("creationTimestamp")),
-            resource_version=meta.get("resourceVersion", ""),
-            spec=pod_spec(obj, self.managed),
-        )
+        pending = pending_event(obj, ref, parsed, pod_spec(obj, self.managed))
         previous = self.pending.get(ref.uid)
         self.pending[ref.uid] = pending
         if previous is None or (previous.request, previous.group, previous.spec) != (

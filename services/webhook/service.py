@@ -27,7 +27,6 @@ import base64
 import contextlib
 import json
 import logging
-import signal
 import ssl
 import tempfile
 from pathlib import Path
@@ -38,6 +37,7 @@ from aiohttp import web
 from services.webhook import certs
 from shared import config as config_module
 from shared import kube
+from shared.aio import stop_on_signals
 from shared.config import Config, request_parser
 from shared.core import annotations as ann
 from shared.core.model import PodRequest
@@ -308,11 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(NAME, cfg.telemetry.log_level)
 
     async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run(cfg, stop)
+        await run(cfg, stop_on_signals())
         log.info("webhook stopped")
 
     asyncio.run(serve())

@@ -70,10 +70,11 @@ from services.watcher.service import (
     MAX_DEPTH,
     Mirror,
     Watcher,
-    _timestamp,
     job_event,
+    pending_event,
     podgroup_event,
     queue_event,
+    updated_event,
 )
 from shared import config, kube, runtime
 from shared import events as ev
@@ -84,10 +85,8 @@ from shared.core.model import ContainerGrant, DeviceGrant, DeviceUUID, NodeName,
 from shared.core.quantity import LIMIT, parse_nano, parse_quantity, parse_whole
 from shared.core.request import (
     GPU_INDEX,
-    GROUP_NAME,
     MAX_AMOUNT,
     MAX_DEVICES,
-    TASK_SPEC,
     RequestParser,
 )
 from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, names
@@ -178,40 +177,16 @@ def watcher_reads(obj: Any, parser: RequestParser, *, decode: bool) -> PodReques
     it makes of them (deleted, on a node, pending or rejected), each encoded as the bus
     does, and decoded back when ``decode``. Returns the parser's answer."""
     ref = kube.pod_ref(obj)
-    meta = obj["metadata"]
-    spec = obj.get("spec") or {}
     phase = (obj.get("status") or {}).get("phase", "Pending")
-    annotations = meta.get("annotations") or {}
-    grants = ann.read_grants(annotations) or ()
+    grants = ann.read_grants(obj["metadata"].get("annotations") or {}) or ()
     host = pod_spec(obj, MANAGED)
     made: list[ev.Event] = [
         ev.PodDeleted(pod=ref, node=None, grants=grants, phase=phase),
-        ev.PodUpdated(
-            pod=ref,
-            node=NodeName("node-1"),
-            phase=phase,
-            grants=grants,
-            resource_version=meta.get("resourceVersion", ""),
-            spec=host,
-            scheduler_name=spec.get("schedulerName", ""),
-            signature=annotations.get(ann.SIGNATURE, ""),
-        ),
+        updated_event(obj, ref, NodeName("node-1"), phase, host),
     ]
     parsed = parser.parse(obj)
     if isinstance(parsed, PodRequest):
-        made.append(
-            ev.PodPending(
-                pod=ref,
-                request=parsed,
-                scheduler_name=spec.get("schedulerName", ""),
-                group=annotations.get(GROUP_NAME) or None,
-                task=annotations.get(TASK_SPEC) or None,
-                priority=int(spec.get("priority") or 0),
-                created_at=_timestamp(meta.get("creationTimestamp")),
-                resource_version=meta.get("resourceVersion", ""),
-                spec=host,
-            )
-        )
+        made.append(pending_event(obj, ref, parsed, host))
     else:
         made.append(ev.PodRejected(pod=ref, errors=parsed))
     for event in made:
