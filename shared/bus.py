@@ -115,6 +115,8 @@ async def connect(cfg: NatsConfig, service: str, *, patient: bool = True) -> Nat
         # one still checks the certificate against the name it was given.
         options["tls_hostname"] = urlsplit(urls[0]).hostname
     user = user_of(cfg, service)
+    if user == busauth.READER:  # the only reply subjects it may read (shared/busauth.py)
+        options["inbox_prefix"] = busauth.READER_INBOX
 
     async def on_error(exc: Exception) -> None:
         if "permissions violation" in str(exc).lower():
@@ -138,6 +140,45 @@ async def connect(cfg: NatsConfig, service: str, *, patient: bool = True) -> Nat
     )
 
 
+VIEW_ERROR_HEADER = "Tessera-Error"
+"""Set on a view's answer when the service could not make it (its value says why)."""
+
+
+class ViewUnavailable(Exception):  # noqa: N818 (what a tool tells its user)
+    """A view could not be had: nothing answers it, no answer in time, or the service
+    could not make it. ``str()`` is one line for people."""
+
+
+async def ask(
+    nc: NatsClient,
+    subject: str,
+    query: msgspec.Struct | None,
+    answer: type[T],
+    *,
+    service: str,
+    timeout_s: float = 5.0,
+) -> T:
+    """Ask ``service`` for a view (shared/views.py) and decode its answer."""
+    payload = b"" if query is None else msgspec.json.encode(query)
+    try:
+        msg = await nc.request(subject, payload, timeout=timeout_s)
+    except nats.errors.NoRespondersError:
+        raise ViewUnavailable(
+            f"no {service} answers {subject}: is it running (and active)?"
+        ) from None
+    except nats.errors.TimeoutError:
+        raise ViewUnavailable(f"{service} did not answer {subject} in {timeout_s:.0f}s") from None
+    why = (msg.headers or {}).get(VIEW_ERROR_HEADER)
+    if why:
+        raise ViewUnavailable(f"{service} could not answer {subject}: {why}")
+    try:
+        return msgspec.json.decode(msg.data, type=answer)
+    except msgspec.DecodeError as exc:
+        raise ViewUnavailable(
+            f"{service} answered {subject} with what this tool cannot read: {exc}"
+        ) from None
+
+
 class Bus:
     """A connection to NATS with the Tessera stream and inventory bucket ensured.
 
@@ -154,6 +195,8 @@ class Bus:
         self._kv: KeyValue | None = None
         self._consumers: list[asyncio.Task[None]] = []
         self._attributes = {"tessera.service": name}
+        self.published: Callable[[events.Event], None] = lambda _event: None
+        """Called for each event stored (the runtime counts them)."""
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -261,6 +304,7 @@ class Bus:
                 f"publish {event.SUBJECT}",
                 lambda: self.js.publish(subject, data, headers=headers),
             )
+        self.published(event)
 
     async def publish_many(
         self,
@@ -275,6 +319,8 @@ class Bus:
         await through_failover(
             f"publish {len(events_)} events", lambda: self._publish_many(events_, contexts)
         )
+        for event in events_:
+            self.published(event)
 
     async def _publish_many(
         self,

@@ -6,8 +6,8 @@ its service produces (:data:`ROLES`), use only its own durable consumer, write o
 own KV buckets, and answer or send only its own control requests; everything else is
 refused by the server, so a stranger on the network, or a compromised node, cannot
 publish ``allocation.decided``. ``reader`` is for external tools: it may only subscribe
-to ``tessera.v1.allocation.>``. ``admin`` may do anything (``tessera status``, the
-tests' own checks, stream maintenance).
+to ``tessera.v1.allocation.>`` and ask for views (shared/views.py). ``admin`` may do
+anything (``tessera ping``, the tests' own checks, stream maintenance).
 
 :func:`server_authorization` renders the ``authorization`` block of ``nats.conf`` from
 this table: the local cluster (tools/localcluster.py) and the manifests
@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from shared import events as ev
+from shared import views
 
 LEASE_BUCKET = "tessera-leases"
 """Leader leases (shared/bus.py ``Lease``)."""
@@ -31,6 +32,10 @@ RESERVATION_BUCKET = "tessera-reservations"
 ADMIN = "admin"
 READER = "reader"
 NODE_AGENT = "node-agent"
+READER_INBOX = "_INBOX_reader"
+"""The reader's reply subjects: its own prefix, so it never sees the services' replies
+(JetStream delivers fetched events to the fetcher's inbox; ``_INBOX.>`` would show it
+all of them)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ ROLES: Mapping[str, Role] = {
     "gang-coordinator": Role(
         publishes=(ev.GangReady, ev.PodWaiting),
         requests=(ev.CONTROL_RESYNC_SUBJECT,),
+        answers=(ev.CONTROL_PING_SUBJECT, views.VIEW_QUEUES_SUBJECT),
     ),
     "device-allocator": Role(
         publishes=(
@@ -86,6 +92,7 @@ ROLES: Mapping[str, Role] = {
         ),
         writes=(RESERVATION_BUCKET,),
         manages_streams=True,
+        answers=(ev.CONTROL_PING_SUBJECT, views.VIEW_LEDGER_SUBJECT, views.VIEW_EXPLAIN_SUBJECT),
     ),
     "binder": Role(publishes=(ev.AllocationBound, ev.BindFailed)),
     NODE_AGENT: Role(
@@ -159,9 +166,10 @@ def permissions(user: str, *, stream: str, inventory_bucket: str) -> Permissions
     """The permissions of ``user`` (a key of :data:`ROLES`, ``reader`` or ``admin``)."""
     if user == ADMIN:
         return Permissions(publish=(">",), subscribe=(">",))
-    if user == READER:
+    if user == READER:  # watch decisions, ask for views; nothing else
         return Permissions(
-            publish=(), subscribe=(f"{ev.SUBJECT_PREFIX}.allocation.>",), deny_publish=(">",)
+            publish=(views.VIEW_SUBJECTS,),
+            subscribe=(f"{ev.SUBJECT_PREFIX}.allocation.>", f"{READER_INBOX}.>"),
         )
     role = ROLES[user]
     api = "$JS.API"

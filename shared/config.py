@@ -46,6 +46,10 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     to take users' YAML unchanged."""
     node_policy: Policy = "binpack"
     """Default node-level policy (HAMi's default); pods override it by annotation."""
+    queue_status: bool = True
+    """Write each Volcano Queue's ``.status`` (state, PodGroup counts, allocated), as
+    Volcano's queue controller does; off beside an installed Volcano, whose controller
+    owns it (services/gang_coordinator/queues.py)."""
     device_policy: Policy = "spread"
     """Default device-level policy (HAMi's default)."""
     allow_more_devices_than_cards: bool = False

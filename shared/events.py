@@ -337,6 +337,8 @@ class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decide
     grants: tuple[ContainerGrant, ...]
     gang: GangRef | None = None
     attempt: int = 1
+    created_at: float = 0.0
+    """The pod's creation (its PodPending's): the binder measures creation to bind."""
 
 
 class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

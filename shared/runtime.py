@@ -32,10 +32,11 @@ from nats.aio.msg import Msg
 
 from shared import config as config_module
 from shared import events, kube
-from shared.aio import stop_on_signals
-from shared.bus import Bus, Delivery, Lease, through_failover
+from shared.aio import raise_if_cancelling, stop_on_signals
+from shared.bus import VIEW_ERROR_HEADER, Bus, Delivery, Lease, through_failover
 from shared.config import Config, config_hash
 from shared.health import API_CHECK_TTL_S, Cached, Health, Latch
+from shared.metrics import Metrics
 from shared.telemetry import setup_logging, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,28 @@ class Runtime:
         self.health = Health(alive=self._alive)
         self.health.add("nats", self._bus_check)
         self.health.add("role", self._role_check)
+        self.metrics = Metrics(f"tessera.{service}")
+        """Its ``/metrics`` (shared/metrics.py), served with the health checks."""
+        self.health.routes.append(self.metrics.route())
+        self.lag: tuple[tuple[str, int], ...] = ()
+        """Its durable consumer's events not yet handled (``tessera_bus_pending_messages``)."""
+        self.metrics.gauge(
+            "tessera_bus_pending_messages",
+            "Events published for this service's consumer and not yet acked by it.",
+            lambda: [(n, {"service": service, "consumer": c}) for c, n in self.lag],
+        )
+        sent = self.metrics.counter(
+            "tessera_events_published", "Events this service stored on the bus, by type."
+        )
+        self.handled = self.metrics.counter(
+            "tessera_events_handled", "Events this service handled, by type."
+        )
+        bus.published = lambda event: sent.add(1, {"type": str(event.__struct_config__.tag)})
+        self.metrics.gauge(
+            "tessera_active",
+            "1 while this replica is the active one (holds the lease), else 0.",
+            lambda: [(int(self.role == "active"), {"service": service})],
+        )
 
     def _alive(self) -> str | None:
         if self._failed.is_set():
@@ -139,6 +162,26 @@ class Runtime:
         )
         await msg.respond(msgspec.json.encode(hello))
 
+    async def answer(self, subject: str, make: ViewHandler) -> None:
+        """Answer requests on ``subject`` with ``make``'s view until the service stops. A
+        view that fails is answered with the reason in a header (shared/bus.py ``ask``),
+        logged, and the service goes on."""
+
+        async def respond(msg: Msg) -> None:
+            if not msg.reply:
+                return
+            try:
+                view = await make(msg.data)
+            except Exception as exc:
+                log.exception("view %s failed", subject)
+                why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                await self.bus.nc.publish(msg.reply, b"", headers={VIEW_ERROR_HEADER: why})
+                return
+            await self.bus.nc.publish(msg.reply, msgspec.json.encode(view))
+
+        sub = await self.bus.nc.subscribe(subject, cb=respond)
+        self.on_stop(sub.unsubscribe)
+
     async def serve(self, stop: asyncio.Event, grace_s: float = 10.0) -> None:
         """Wait for a stop request or a task failure, then shut the tasks down."""
         sub = await self.bus.nc.subscribe(events.CONTROL_PING_SUBJECT, cb=self._answer_ping)
@@ -185,6 +228,9 @@ class Runtime:
                 "task %s did not stop within %.0fs; it waits at:%s", task.get_name(), grace_s, where
             )
 
+
+ViewHandler = Callable[[bytes], Awaitable[msgspec.Struct]]
+"""Makes one view from the request's payload (a query, or empty)."""
 
 E = TypeVar("E", bound=events.Event)
 EventHandler = Callable[[Any, E], Awaitable[None]]
@@ -268,11 +314,16 @@ class Service:
         """The service's named loops, supervised by the runtime."""
         return {}
 
+    def views(self) -> dict[str, ViewHandler]:
+        """The views it answers (shared/views.py), by subject: only while active."""
+        return {}
+
     async def handle(self, event: events.AnyEvent, _delivery: Delivery) -> None:
         """Call the handler of the event's type; other events are not this service's."""
         name = self._table.get(type(event))
         if name is not None:
             await getattr(self, name)(event)
+            self.rt.handled.add(1, {"type": str(event.__struct_config__.tag)})
 
 
 async def serve(rt: Runtime, service: type[Service]) -> None:
@@ -325,6 +376,7 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
             return await rt.bus.behind(durable, backlog)
 
         rt.health.add("consumer", Latch(caught_up))
+        rt.spawn(_measure_lag(rt, durable), "bus-lag")
     await svc.start()
     if subjects:
         rt.adopt(
@@ -339,7 +391,25 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
         )
     for name, coro in svc.tasks().items():
         rt.spawn(coro, name)
+    for subject, make in svc.views().items():
+        await rt.answer(subject, make)
     rt.role = "active"
+
+
+LAG_INTERVAL_S = 5.0
+
+
+async def _measure_lag(rt: Runtime, durable: str) -> None:
+    """How far behind its consumer is, every ``LAG_INTERVAL_S`` (a failed read keeps the
+    last figure: the bus may be failing over)."""
+    while True:
+        try:
+            info = await rt.bus.js.consumer_info(rt.cfg.nats.stream, durable)
+            rt.lag = ((durable, info.num_pending + info.num_ack_pending),)
+        except Exception as exc:
+            raise_if_cancelling()
+            log.debug("consumer info of %s: %r", durable, exc)
+        await asyncio.sleep(LAG_INTERVAL_S)
 
 
 async def run_service(

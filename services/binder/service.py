@@ -33,6 +33,7 @@ from shared import kube
 from shared.config import grant_key
 from shared.core import annotations as ann
 from shared.core.model import PodRef, PodUID
+from shared.metrics import MILLISECONDS
 from shared.runtime import Runtime, Service, handles
 from shared.telemetry import tracer
 
@@ -55,6 +56,17 @@ class Binder(Service):
         self.told: dict[PodUID, str] = {}
         self.bound: set[PodUID] = set()
         """Pods this binder bound: a late failure message must not reach them."""
+        m = rt.metrics
+        self.binds = m.counter("tessera_binds", "Pods bound (Binding written).")
+        self.bind_failures = m.counter(
+            "tessera_bind_failures", "Bindings that failed (the reservation is released)."
+        )
+        self.stage = m.stages()
+        self.e2e = m.histogram(
+            "volcano_e2e_scheduling_latency_milliseconds",
+            "From a pod's creation to its Binding (ms).",
+            MILLISECONDS,
+        )
         self.key = grant_key(rt.cfg)
         if self.key is None:
             log.warning("security.grantKeyFile is not set: grants are written unsigned")
@@ -117,6 +129,11 @@ class Binder(Service):
             error = await self._bind(decided, annotations)
         if error is None:
             self.bound.add(decided.pod.uid)
+            now = time.time()
+            self.binds.add(1)
+            self.stage.record(max(0.0, now - decided.emitted_at), {"stage": "bound"})
+            if decided.created_at:
+                self.e2e.record(max(0.0, now - decided.created_at) * 1000)
             await self.rt.bus.publish(
                 ev.AllocationBound(
                     pod=decided.pod,
@@ -133,6 +150,7 @@ class Binder(Service):
             await self._tell(decided.pod, "Scheduled", assigned, "Normal")
             return
         log.warning("bind of %s to %s failed: %s", decided.pod, decided.node, error)
+        self.bind_failures.add(1)
         await self.rt.bus.publish(
             ev.BindFailed(
                 pod=decided.pod,

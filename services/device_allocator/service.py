@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio.client import ApiException
 
+from services.device_allocator.metrics import AllocatorMetrics
 from services.device_allocator.reservations import (
     UNSIGNED,
     Reservation,
@@ -40,6 +41,7 @@ from services.device_allocator.reservations import (
 )
 from services.device_allocator.reservations import bound_grant as read_bound_grant
 from services.device_allocator.room import Room
+from services.device_allocator.views import explain_view, ledger_view
 from shared import busauth, kube
 from shared import events as ev
 from shared.config import grant_key
@@ -50,8 +52,16 @@ from shared.core.model import GangKey, NodeName, PodRef
 from shared.core.placement import GangMember, PlacementConfig, Placer
 from shared.core.request import ResourceTable
 from shared.core.status import Reason, Status
-from shared.runtime import Runtime, Service, handles
+from shared.runtime import Runtime, Service, ViewHandler, handles
 from shared.telemetry import tracer
+from shared.views import (
+    VIEW_EXPLAIN_SUBJECT,
+    VIEW_LEDGER_SUBJECT,
+    ExplainQuery,
+    ExplainView,
+    LedgerQuery,
+    LedgerView,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +102,7 @@ class Allocator(Service):
         self.refused: dict[NodeName, str] = {}
         self.cordons: dict[NodeName, tuple[str, ...]] = {}
         self.applied: dict[NodeName, ev.NodeInventory] = {}
+        self.stats = AllocatorMetrics(rt.metrics, self.ledger)
 
     def concurrency(self) -> int:
         return ALLOCATOR_CONCURRENCY
@@ -133,6 +144,19 @@ class Allocator(Service):
             "expire-reservations": self.expire_loop(),
             "reconcile-inventory": self.reconcile_loop(),
         }
+
+    def views(self) -> dict[str, ViewHandler]:
+        return {
+            VIEW_LEDGER_SUBJECT: self.ledger_view,
+            VIEW_EXPLAIN_SUBJECT: self.explain_view,
+        }
+
+    async def ledger_view(self, payload: bytes) -> LedgerView:
+        query = msgspec.json.decode(payload, type=LedgerQuery) if payload else LedgerQuery()
+        return ledger_view(self.ledger, self.reserved.open, self.refused, query, self.rt.instance)
+
+    async def explain_view(self, payload: bytes) -> ExplainView:
+        return explain_view(self.placer, msgspec.json.decode(payload, type=ExplainQuery))
 
     # --- nodes ------------------------------------------------------------------------
 
@@ -214,7 +238,9 @@ class Allocator(Service):
             with tracer().start_as_current_span(f"place {key}") as span:
                 span.set_attribute("tessera.service", self.rt.service)
                 span.set_attribute("tessera.gang.size", len(members))
+                started = time.perf_counter()
                 placed, more, refused = self._place(gang, members)
+                self._count(gang, placed, more, refused, time.perf_counter() - started)
                 if placed:
                     # Durable before any decision goes out (a restart rebuilds them).
                     await asyncio.gather(*(self.reserved.put(g, gang.attempt) for g in placed))
@@ -233,6 +259,34 @@ class Allocator(Service):
                 no.message,
             )
         await self.rt.bus.publish_many([*decided, *failed])
+
+    def _count(
+        self,
+        gang: ev.GangReady,
+        placed: list[PodGrant],
+        more: list[ev.Event],
+        refused: list[ev.AllocationFailed],
+        took_s: float,
+    ) -> None:
+        """The metrics of one placement attempt."""
+        stats = self.stats
+        stats.place_time.record(took_s)
+        if placed:
+            result = "placed"
+        else:
+            result = "unresolvable" if any(r.unresolvable for r in refused) else "unschedulable"
+        stats.placements.add(1, {"result": result})
+        for e in more:
+            if isinstance(e, ev.PreemptionDecided):
+                stats.preempted.add(sum(len(v.pods) for v in e.victims))
+        if not placed:
+            return
+        now = time.time()
+        for _ in placed:
+            stats.stage.record(max(0.0, now - gang.emitted_at), {"stage": "decided"})
+        created = [p.created_at for p in gang.members if p.created_at]
+        if not gang.gang.lone and created:
+            stats.job_latency.record(max(0.0, now - min(created)) * 1000)
 
     def _place(
         self, gang: ev.GangReady, members: list[GangMember]
@@ -303,12 +357,14 @@ class Allocator(Service):
 
     def _decided(self, grant: PodGrant, gang: ev.GangReady) -> ev.AllocationDecided:
         lone = gang.min_member <= 1 and len(gang.members) == 1
+        created = next((p.created_at for p in gang.members if p.pod.uid == grant.pod.uid), 0.0)
         return ev.AllocationDecided(
             pod=grant.pod,
             node=grant.node,
             grants=grant.containers,
             gang=None if lone else gang.gang,
             attempt=gang.attempt,
+            created_at=created,
         )
 
     def _failed(

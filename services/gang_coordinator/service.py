@@ -25,6 +25,15 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from services.gang_coordinator.podgroups import PodGroupStatus
+from services.gang_coordinator.queues import (
+    STATUS_INTERVAL_S,
+    QueueStatus,
+    Snapshot,
+    Why,
+    add_metrics,
+    every,
+    snapshot,
+)
 from shared import events as ev
 from shared import kube
 from shared.core.gangs import Gangs, Member, Policy, ReadyGang
@@ -32,7 +41,8 @@ from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.queues import GroupSpec, QueueSpec, grant_vector, resource_vector
 from shared.core.request import ResourceTable
 from shared.core.spec import GENERIC_VENDORS
-from shared.runtime import Runtime, Service, handles
+from shared.runtime import Runtime, Service, ViewHandler, handles
+from shared.views import VIEW_QUEUES_SUBJECT, QueuesView
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +80,21 @@ class Coordinator(Service):
         self.podgroups: dict[GangKey, ev.PodGroupUpdated] = {}
         self.queues: dict[str, ev.QueueUpdated] = {}
         self.status = PodGroupStatus(api)
+        self.queue_status = QueueStatus(api if s.queue_status else None, self.table)
+        self.why: dict[GangKey, Why] = {}
+        """What each waiting gang was last told by the allocator (views, metrics)."""
         self.wake = asyncio.Event()
+        self.stage = rt.metrics.stages()
+        self._scraped = Snapshot()
+        rt.metrics.prepare.append(self._take_snapshot)
+        add_metrics(rt.metrics, lambda: self._scraped, self.table)
+
+    def _take_snapshot(self) -> None:
+        """Once per scrape: every queue gauge reports from it."""
+        self._scraped = self.snapshot()
+
+    def snapshot(self) -> Snapshot:
+        return snapshot(self.gangs, self.status.phase, self.why, time.monotonic())
 
     async def start(self) -> None:
         # Inventories published before the consumer existed: the KV has every node's latest.
@@ -83,7 +107,28 @@ class Coordinator(Service):
             "dispatch": self.dispatch_loop(),
             "podgroup-status": self.status.writer(),
             "reconcile-inventory": self.inventory_loop(),
+            "queue-status": every(STATUS_INTERVAL_S, self.write_queue_status),
         }
+
+    def views(self) -> dict[str, ViewHandler]:
+        return {VIEW_QUEUES_SUBJECT: self.queues_view}
+
+    async def queues_view(self, _payload: bytes) -> QueuesView:
+        snap = self.snapshot()
+        return QueuesView(
+            queues=tuple(snap.queues),
+            gangs=tuple(snap.gangs),
+            instance=self.rt.instance,
+            taken_at=time.time(),
+        )
+
+    async def write_queue_status(self) -> None:
+        """Queue status, and forget what gangs that no longer wait were told."""
+        waiting = {m.key for m in self.gangs.pods.values()}
+        for key in [k for k in self.why if k not in waiting]:
+            del self.why[key]
+        snap = self.snapshot()
+        await self.queue_status.write(snap.queues, set(self.queues))
 
     # --- pods -------------------------------------------------------------------------
 
@@ -99,8 +144,11 @@ class Coordinator(Service):
             task=event.task,
             since=time.monotonic(),
         )
+        new = event.pod.uid not in self.gangs.pods and event.pod.uid not in self.gangs.bound_pods
         if self.gangs.pending(member) or event.pod.uid not in self.announced:
             self.contexts.setdefault(event.pod.uid, otel_context.get_current())
+        if new and event.created_at:
+            self.stage.record(max(0.0, event.emitted_at - event.created_at), {"stage": "pending"})
         if event.pod.uid in self.gangs.pods:
             self.announced[event.pod.uid] = event
         self.wake.set()
@@ -119,8 +167,10 @@ class Coordinator(Service):
             unresolvable=event.unresolvable,
             now=time.monotonic(),
         )
-        if event.gang is not None and not event.gang.lone:
-            self.status.pending(event.gang.key, event.message)
+        if event.gang is not None:
+            self.why[event.gang.key] = Why(event.message, event.unresolvable)
+            if not event.gang.lone:
+                self.status.pending(event.gang.key, event.message)
         self.wake.set()
 
     @handles(ev.BindFailed)
@@ -228,8 +278,13 @@ class Coordinator(Service):
 
     async def dispatch(self) -> None:
         """Send every gang the core finds ready, and tell refused pods why."""
-        decided = self.gangs.dispatch(time.monotonic())
+        now = time.monotonic()
+        decided = self.gangs.dispatch(now)
         ready = [self._gang_ready(gang) for gang in decided.ready]
+        for gang in decided.ready:
+            if gang.attempt == 1:
+                for m in gang.members:
+                    self.stage.record(max(0.0, now - m.since), {"stage": "ready"})
         for gang in decided.ready:
             if not gang.key.lone:
                 self.status.inqueue(gang.key)

@@ -20,8 +20,6 @@ import re
 import socket
 from pathlib import Path
 
-from aiohttp import web
-
 from services.node_agent.admission import KUBELET_CHECKPOINT, admitted_in_checkpoint
 from services.node_agent.deviceplugin.server import Desk, ResourceServer
 from services.node_agent.inventory import InventorySource, NvmlSource
@@ -67,6 +65,7 @@ class Agent:
         """The MPS control daemon of the cards in mps mode (none: it only stops one a
         previous run left, once idle)."""
         self.metrics = NodeMetrics(
+            rt.metrics,
             node,
             lambda: self.devices,
             source.usage,
@@ -86,7 +85,6 @@ class Agent:
             await self.recover(api)
         await self._publish()
         await self._serve()
-        self.rt.health.routes.append(web.get("/metrics", self.metrics.scrape))
         if isinstance(self.source, NvmlSource):
             loop = asyncio.get_running_loop()
 

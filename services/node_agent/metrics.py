@@ -23,21 +23,14 @@ warning, rather than misread.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import struct
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
 from shared.core.model import DeviceInfo, PodRef, PodUID
+from shared.metrics import Metrics, Reading
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +103,8 @@ DeviceUsage = Callable[[], Mapping[str, tuple[int, float]]]
 class NodeMetrics:
     """The node agent's metrics: device and per-container gauges read at each scrape."""
 
+    metrics: Metrics
+    """The process's registry (shared/metrics.py), scraped off the loop: it reads files."""
     node: str
     devices: Callable[[], tuple[DeviceInfo, ...]]
     usage: DeviceUsage
@@ -119,13 +114,9 @@ class NodeMetrics:
     """Pods bound here whose kubelet has not taken their devices yet."""
 
     def __post_init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        reader = PrometheusMetricReader(
-            disable_target_info=True, scope_info_enabled=False, registry=self.registry
-        )
-        self.provider = MeterProvider(metric_readers=[reader])
-        meter = self.provider.get_meter("tessera.node-agent")
-        gauges: list[tuple[str, str, Callable[[CallbackOptions], Iterable[Observation]]]] = [
+        m = self.metrics
+        m.blocking = True
+        gauges: list[tuple[str, str, Reading]] = [
             ("hami_host_gpu_memory_used_bytes", "Device memory in use (NVML).", self._host(0)),
             (
                 "hami_host_gpu_utilization_ratio",
@@ -166,19 +157,23 @@ class NodeMetrics:
             (
                 "tessera_admissions_waiting",
                 "Pods bound here whose kubelet has not taken their devices yet.",
-                lambda _o: [Observation(self.waiting(), {"node": self.node})],
+                lambda: [(self.waiting(), {"node": self.node})],
             ),
         ]
-        for name, text, callback in gauges:
-            meter.create_observable_gauge(name, callbacks=[callback], description=text)
-        self.allocations = meter.create_counter(
-            "tessera_allocate", description="Allocate calls answered, by resource and result."
+        for name, text, read in gauges:
+            m.gauge(name, text, read)
+        self.allocations = m.counter(
+            "tessera_allocate", "Allocate calls answered, by resource and result."
         )
         self._bad: set[Path] = set()
         self._usage: Mapping[str, tuple[int, float]] = {}
         self._containers: list[tuple[dict[str, str], DeviceAccount]] = []
-        """One scrape's reading, shared by every instrument (see ``text``)."""
-        self._scrape = threading.Lock()
+        """One scrape's reading, shared by every instrument (``_read``): each read them
+        again before, NVML twice and each file four times per scrape."""
+        m.prepare.append(self._read)
+
+    def _read(self) -> None:
+        self._usage, self._containers = self.usage(), self.containers()
 
     # --- collection -------------------------------------------------------------------
 
@@ -190,37 +185,37 @@ class NodeMetrics:
             "devicetype": d.model,
         }
 
-    def _host(self, field: int) -> Callable[[CallbackOptions], list[Observation]]:
+    def _host(self, field: int) -> Reading:
         """A gauge of one field of NVML's reading (0: memory used, 1: utilisation)."""
 
-        def observe(_o: CallbackOptions) -> list[Observation]:
+        def observe() -> list[tuple[float, dict[str, str]]]:
             now = self._usage
             return [
-                Observation(now[d.uuid][field], self._device_labels(d))
+                (now[d.uuid][field], self._device_labels(d))
                 for d in self.devices()
                 if d.uuid in now
             ]
 
         return observe
 
-    def _inventory(self, _o: CallbackOptions) -> list[Observation]:
+    def _inventory(self) -> list[tuple[float, dict[str, str]]]:
         counts: dict[tuple[str, str, bool], int] = {}
         for d in self.devices():
             key = (d.vendor, d.model, d.healthy)
             counts[key] = counts.get(key, 0) + 1
         return [
-            Observation(n, {"node": self.node, "vendor": v, "model": m, "healthy": str(h).lower()})
+            (n, {"node": self.node, "vendor": v, "model": m, "healthy": str(h).lower()})
             for (v, m, h), n in sorted(counts.items())
         ]
 
-    def _mps_up(self, _o: CallbackOptions) -> list[Observation]:
+    def _mps_up(self) -> list[tuple[float, dict[str, str]]]:
         states = {d.mps for d in self.devices() if d.mps}
         if not states:  # no card in mps mode: no daemon to report
             return []
-        return [Observation(int("running" in states), {"node": self.node})]
+        return [(int("running" in states), {"node": self.node})]
 
-    def _mps_clients(self, _o: CallbackOptions) -> list[Observation]:
-        return [Observation(d.mps_clients, self._device_labels(d)) for d in self.devices() if d.mps]
+    def _mps_clients(self) -> list[tuple[float, dict[str, str]]]:
+        return [(d.mps_clients, self._device_labels(d)) for d in self.devices() if d.mps]
 
     def containers(self) -> list[tuple[dict[str, str], DeviceAccount]]:
         """Every container's accounting on this node, with its labels."""
@@ -251,29 +246,11 @@ class NodeMetrics:
                 out.append((labels, a))
         return out
 
-    def _limits(self, _o: CallbackOptions) -> list[Observation]:
-        return [Observation(a.limit_bytes, labels) for labels, a in self._containers]
+    def _limits(self) -> list[tuple[float, dict[str, str]]]:
+        return [(a.limit_bytes, labels) for labels, a in self._containers]
 
-    def _used(self, _o: CallbackOptions) -> list[Observation]:
-        return [Observation(a.used_bytes, labels) for labels, a in self._containers]
+    def _used(self) -> list[tuple[float, dict[str, str]]]:
+        return [(a.used_bytes, labels) for labels, a in self._containers]
 
-    def _util(self, _o: CallbackOptions) -> list[Observation]:
-        return [Observation(a.sm_util, labels) for labels, a in self._containers]
-
-    # --- serving ----------------------------------------------------------------------
-
-    def text(self) -> bytes:
-        """One scrape. The devices' usage and every accounting file are read once, and
-        every instrument reports from that reading (each read them again before: NVML
-        twice and each file four times per scrape). Blocking: call it off the loop."""
-        with self._scrape:  # two scrapes at once would share one reading otherwise
-            self._usage, self._containers = self.usage(), self.containers()
-            try:
-                return generate_latest(self.registry)
-            finally:
-                self._usage, self._containers = {}, []
-
-    async def scrape(self, _request: web.Request) -> web.Response:
-        """``GET /metrics`` (served with the agent's health: shared/health.py)."""
-        body = await asyncio.to_thread(self.text)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def _util(self) -> list[tuple[float, dict[str, str]]]:
+        return [(a.sm_util, labels) for labels, a in self._containers]

@@ -584,6 +584,27 @@ class Placer:
         scanned = self._scan(m.request, self._context(m.request, m.group), None, prep)
         return scanned if isinstance(scanned, Status) else SUCCESS
 
+    def verdicts(self, m: GangMember) -> tuple[Status, list[tuple[NodeName, Status | None]]]:
+        """Every node's answer on the pod now (None: it would take it), and the counted
+        outcome as its Event would say it (``tessera explain``). Nothing is placed."""
+        checked = self.check(m.request)
+        if not checked.ok:
+            return checked, []
+        prep = self.ledger.hosts.prepare(m.spec) if m.spec is not None else None
+        if isinstance(prep, Status):
+            return prep, []
+        ctx = self._context(m.request, m.group)
+        answers: list[tuple[NodeName, Status | None]] = []
+        for node in self.ledger.nodes.values():
+            status = self._held_for_other(node.name, None) or self.fit_node(
+                node, m.request, ctx, prep
+            )
+            answers.append((node.name, status if isinstance(status, Status) else None))
+        rejected = [s for _, s in answers if s is not None]
+        if len(rejected) < len(answers):
+            return SUCCESS, answers
+        return counted(rejected, len(answers)), answers
+
     def _scan(
         self,
         request: PodRequest,

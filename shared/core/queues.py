@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from shared.core.model import ContainerGrant, ContainerRequest, DeviceInfo, PodRequest
 from shared.core.quantity import parse_quantity
 from shared.core.request import ResourceTable, Role
+from shared.core.spec import names
 
 Resources = dict[str, float]
 EPS = 1e-6
@@ -153,6 +154,24 @@ def resource_vector(table: ResourceTable, resources: Mapping[str, object]) -> Re
             continue
         key = f"{res.vendor}.{dim}"
         out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def resource_list(table: ResourceTable, vector: Mapping[str, float]) -> dict[str, float]:
+    """A vector under the resource names users write (each vendor's first configured
+    name for its count, memory and cores): ``resource_vector`` the other way, for a
+    Queue's status and metrics."""
+    out: dict[str, float] = {}
+    for key, value in vector.items():
+        vendor, _, dim = key.partition(".")
+        spec = table.vendors.get(vendor)  # type: ignore[call-overload]
+        field_name = {
+            "count": "resource_count_name",
+            "memory": "resource_memory_name",
+            "cores": "resource_core_name",
+        }.get(dim)
+        given = names(getattr(spec, field_name)) if spec is not None and field_name else ()
+        out[given[0] if given else key] = value
     return out
 
 

@@ -97,6 +97,64 @@ _TEXT: dict[str, str] = {
 }
 
 
+# What would make a node take the pod, per reason kind (``tessera explain``); the
+# amounts are filled in by ``Reason.hint``.
+_HINT: dict[str, str] = {
+    "insufficient": "{short} more {resource} free on the node ({free} of {capacity} free)",
+    "device-insufficient": "{short} more {resource} free on one device (best: {free} of "
+    "{capacity} free)",
+    "too-many-pods": "one of the node's pods must end (it runs its most pods)",
+    "node-unschedulable": "uncordon the node (kubectl uncordon)",
+    "node-name": "the pod names another node (spec.nodeName)",
+    "node-set": "the pod's node affinity names other nodes",
+    "affinity-conflict": "the pod's affinity terms contradict each other: fix the pod",
+    "node-affinity": "label the node to match the pod's nodeSelector/affinity, or change the pod",
+    "taint": "add a toleration for the node's taint to the pod, or remove the taint",
+    "node-ports": "a pod on the node holds the same hostPort",
+    "pod-affinity": "a pod the affinity asks for must run in the node's topology domain",
+    "pod-anti-affinity": "a pod the anti-affinity excludes runs in the node's topology domain",
+    "existing-anti-affinity": "a pod on the node excludes this one (its anti-affinity)",
+    "spread": "placing it here would pass the topology spread's maxSkew",
+    "spread-label": "label the node with the spread's topology key",
+    "type-excluded": "the pod's gpu type annotations exclude this model",
+    "uuid-excluded": "the pod's gpu uuid annotations exclude these cards",
+    "index-excluded": "the pod's gpu index selection excludes these cards",
+    "unhealthy": "the devices must be healthy and not cordoned",
+    "split-reached": "one of the pods sharing the device must end (its share count is reached)",
+    "busy": "an idle card: all pods on one card must end",
+    "group-spread": "another card, not used by the PodGroup",
+    "mps-unavailable": "the node's MPS daemon must run (see the node agent's log)",
+    "mps-user-unset": "set runAsUser on the pod (MPS serves one user per card)",
+    "mps-other-user": "the other user's MPS pods on the card must end, or run as their user",
+    "numa": "enough free devices on one NUMA node",
+    "larger-than-card": "ask for at most {capacity} {resource}",
+    "too-few-devices": "ask for at most {free} devices, or a node with more",
+    "too-few-npus": "ask for at most {free} NPUs, or a node with more",
+    "no-pool": "a node with devices in that mode",
+    "mode-mismatch": "a card in a mode that serves the request",
+    "mig-none-free": "a free MIG instance: one of its pods must end",
+    "mig-too-small": "a smaller request, or a card with a larger MIG profile",
+    "no-template": "a free vNPU template: one of its pods must end",
+    "admitting": "wait: the kubelet is admitting another pod there",
+    "held": "wait: the node is held for a gang that has waited longer",
+}
+
+
+def _amount(resource: str, value: int | None) -> str:
+    """An amount in the unit :class:`Reason` keeps it in, as people read it."""
+    if value is None:
+        return "?"
+    if resource == "cpu":
+        return f"{value}m"
+    if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
+        return f"{value / 2**20:.0f}Mi"
+    if "core" in resource or resource.endswith("percentage"):
+        return f"{value}%"
+    if "mem" in resource:
+        return f"{value}MiB"
+    return str(value)
+
+
 class Reason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why a node (or the cluster) cannot take a pod: structured, rendered by ``text``.
 
@@ -127,6 +185,23 @@ class Reason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             requested="" if self.requested is None else self.requested,
             free="" if self.free is None else self.free,
             detail=self.detail,
+        )
+
+    def hint(self) -> str:
+        """What would make the node take the pod, or "" when there is nothing to say."""
+        template = _HINT.get(self.kind)
+        if template is None:
+            return ""
+        short = None
+        if self.requested is not None and self.free is not None:
+            short = max(self.requested - self.free, 0)
+        return template.format(
+            resource=self.resource,
+            short=_amount(self.resource, short),
+            free=_amount(self.resource, self.free) if "{free} of" in template else self.free,
+            capacity=_amount(self.resource, self.capacity)
+            if self.kind != "larger-than-card"
+            else self.capacity,
         )
 
     @property

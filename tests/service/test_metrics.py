@@ -7,12 +7,12 @@ import struct
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.node_agent import metrics as m
 from shared.core.model import DeviceInfo, DeviceUUID, PodRef, PodUID
 from shared.health import Health
+from shared.metrics import Metrics
 
 GPU = DeviceInfo(
     uuid=DeviceUUID("GPU-aaaa"), index=0, vendor="nvidia", model="NVIDIA-A100", memory_mib=81920
@@ -70,6 +70,7 @@ async def test_metrics_are_scraped_and_parsed(tmp_path: Path) -> None:
     (tmp_path / "u-2_side").mkdir()
     (tmp_path / "u-2_side" / "u-2_side.cache").write_bytes(b"not a region")
     node = m.NodeMetrics(
+        Metrics("test"),
         "gpu-0",
         lambda: (GPU, SICK),
         lambda: {"GPU-aaaa": (5 << 30, 61.0), "GPU-bbbb": (0, 0.0)},
@@ -79,7 +80,7 @@ async def test_metrics_are_scraped_and_parsed(tmp_path: Path) -> None:
     )
     node.allocations.add(3, {"resource": "nvidia.com/gpu", "result": "ok"})
     port = free_port()
-    health = Health(alive=lambda: None, routes=[web.get("/metrics", node.scrape)])
+    health = Health(alive=lambda: None, routes=[node.metrics.route()])
     runner = await health.serve(port, host="127.0.0.1")
     try:
         async with (

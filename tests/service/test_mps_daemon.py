@@ -28,6 +28,7 @@ from services.node_agent.mps import (
 )
 from shared.config import Config, MpsConfig
 from shared.core.model import DeviceInfo, DeviceUUID
+from shared.metrics import Metrics
 from tests.helpers import eventually
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
@@ -326,7 +327,7 @@ def test_the_metrics_report_the_daemon_and_its_clients(tmp_path: Path) -> None:
     base = DeviceInfo(uuid=A, index=0, vendor="nvidia", model="NVIDIA-H100", memory_mib=81920)
     other = msgspec.structs.replace(base, uuid=B, index=1)
     devices = with_state((base, other), MpsReport("running", {A: 3}))
-    node = m.NodeMetrics("gpu-0", lambda: devices, dict, tmp_path, dict, lambda: 0)
+    node = m.NodeMetrics(Metrics("test"), "gpu-0", lambda: devices, dict, tmp_path, dict, lambda: 0)
 
     def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         return {
@@ -335,11 +336,11 @@ def test_the_metrics_report_the_daemon_and_its_clients(tmp_path: Path) -> None:
             for s in family.samples
         }
 
-    got = samples(node.text())
+    got = samples(node.metrics.text())
     assert got[("tessera_mps_daemon_up", (("node", "gpu-0"),))] == 1
     clients = {dict(k)["deviceuuid"]: v for (n, k), v in got.items() if n == "tessera_mps_clients"}
     assert clients == {A: 3}
     devices = with_state((base,), MpsReport("unavailable", {A: 0}))
-    assert samples(node.text())[("tessera_mps_daemon_up", (("node", "gpu-0"),))] == 0
+    assert samples(node.metrics.text())[("tessera_mps_daemon_up", (("node", "gpu-0"),))] == 0
     devices = (base,)  # no card in mps mode: no sample
-    assert not [k for k in samples(node.text()) if k[0].startswith("tessera_mps")]
+    assert not [k for k in samples(node.metrics.text()) if k[0].startswith("tessera_mps")]

@@ -30,11 +30,12 @@ def test_every_service_has_a_role() -> None:
     assert set(busauth.ROLES) == set(SERVICES)
 
 
-def test_the_reader_may_publish_nothing_and_read_only_allocations() -> None:
+def test_the_reader_may_only_ask_for_views_and_read_allocations() -> None:
     perms = busauth.permissions(busauth.READER, stream="S", inventory_bucket="I")
     conf = perms.as_conf()
-    assert conf["publish"] == {"deny": [">"]}  # an empty allow list would allow all
-    assert conf["subscribe"] == {"allow": ["tessera.v1.allocation.>"]}
+    assert conf["publish"] == {"allow": ["tessera.ctl.view.>"]}
+    # Its own inbox prefix: ``_INBOX.>`` would show it every event the services fetch.
+    assert conf["subscribe"] == {"allow": ["tessera.v1.allocation.>", "_INBOX_reader.>"]}
 
 
 def test_node_agents_never_reach_the_services_consumers() -> None:

@@ -1,0 +1,240 @@
+"""Queues as the coordinator shares the cluster: the ``tessera.ctl.view.queues`` answer
+(shared/views.py), Queue ``.status`` as Volcano writes it, and the queue metrics.
+
+One :func:`snapshot` serves all three, from the core's state (shared/core/gangs.py):
+each Open queue's deserved share, what it holds (bound, placed and in flight: Volcano's
+``allocated``), what it asks (allocated plus its waiting pods: ``request``), and its
+PodGroups by phase.
+
+Queue status (``scheduling.volcano.sh/v1beta1``, the ``status`` subresource) is written
+the way Volcano's queue controller writes it: ``state``, the PodGroup counts
+``pending``/``inqueue``/``running``/``unknown``/``completed`` and ``allocated`` under the
+resource names users write. The writer patches a queue only when its status changed,
+at most every ``STATUS_INTERVAL_S``. Beside an installed Volcano its controller owns
+Queue status, so ``scheduler.queueStatus: false`` turns the writer off
+(deploy/kustomize/overlays/volcano-coexist).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import kube, views
+from shared.core.gangs import Gangs
+from shared.core.model import GangKey
+from shared.core.queues import Resources, add, resource_list
+from shared.core.request import ResourceTable
+from shared.metrics import Labels, Metrics, Reading
+
+VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
+STATUS_INTERVAL_S = 2.0
+PHASES = ("Pending", "Inqueue", "Running", "Unknown", "Completed")
+
+
+@dataclass
+class Why:
+    """What a gang was last told, and whether anything but a node change can help."""
+
+    text: str
+    unresolvable: bool = False
+
+
+@dataclass
+class Snapshot:
+    """Every queue's figures at one moment."""
+
+    queues: list[views.QueueView] = field(default_factory=list)
+    gangs: list[views.GangView] = field(default_factory=list)
+
+
+def snapshot(
+    gangs: Gangs,
+    phases: Mapping[GangKey, str],
+    why: Mapping[GangKey, Why],
+    now: float,
+) -> Snapshot:
+    """Queues and waiting gangs from the core's state; ``phases``: each known PodGroup's
+    phase as last written; ``now``: monotonic (the members' ``since`` clock)."""
+    used, deserved = gangs.shares()
+    request: dict[str, Resources] = {q: dict(v) for q, v in used.items()}
+    by_gang: dict[GangKey, list[Any]] = {}
+    for m in gangs.pods.values():
+        if m.state not in ("inflight", "placed"):
+            request[m.queue] = add(request.get(m.queue, {}), m.vector)
+        by_gang.setdefault(m.key, []).append(m)
+    groups: dict[str, dict[str, int]] = {}
+    for key, group in gangs.groups.items():
+        counts = groups.setdefault(group.queue, {})
+        phase = phases.get(key, "Pending")
+        counts[phase] = counts.get(phase, 0) + 1
+    names = sorted({*gangs.queues, *used, *request, *groups} or {"default"})
+    out = Snapshot()
+    for name in names:
+        queue = gangs.queues.get(name)
+        out.queues.append(
+            views.QueueView(
+                name=name,
+                state=queue.state if queue is not None else "Open",
+                weight=queue.weight if queue is not None else 1.0,
+                priority=queue.priority if queue is not None else 0,
+                capability=queue.capability if queue is not None else None,
+                deserved=deserved.get(name, {}),
+                allocated=used.get(name, {}),
+                request=request.get(name, {}),
+                podgroups=groups.get(name, {}),
+            )
+        )
+    for key, members in sorted(by_gang.items()):
+        states: dict[str, int] = {}
+        for m in members:
+            states[m.state] = states.get(m.state, 0) + 1
+        bound = len(gangs.bound.get(key, {}))
+        if bound:
+            states["bound"] = bound
+        spec = gangs.groups.get(key)
+        told = why.get(key)
+        out.gangs.append(
+            views.GangView(
+                namespace=key.namespace,
+                name=key.name,
+                queue=gangs.queue_of(key),
+                lone=key.lone,
+                min_member=spec.min_member if spec is not None else 1,
+                pods=states,
+                waiting_s=max(0.0, now - min(m.since for m in members)),
+                why=told.text if told else next((m.told for m in members if m.told), ""),
+                unresolvable=told.unresolvable if told else False,
+            )
+        )
+    return out
+
+
+def queue_status(q: views.QueueView, table: ResourceTable) -> dict[str, Any]:
+    """A Queue's ``.status`` as Volcano writes it."""
+    status: dict[str, Any] = {"state": q.state}
+    for phase in PHASES:
+        status[phase.lower()] = q.podgroups.get(phase, 0)
+    status["allocated"] = {
+        name: _quantity(value) for name, value in resource_list(table, q.allocated).items()
+    }
+    return status
+
+
+def _quantity(value: float) -> str:
+    """A resource amount as a Kubernetes quantity (whole, or in milli-units)."""
+    if value == int(value):
+        return str(int(value))
+    return f"{round(value * 1000)}m"
+
+
+class QueueStatus:
+    """Patches each Queue's status when it changes (``scheduler.queueStatus``)."""
+
+    def __init__(self, api: kube.Client | None, table: ResourceTable) -> None:
+        self.api = api
+        self.table = table
+        self.written: dict[str, dict[str, Any]] = {}
+
+    async def write(self, queues: list[views.QueueView], known: set[str]) -> None:
+        """Write the changed statuses of the queues that exist (``known``)."""
+        if self.api is None:
+            return
+        for q in queues:
+            if q.name not in known:
+                continue
+            status = queue_status(q, self.table)
+            if self.written.get(q.name) == status:
+                continue
+            if await kube.patch_status(self.api, f"{VOLCANO}/queues/{q.name}/status", status):
+                self.written[q.name] = status
+        for gone in set(self.written) - known:
+            del self.written[gone]
+
+
+async def every(interval_s: float, step: Any) -> None:
+    """Run ``step()`` every ``interval_s`` seconds (measured from each start)."""
+    while True:
+        started = time.monotonic()
+        await step()
+        await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+_VECTORS = ("allocated", "request", "deserved", "capability")
+"""Volcano's per-queue resource gauges: ``volcano_queue_<which>_scalar_resources``."""
+
+
+def add_metrics(m: Metrics, latest: Callable[[], Snapshot], table: ResourceTable) -> None:
+    """Volcano's queue gauges and Tessera's waiting pods, from ``latest()`` at each scrape
+    (names: docs/metrics.md)."""
+
+    def vector(which: str) -> Reading:
+        def read() -> list[tuple[float, Labels]]:
+            out = []
+            for q in latest().queues:
+                values = getattr(q, "capability" if which == "capability" else which) or {}
+                for name, value in resource_list(table, values).items():
+                    out.append((value, {"queue_name": q.name, "resource": name}))
+            return out
+
+        return read
+
+    for which in _VECTORS:
+        m.gauge(
+            f"volcano_queue_{which}_scalar_resources",
+            f"The {which} device resources of one queue (count, MiB, percent).",
+            vector(which),
+        )
+
+    def each(value: Callable[[views.QueueView], float]) -> Reading:
+        return lambda: [(value(q), {"queue_name": q.name}) for q in latest().queues]
+
+    m.gauge("volcano_queue_weight", "Weight for one queue.", each(lambda q: q.weight))
+    m.gauge(
+        "volcano_queue_share",
+        "Share for one queue: allocated over deserved, the largest over its dimensions.",
+        each(_share),
+    )
+    m.gauge(
+        "volcano_queue_overused",
+        "If one queue is overused (allocated above deserved).",
+        each(lambda q: float(_share(q) > 1.0)),
+    )
+
+    def groups(phase: str) -> Reading:
+        return each(lambda q: q.podgroups.get(phase, 0))
+
+    for phase in ("Pending", "Inqueue", "Running", "Unknown"):
+        m.gauge(
+            f"volcano_queue_pod_group_{phase.lower()}_count",
+            f"The number of {phase} PodGroups of one queue.",
+            groups(phase),
+        )
+
+    def waiting() -> list[tuple[float, Labels]]:
+        counts: dict[str, int] = {}
+        for g in latest().gangs:
+            for state, n in g.pods.items():
+                if state == "bound":
+                    continue
+                if state == "parked":
+                    state = "unresolvable" if g.unresolvable else "unschedulable"
+                counts[state] = counts.get(state, 0) + n
+        return [(n, {"state": s}) for s, n in sorted(counts.items())]
+
+    m.gauge(
+        "tessera_pending_pods",
+        "Pods not yet bound, by state (pending: its gang is not ready or its queue holds it; "
+        "inflight, placed; unschedulable, unresolvable: the allocator's last answer).",
+        waiting,
+    )
+
+
+def _share(q: views.QueueView) -> float:
+    shares = [v / q.deserved[k] for k, v in q.allocated.items() if q.deserved.get(k)]
+    return max(shares, default=0.0)

@@ -1,0 +1,98 @@
+"""Every service's ``/metrics``: OpenTelemetry instruments read out as Prometheus text.
+
+One :class:`Metrics` per process (the runtime makes it: ``Runtime.metrics``), served on
+the same port as ``/healthz`` (``telemetry.metricsPort``, shared/health.py). A service
+adds its instruments at start:
+
+- :meth:`Metrics.gauge`: a value read at each scrape from the service's own state (the
+  ledger's per-device figures, each queue's share). Scrapes run on the event loop, so a
+  callback reads state no handler is changing at that moment.
+- :meth:`Metrics.counter` and :meth:`Metrics.histogram`: counted as things happen.
+
+The names are those users' dashboards already query (HAMi's scheduler and device
+plugin, Volcano's scheduler; docs/metrics.md lists them all), plus ``tessera_*``.
+Counters get Prometheus's ``_total`` suffix from the exporter; a histogram's name
+carries its unit (``..._seconds``, ``..._milliseconds``), as Volcano's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+from aiohttp import web
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+Labels = dict[str, str]
+Reading = Callable[[], Iterable[tuple[float, Labels]]]
+"""A gauge's values now: (value, labels) pairs."""
+
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+"""Buckets of the ``tessera_*_seconds`` latency histograms."""
+MILLISECONDS = tuple(5.0 * 2**i for i in range(15))
+"""Volcano's latency buckets (5 ms doubling, to 82 s)."""
+
+
+class Metrics:
+    """One process's registry: instruments in, Prometheus text out."""
+
+    def __init__(self, scope: str, *, blocking: bool = False) -> None:
+        """``blocking``: the gauges read files or devices; scrape off the event loop."""
+        self.registry = CollectorRegistry(auto_describe=True)
+        reader = PrometheusMetricReader(
+            disable_target_info=True, scope_info_enabled=False, registry=self.registry
+        )
+        self.provider = MeterProvider(metric_readers=[reader])
+        self.meter = self.provider.get_meter(scope)
+        self.blocking = blocking
+        self.prepare: list[Callable[[], None]] = []
+        """Run before each scrape (one reading that several gauges then report)."""
+        self._scrape = threading.Lock()
+
+    def gauge(self, name: str, description: str, read: Reading) -> None:
+        """A gauge whose values ``read`` gives at each scrape."""
+
+        def observe(_options: CallbackOptions) -> list[Observation]:
+            return [Observation(value, labels) for value, labels in read()]
+
+        self.meter.create_observable_gauge(name, callbacks=[observe], description=description)
+
+    def counter(self, name: str, description: str) -> Counter:
+        """A counter (``name`` without ``_total``: the exporter adds it)."""
+        return self.meter.create_counter(name, description=description)
+
+    def histogram(
+        self, name: str, description: str, buckets: Sequence[float] = SECONDS
+    ) -> Histogram:
+        """A histogram with explicit bucket bounds, in the unit its name says."""
+        return self.meter.create_histogram(
+            name, description=description, explicit_bucket_boundaries_advisory=list(buckets)
+        )
+
+    def text(self) -> bytes:
+        """One scrape: every instrument, as Prometheus text."""
+        with self._scrape:  # two scrapes at once would share one reading otherwise
+            for step in self.prepare:
+                step()
+            return generate_latest(self.registry)
+
+    async def scrape(self, _request: web.Request) -> web.Response:
+        """``GET /metrics``."""
+        body = await asyncio.to_thread(self.text) if self.blocking else self.text()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def route(self) -> web.RouteDef:
+        return web.get("/metrics", self.scrape)
+
+    def stages(self) -> Histogram:
+        """``tessera_stage_latency_seconds``: each service records the stages it ends
+        (``stage``: pending, the watcher's announcement after the pod's creation; ready,
+        the gang sent to the allocator; decided; bound)."""
+        return self.histogram(
+            "tessera_stage_latency_seconds",
+            "Time from one stage of a pod's placement to the next (stage: the later one).",
+        )

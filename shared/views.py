@@ -1,0 +1,193 @@
+"""What the running scheduler shows of itself: live views answered over NATS request/reply.
+
+The device-allocator holds the ledger and the gang-coordinator the queues; people and
+tools ask them (``tessera get``, ``tessera explain``, ``tessera top``, the dashboard)
+rather than decoding pod annotations. Only the active replica of each answers (it
+subscribes when it takes its lease), so a view is the state that places pods now,
+reservations included.
+
+- ``tessera.ctl.view.ledger`` (device-allocator): :class:`LedgerView`, every node with
+  its devices and the grants on each. An empty request asks for all nodes; a
+  :class:`LedgerQuery` may name some.
+- ``tessera.ctl.view.queues`` (gang-coordinator): :class:`QueuesView`, every queue's
+  weight, deserved, allocated and request, and every gang still waiting with why.
+- ``tessera.ctl.view.explain`` (device-allocator): an :class:`ExplainQuery` (a pod's
+  request, parsed by the asker as the watcher parses it) answered by an
+  :class:`ExplainView`: every node's verdict on the pod now, with the structured
+  reasons and what would make it fit.
+
+The ``reader`` bus user (external tools, the dashboard) may send these requests and
+subscribe to ``tessera.v1.allocation.>``; nothing else (shared/busauth.py).
+
+Views are JSON like the events (any client can read them) and evolve by the same rule:
+new fields get defaults.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.core.hosts import PodSpec
+from shared.core.model import PodRef, PodRequest
+from shared.core.status import Reason
+
+VIEW_SUBJECT_PREFIX = "tessera.ctl.view"
+VIEW_LEDGER_SUBJECT = f"{VIEW_SUBJECT_PREFIX}.ledger"
+VIEW_QUEUES_SUBJECT = f"{VIEW_SUBJECT_PREFIX}.queues"
+VIEW_EXPLAIN_SUBJECT = f"{VIEW_SUBJECT_PREFIX}.explain"
+VIEW_SUBJECTS = f"{VIEW_SUBJECT_PREFIX}.>"
+
+
+class _View(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    pass
+
+
+# --- the ledger --------------------------------------------------------------------------
+
+
+class LedgerQuery(_View, frozen=True, kw_only=True):
+    """Which nodes to show (all when empty)."""
+
+    nodes: tuple[str, ...] = ()
+
+
+class GrantView(_View, frozen=True, kw_only=True):
+    """One container's share of one device."""
+
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+    memory_mib: int = 0
+    cores: int = 0
+    exclusive: bool = False
+    mig_profile: str | None = None
+    vnpu_template: str | None = None
+    bound: bool = False
+    """Bound (the pod holds it) or only reserved (decided, the binder not yet through)."""
+    group: str | None = None
+    """The PodGroup of the pod, ``namespace/name``."""
+
+
+class DeviceView(_View, frozen=True, kw_only=True):
+    """One device: its capacity as the ledger counts it (after node overrides), its use."""
+
+    uuid: str
+    index: int
+    vendor: str
+    model: str
+    mode: str
+    """hami-core, mig, mps, vnpu, ... (the device's sharing mode)."""
+    memory_mib: int
+    cores: int
+    slots: int
+    """How many containers may share it (``deviceSplitCount``)."""
+    used_memory_mib: int = 0
+    used_cores: int = 0
+    used_slots: int = 0
+    healthy: bool = True
+    cordoned: bool = False
+    mps: str = ""
+    """MPS daemon state on an MPS card (``running``, ``unavailable``), else empty."""
+    grants: tuple[GrantView, ...] = ()
+
+
+class NodeView(_View, frozen=True, kw_only=True):
+    """One node: its devices and what the ledger counts on it besides devices."""
+
+    name: str
+    devices: tuple[DeviceView, ...] = ()
+    pods: int = 0
+    """Pods on it (of any scheduler) and Tessera's reserved ones."""
+    unschedulable: bool = False
+    refused: str = ""
+    """Why the allocator places nothing there (another config), else empty."""
+
+
+class LedgerView(_View, frozen=True, kw_only=True):
+    """The allocator's ledger now."""
+
+    nodes: tuple[NodeView, ...] = ()
+    instance: str = ""
+    """The allocator replica that answered."""
+    taken_at: float = 0.0
+
+
+# --- queues and gangs ----------------------------------------------------------------------
+
+
+class QueueView(_View, frozen=True, kw_only=True):
+    """One Volcano Queue as the coordinator shares the cluster (resource vectors over
+    ``<vendor>.count|memory|cores``, see shared/core/queues.py)."""
+
+    name: str
+    state: str = "Open"
+    weight: float = 1.0
+    priority: int = 0
+    capability: dict[str, float] | None = None
+    deserved: dict[str, float] = msgspec.field(default_factory=dict)
+    allocated: dict[str, float] = msgspec.field(default_factory=dict)
+    """Bound, placed and in flight."""
+    request: dict[str, float] = msgspec.field(default_factory=dict)
+    """Allocated plus what its waiting pods ask."""
+    podgroups: dict[str, int] = msgspec.field(default_factory=dict)
+    """PodGroups by phase (Pending, Inqueue, Running)."""
+
+
+class GangView(_View, frozen=True, kw_only=True):
+    """A gang with pods not yet bound."""
+
+    namespace: str
+    name: str
+    queue: str = "default"
+    lone: bool = False
+    min_member: int = 1
+    pods: dict[str, int] = msgspec.field(default_factory=dict)
+    """Its pods by state (pending, inflight, placed, bound, parked)."""
+    waiting_s: float = 0.0
+    """How long its oldest pod has waited."""
+    why: str = ""
+    """The last thing it was told (the allocator's message, or the queue's refusal)."""
+    unresolvable: bool = False
+
+
+class QueuesView(_View, frozen=True, kw_only=True):
+    queues: tuple[QueueView, ...] = ()
+    gangs: tuple[GangView, ...] = ()
+    instance: str = ""
+    taken_at: float = 0.0
+
+
+# --- explain ---------------------------------------------------------------------------------
+
+
+class ExplainQuery(_View, frozen=True, kw_only=True):
+    """A pod to try on every node now, without placing it."""
+
+    pod: PodRef
+    request: PodRequest
+    spec: PodSpec | None = None
+    group: str | None = None
+
+
+class NodeVerdict(_View, frozen=True, kw_only=True):
+    """One node's answer: it fits, or why not and what would make it fit."""
+
+    node: str
+    fits: bool = False
+    reasons: tuple[Reason, ...] = ()
+    texts: tuple[str, ...] = ()
+    """The reasons as people read them (as Events say them)."""
+    hints: tuple[str, ...] = ()
+    """What would make it fit, one per reason."""
+
+
+class ExplainView(_View, frozen=True, kw_only=True):
+    pod: PodRef
+    message: str = ""
+    """kube-scheduler's one line (``0/N nodes are available: ...``), or that it fits."""
+    unresolvable: bool = False
+    nodes: tuple[NodeVerdict, ...] = ()
+    """Every node, those that fit first."""
+    error: str = ""
+    """The request could not be tried (one line), else empty."""
