@@ -50,6 +50,9 @@ class JobState:
     pods: dict[str, str] = field(default_factory=dict)
     """Pod name -> phase as known here: Pending, Running (bound), Succeeded or Failed."""
     phase: str = ""
+    since: str = ""
+    """When it entered ``phase`` (RFC 3339)."""
+    conditions: list[dict[str, str]] = field(default_factory=list)
     restarting: bool = False
 
 
@@ -258,6 +261,9 @@ class JobController(Service):
         await self._create(f"/api/v1/namespaces/{job.namespace}/pods", body)
 
     async def _status(self, state: JobState) -> None:
+        """The Job's status as Volcano's controller writes it: ``state`` (phase and when it
+        changed), counts by pod phase, ``taskStatusCount`` per task and ``conditions`` (one
+        per phase the Job has been in)."""
         job = state.job
         counts = {p: sum(1 for v in state.pods.values() if v == p) for p in PHASES}
         minimum = int(job.spec.get("minAvailable") or 1)
@@ -266,13 +272,25 @@ class JobController(Service):
             phase = "Completed" if counts["Failed"] == 0 else "Failed"
         else:
             phase = "Running" if counts["Running"] + done >= minimum else "Pending"
+        # A merge patch: a phase no pod is in any more is written as null (removed).
+        tasks: dict[str, dict[str, dict[str, int | None]]] = {}
+        for name, task, _index, _spec in self._pod_names(job):
+            by_phase = tasks.setdefault(task, {"phase": dict.fromkeys(PHASES)})["phase"]
+            pod_phase = state.pods.get(name)
+            if pod_phase is not None:
+                by_phase[pod_phase] = (by_phase[pod_phase] or 0) + 1
+        if not state.conditions or state.conditions[-1]["status"] != phase:
+            state.since = kube.now_rfc3339()
+            state.conditions.append({"status": phase, "lastTransitionTime": state.since})
         status = {
-            "state": {"phase": phase},
+            "state": {"phase": phase, "lastTransitionTime": state.since},
             "minAvailable": minimum,
             "running": counts["Running"],
             "pending": counts["Pending"],
             "succeeded": counts["Succeeded"],
             "failed": counts["Failed"],
+            "taskStatusCount": tasks,
+            "conditions": state.conditions[-10:],
         }
         path = f"{BATCH}/namespaces/{job.namespace}/jobs/{job.name}/status"
         if await kube.patch_status(self.api, path, status):

@@ -144,6 +144,12 @@ async def test_volcano_job_starts_both_workers_or_none_and_deletes_its_pods(
         return ((job.get("status") or {}).get("state") or {}).get("phase") == "Running"
 
     await eventually(running, what="the Job Running")
+    # The status as Volcano writes it: counts per task and a condition per phase.
+    status = (await kube.request(pipeline.api, "GET", f"{jobs}/mnist"))["status"]
+    assert status["taskStatusCount"] == {"worker": {"phase": {"Running": 2}}}
+    assert (status["running"], status["minAvailable"]) == (2, 2)
+    assert [c["status"] for c in status["conditions"]][-1] == "Running"
+    assert status["state"]["lastTransitionTime"] == status["conditions"][-1]["lastTransitionTime"]
     # a job too wide for the 3 cards: 4 workers of a whole card each, minAvailable 4
     await kube.request(pipeline.api, "POST", jobs, vcjob("wide", 4, 4, {"nvidia.com/gpu": 1}))
 
