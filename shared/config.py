@@ -149,8 +149,14 @@ class TelemetryConfig(_Cfg, frozen=True, kw_only=True):
     """Logs, traces and metrics of every service."""
 
     otlp_endpoint: str = ""
-    """OTLP gRPC endpoint for traces; empty exports nothing (spans still propagate)."""
+    """OTLP gRPC endpoint for traces (``http://collector:4317`` plaintext, ``https://``
+    TLS). Set, it wins over ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``; empty, those
+    variables decide, and with none of them nothing is exported (spans still
+    propagate). docs/tracing.md."""
     sample_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 1.0
+    """Share of new traces recorded (ParentBased: a continued trace keeps its caller's
+    choice). Below 1 it wins over ``OTEL_TRACES_SAMPLER``; at its default 1.0 that
+    variable, when set, chooses the sampler."""
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9394
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
