@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import urlparse
 
 from opentelemetry import trace
@@ -32,6 +33,7 @@ from opentelemetry.sdk.trace.sampling import (
     ALWAYS_ON,
     ParentBased,
     Sampler,
+    SamplingResult,
     TraceIdRatioBased,
 )
 
@@ -257,6 +259,26 @@ def tracer() -> trace.Tracer:
     return _tracer
 
 
+class WhenExported(Sampler):
+    """``inner``'s decisions once spans go somewhere; until then none is recorded.
+
+    A recorded span costs about four times a non-recording one (attributes, events, the
+    processors' calls), and a service makes several per pod; with no exporter they were
+    made for nothing. A non-recording span still carries the trace id, so the context
+    propagates over the bus all the same."""
+
+    def __init__(self, inner: Sampler) -> None:
+        self.inner = inner
+        self.exporting = False
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        chosen = self.inner if self.exporting else ALWAYS_OFF
+        return chosen.should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return self.inner.get_description()
+
+
 def setup_tracing(
     service: str,
     cfg: TelemetryConfig,
@@ -275,21 +297,26 @@ def setup_tracing(
     if isinstance(current, TracerProvider):
         if processor is not None:
             current.add_span_processor(processor)
+            if isinstance(current.sampler, WhenExported):
+                current.sampler.exporting = True
         return current
     setup = resolve(service, cfg)
     for problem in setup.problems:
         log.warning("traces: %s", problem)
-    provider = TracerProvider(resource=setup.resource, sampler=setup.sampler)
+    sampler = WhenExported(setup.sampler)
+    provider = TracerProvider(resource=setup.resource, sampler=sampler)
     trace.set_tracer_provider(provider)
     sink = None
     if setup.disabled:
         pass  # the SDK's provider reads OTEL_SDK_DISABLED too, and hands out no-op tracers
     elif processor is not None:
         provider.add_span_processor(processor)
+        sampler.exporting = True
         sink = type(processor).__name__
     elif setup.endpoint:
         try:
             provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(setup)))
+            sampler.exporting = True
         except Exception as exc:  # a bad OTEL_EXPORTER_OTLP_TIMEOUT, say: run, unexported
             why = f"the OTLP exporter for {setup.target} could not be made: {exc}"
             setup = replace(setup, endpoint="", unexported=why)
