@@ -680,6 +680,62 @@ class LeaseLostError(RuntimeError):
     """Another holder has the lease (ours expired): stop acting as the leader now."""
 
 
+class Outbox:
+    """Events published in order without waiting for each one's ack: ``put`` returns
+    once the event is queued (it waits only while ``limit`` are), and :meth:`run` sends
+    what has queued meanwhile in pipelined batches (``Bus.publish_many``), one batch
+    after the other, so JetStream stores them in the order they were put.
+
+    For a service that publishes as it reads (the watcher): awaiting each publish's ack
+    made it one round trip per event, so under a burst it fell behind the API server.
+    A batch that cannot be stored even through a failover raises in :meth:`run`, which
+    takes the service down; what was queued comes back from its relist."""
+
+    BATCH = 512
+
+    def __init__(self, bus: Bus, limit: int = 4096) -> None:
+        self.bus = bus
+        self.limit = limit
+        self._queue: list[tuple[events.Event, otel_context.Context]] = []
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._sending = 0
+
+    def __len__(self) -> int:
+        return len(self._queue) + self._sending
+
+    async def put(self, event: events.Event) -> None:
+        """Queue ``event`` (in the current trace) for publishing."""
+        while len(self._queue) >= self.limit:
+            self._room.clear()
+            await self._room.wait()
+        self._queue.append((event, otel_context.get_current()))
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Send what is still queued (at shutdown, once :meth:`run` has stopped)."""
+        while self._queue:
+            batch = self._queue[: self.BATCH]
+            del self._queue[: self.BATCH]
+            await self.bus.publish_many([e for e, _ in batch], [c for _, c in batch])
+
+    async def run(self) -> None:
+        """Send what is queued, batch after batch, for ever."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch = self._queue[: self.BATCH]
+                del self._queue[: self.BATCH]
+                self._room.set()
+                self._sending = len(batch)
+                try:
+                    await self.bus.publish_many([e for e, _ in batch], [c for _, c in batch])
+                finally:
+                    self._sending = 0
+
+
 class Lease:
     """Leader election on a KV key that expires unless renewed.
 

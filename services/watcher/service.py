@@ -30,6 +30,7 @@ from nats.aio.msg import Msg
 
 from shared import events as ev
 from shared import kube
+from shared.bus import Outbox
 from shared.config import request_parser
 from shared.core import annotations as ann
 from shared.core.hosts import PodSpec, node_spec, pod_spec
@@ -247,7 +248,9 @@ class Watcher(Service):
         self.refs: dict[PodUID, PodRef] = {}
         """Every pod announced (pending or on a node): a relist that lacks one deletes it."""
         self.nodes: dict[str, ev.NodeUpdated] = {}
-        publish = rt.bus.publish
+        self.out = Outbox(rt.bus)
+        """Everything it announces, in the order seen, pipelined (shared/bus.py)."""
+        publish = self.out.put
         self.namespaces = Mirror(
             publish,
             lambda o: str(o["metadata"]["name"]),
@@ -283,6 +286,7 @@ class Watcher(Service):
         )
 
     async def start(self) -> None:
+        self.rt.on_stop(self.out.flush)
         await self.rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=self.on_resync_request)
         self.rt.spawn(self.watch_volcano(), "discover-volcano", finite=True)
         log.info(
@@ -292,6 +296,7 @@ class Watcher(Service):
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
         return {
+            "publish": self.out.run(),
             "watch-pods": kube.list_watch(
                 self.api, "/api/v1/pods", self.on_pod_event, on_relist=self.on_pod_relist
             ),
@@ -328,7 +333,7 @@ class Watcher(Service):
             host = pod_spec(obj, self.managed)
             if self.bound.get(ref.uid) != (node, host):
                 self.bound[ref.uid] = (NodeName(node), host)
-                await self.rt.bus.publish(updated_event(obj, ref, NodeName(node), phase, host))
+                await self.out.put(updated_event(obj, ref, NodeName(node), phase, host))
             return
         if not ours or meta.get("deletionTimestamp"):
             return
@@ -354,7 +359,7 @@ class Watcher(Service):
             span.set_attribute("k8s.pod.name", pending.pod.name)
             span.set_attribute("k8s.namespace.name", pending.pod.namespace)
             span.set_attribute("k8s.pod.uid", pending.pod.uid)
-            await self.rt.bus.publish(pending)
+            await self.out.put(pending)
 
     async def _gone(
         self,
@@ -371,7 +376,7 @@ class Watcher(Service):
         was = self.bound.pop(ref.uid, None)
         # A finished pod seen for the first time (a relist) held nothing here.
         if known or (node and kind == "DELETED"):
-            await self.rt.bus.publish(
+            await self.out.put(
                 ev.PodDeleted(
                     pod=ref,
                     node=NodeName(node) if node else (was[0] if was else None),
@@ -387,7 +392,7 @@ class Watcher(Service):
             return
         self.rejected[ref.uid] = message
         log.warning("pod %s rejected: %s", ref, message)
-        await self.rt.bus.publish(ev.PodRejected(pod=ref, errors=errors))
+        await self.out.put(ev.PodRejected(pod=ref, errors=errors))
         await kube.tell(
             self.api,
             ref,
@@ -444,10 +449,8 @@ class Watcher(Service):
             *self.jobs.known.values(),
             *self.pending.values(),
         ]
-        if known:
-            await self.rt.bus.publish_many(
-                [msgspec.structs.replace(e, event_id=ev.new_id()) for e in known]
-            )
+        for e in known:
+            await self.out.put(msgspec.structs.replace(e, event_id=ev.new_id()))
 
     async def on_resync_request(self, msg: Msg) -> None:
         await self.resync()
@@ -493,14 +496,14 @@ class Watcher(Service):
             return
         if spec is None:
             self.nodes.pop(name, None)
-            await self.rt.bus.publish(ev.NodeDeleted(node=name))
+            await self.out.put(ev.NodeDeleted(node=name))
             return
         update = ev.NodeUpdated(
             node=name, cordoned_devices=cordoned, unschedulable=spec.unschedulable, spec=spec
         )
         if ev.changed(self.nodes.get(name), update):
             self.nodes[name] = update
-            await self.rt.bus.publish(update)
+            await self.out.put(update)
 
     async def on_node_relist(self, items: list[dict[str, Any]]) -> None:
         present = {_name(o) for o in items}
