@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: all install controlplane lint typecheck test test-fast demo down schema proto bench chaos clean images
+.PHONY: all install controlplane browser lint typecheck test test-fast demo down schema proto bench chaos clean images
 
 all: test
 
@@ -23,6 +23,12 @@ install: $(STAMP)
 controlplane: install
 	$(BIN)/tessera dev build
 
+# Debian's chromium for the dashboard's browser test (tests/integration/test_dashboard.py);
+# where it cannot be installed (no root) that test skips, unless CI is set.
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) \
+		|| echo "chromium not installed: the dashboard's browser test will skip"
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -32,7 +38,7 @@ typecheck: install
 
 # The whole suite: lint, types, import contracts, unit, service (real NATS) and
 # integration (real kube-apiserver) tests.
-test: controlplane lint typecheck
+test: controlplane browser lint typecheck
 	$(BIN)/python -m pytest
 
 # Unit tests of the pure core only: no servers.

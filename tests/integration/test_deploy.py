@@ -54,7 +54,7 @@ def test_manifests_apply_on_the_real_api_server(overlay: str, kube: LocalCluster
         assert ("ClusterRoleBinding", f"tessera-{service}") in kinds
     workloads = [d for d in docs if d["kind"] in ("Deployment", "DaemonSet")]
     # Beside Volcano, Volcano's Job controller creates the Jobs' pods; Tessera's is left out.
-    expected = set(SERVICES) - ({"job-controller"} if "volcano" in overlay else set())
+    expected = {*SERVICES, "dashboard"} - ({"job-controller"} if "volcano" in overlay else set())
     assert {d["spec"]["template"]["spec"]["containers"][0]["args"][0] for d in workloads} == (
         expected
     )

@@ -1,0 +1,3 @@
+from services.dashboard.service import main
+
+main()
