@@ -964,7 +964,7 @@ async def test_the_watcher_skips_a_node_it_cannot_read(caplog: pytest.LogCapture
     published = Published()
     watcher = Watcher.__new__(Watcher)  # on_node needs no API server or config
     watcher.nodes = {}
-    watcher.rt = SimpleNamespace(bus=SimpleNamespace(publish=published))  # type: ignore[assignment]
+    watcher.out = SimpleNamespace(put=published)  # type: ignore[assignment]
     await watcher.on_node("ADDED", {"metadata": {"name": "n1"}, "spec": {"taints": "x"}})
     await watcher.on_node_relist([{"metadata": {"labels": []}}, {"metadata": {"name": "n2"}}])
     assert "node n1 cannot be read (AttributeError(" in caplog.text
