@@ -446,6 +446,38 @@ async def run_service(
         log.info("%s stopped", name)
 
 
+def load_or_exit(prog: str, path: str | None) -> Config:
+    """The config at ``path`` (else ``$TESSERA_CONFIG``, else built-in), or exit with the
+    error in one line naming ``prog``."""
+    try:
+        return config_module.load(path)
+    except config_module.ConfigError as exc:
+        raise SystemExit(f"{prog}: {exc}") from None
+
+
+def process_main(
+    name: str,
+    run: Callable[[Config, asyncio.Event, argparse.Namespace], Awaitable[None]],
+    argv: list[str] | None = None,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """``tessera <name> [--config FILE] [options]`` for a process off the bus (the webhook,
+    the dashboard): load the config, set up logging, ``run`` until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(prog=f"tessera {name}")
+    parser.add_argument("--config", help="tessera.yaml (default: $TESSERA_CONFIG, else built-in)")
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    cfg = load_or_exit(f"tessera {name}", args.config)
+    setup_logging(name, cfg.telemetry.log_level)
+
+    async def serve() -> None:
+        await run(cfg, stop_on_signals(), args)
+        log.info("%s stopped", name)
+
+    asyncio.run(serve())
+
+
 def main_entry(
     service: type[Service],
     argv: list[str] | None = None,
@@ -464,8 +496,5 @@ def main_entry(
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        cfg = config_module.load(args.config)
-    except config_module.ConfigError as exc:
-        raise SystemExit(f"tessera {service.NAME}: {exc}") from None
+    cfg = load_or_exit(f"tessera {service.NAME}", args.config)
     asyncio.run(run_service(service, cfg, args=args))

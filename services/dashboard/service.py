@@ -39,12 +39,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared import busauth, events
-from shared import config as config_module
-from shared.aio import stop_on_signals
 from shared.bus import ViewUnavailable, ask, connect, user_of
 from shared.config import Config
 from shared.health import Health
-from shared.telemetry import setup_logging
+from shared.runtime import process_main
 from shared.views import VIEW_LEDGER_SUBJECT, VIEW_QUEUES_SUBJECT, LedgerView, QueuesView
 
 log = logging.getLogger(__name__)
@@ -326,19 +324,14 @@ async def run(cfg: Config, stop: asyncio.Event, *, host: str, port: int) -> None
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m services.dashboard [--config FILE] [--host H] [--port N]``."""
-    parser = argparse.ArgumentParser(prog="tessera dashboard")
-    parser.add_argument("--config", help="tessera.yaml (default: $TESSERA_CONFIG, else built-in)")
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_module.load(args.config)
-    except config_module.ConfigError as exc:
-        raise SystemExit(f"tessera dashboard: {exc}") from None
-    setup_logging(NAME, cfg.telemetry.log_level)
 
-    async def serve() -> None:
-        await run(cfg, stop_on_signals(), host=args.host, port=args.port)
-        log.info("dashboard stopped")
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--host", default="0.0.0.0", help="address to listen on (0.0.0.0)")
+        parser.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
 
-    asyncio.run(serve())
+    process_main(
+        NAME,
+        lambda cfg, stop, args: run(cfg, stop, host=args.host, port=args.port),
+        argv,
+        options,
+    )

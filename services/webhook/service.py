@@ -21,7 +21,6 @@ is let through with a warning and a log line: the watcher still checks every pod
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import contextlib
@@ -35,15 +34,13 @@ from typing import Any
 from aiohttp import web
 
 from services.webhook import certs
-from shared import config as config_module
 from shared import kube
-from shared.aio import stop_on_signals
 from shared.config import Config, request_parser
 from shared.core import annotations as ann
 from shared.core.model import PodRequest
 from shared.core.request import rejection
 from shared.health import API_CHECK_TTL_S, Cached, Health
-from shared.telemetry import setup_logging
+from shared.runtime import process_main
 
 log = logging.getLogger(__name__)
 
@@ -298,17 +295,4 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m services.webhook [--config FILE]``."""
-    parser = argparse.ArgumentParser(prog="tessera webhook")
-    parser.add_argument("--config", help="tessera.yaml (default: $TESSERA_CONFIG, else built-in)")
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_module.load(args.config)
-    except config_module.ConfigError as exc:
-        raise SystemExit(f"tessera webhook: {exc}") from None
-    setup_logging(NAME, cfg.telemetry.log_level)
-
-    async def serve() -> None:
-        await run(cfg, stop_on_signals())
-        log.info("webhook stopped")
-
-    asyncio.run(serve())
+    process_main(NAME, lambda cfg, stop, _args: run(cfg, stop), argv)
