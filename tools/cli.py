@@ -2,6 +2,7 @@
 
 tessera <service> [--config FILE]     run watcher | gang-coordinator | device-allocator
                                       | binder | job-controller | node-agent | webhook
+                                      | dashboard
 tessera schema [--out F] [--check]    write (or check) the events' JSON Schema
 tessera config [--file F] [--hash]    validate a config and print the effective one
 tessera secrets [--namespace NS]      fresh Secrets for a cluster (grant key, bus users, TLS)
@@ -9,8 +10,15 @@ tessera nats-conf [--out F] [--check] write (or check) the manifests' nats.conf
 tessera dev build|up|down|status      the local control plane + NATS on loopback
           [--nats-cluster 3]          (a 3-server JetStream cluster, as deployed)
 tessera ping [--nats URL] [--user U]  list the services alive on the bus
+tessera get nodes|devices|queues      the allocator's ledger, the coordinator's queues
+          [-o wide|json|yaml]         (live views over NATS; docs/cli.md)
+tessera get jobs [-n NS | -A]         Volcano Jobs and PodGroups with their status
+tessera explain pod NS/NAME           why a pod waits: every node's reasons and fixes
+tessera top [--interval S] [--once]   devices, queues and totals, redrawn live
 tessera demo [--keep]                 start everything locally and show it alive
 tessera inventory [--source nvml]     print the devices this node's agent would report
+
+Installed as ``kubectl-tessera`` too: ``kubectl tessera get devices`` runs the same.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ SERVICES = {
 }
 WEBHOOK = "services.webhook"
 """The admission webhook: not on the bus, so not among SERVICES (nothing pings it)."""
+DASHBOARD = "services.dashboard"
+"""The web dashboard: reads views and allocation events as ``reader`` (not pinged)."""
 DEFAULT_SCHEMA = Path("docs/events.schema.json")
 DEFAULT_NATS_CONF = Path("deploy/kustomize/base/nats.conf")
 DEV_DIR = Path(".tessera-dev")
@@ -190,23 +200,22 @@ async def _ping(cfg: NatsConfig, wait_s: float) -> list[dict[str, object]]:
     """Every service's hello, asking as ``cfg``'s user (``admin`` unless set)."""
     import nats
 
-    from shared.bus import connect
     from shared.events import CONTROL_PING_SUBJECT
+    from tools.ops import bus
 
-    nc = await connect(cfg, "admin", patient=False)
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    await nc.publish(CONTROL_PING_SUBJECT, b"", reply=inbox)
     found: list[dict[str, object]] = []
-    deadline = time.monotonic() + wait_s
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            msg = await sub.next_msg(timeout=left)
-        except nats.errors.TimeoutError:
-            break
-        if msg.data:  # an empty message is the server's "no responders" notice
-            found.append(msgspec.json.decode(msg.data))
-    await nc.close()
+    async with bus(cfg) as nc:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish(CONTROL_PING_SUBJECT, b"", reply=inbox)
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = await sub.next_msg(timeout=left)
+            except nats.errors.TimeoutError:
+                break
+            if msg.data:  # an empty message is the server's "no responders" notice
+                found.append(msgspec.json.decode(msg.data))
     return found
 
 
@@ -224,20 +233,55 @@ def cmd_nats_conf(args: argparse.Namespace) -> int:
 
 
 def cmd_ping(args: argparse.Namespace) -> int:
-    from nats import errors as nats_errors
+    from tools import ops
 
-    from shared import config
+    async def ping() -> int:
+        hellos = await _ping(ops.nats_config(args), args.wait)
+        for h in sorted(hellos, key=lambda h: str(h["service"])):
+            print(f"{h['service']:<18} {h['instance']:<28} config {h['config_hash']}")
+        return 0 if hellos else 1
 
-    cfg = config.load(args.config).nats
-    cfg = msgspec.structs.replace(cfg, url=args.nats or cfg.url, user=args.user or cfg.user)
-    try:
-        hellos = asyncio.run(_ping(cfg, args.wait))
-    except (OSError, TimeoutError, nats_errors.Error) as exc:
-        print(f"tessera ping: cannot reach NATS at {cfg.url}: {exc!r}", file=sys.stderr)
-        return 1
-    for h in sorted(hellos, key=lambda h: str(h["service"])):
-        print(f"{h['service']:<18} {h['instance']:<28} config {h['config_hash']}")
-    return 0 if hellos else 1
+    return ops.run(f"{args.prog} ping", ping())
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    from tools import ops
+
+    return ops.cmd_get(args)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from tools import ops
+
+    return ops.cmd_explain(args)
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from tools import ops
+
+    return ops.cmd_top(args)
+
+
+def _bus_options(p: argparse.ArgumentParser) -> None:
+    """Where the bus is: a tessera.yaml's ``nats`` section, its URL and user overridden."""
+    p.add_argument(
+        "--config",
+        default=None,
+        help="tessera.yaml for its nats section (default: $TESSERA_CONFIG, else built-in)",
+    )
+    p.add_argument("--nats", default=None, help="the bus's URL (default: the config's)")
+    p.add_argument(
+        "--user", default=None, help="NATS user (default: nats.user, else admin; or reader)"
+    )
+
+
+def _kube_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="the API server's kubeconfig (default: $KUBECONFIG, then ~/.kube/config)",
+    )
+    p.add_argument("-n", "--namespace", default=None, help="default: the context's namespace")
 
 
 def _grant_text(pod: dict[str, object]) -> str:
@@ -300,7 +344,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The local control plane, NATS, the five services, a simulated cluster, example
     workloads from HAMi's and Volcano's vocabulary, and what became of each pod."""
     from tools import localcluster
+    from tools.ops import quiet_asyncio
 
+    quiet_asyncio()
     workdir = Path(args.dir).resolve()
     localcluster.stop_detached(workdir)
     started = time.monotonic()
@@ -362,19 +408,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    runnable = {**SERVICES, "webhook": WEBHOOK}
+    runnable = {**SERVICES, "webhook": WEBHOOK, "dashboard": DASHBOARD}
     if argv and argv[0] in runnable:
         # The same entry as ``python -m services.<name>``: its __main__ module.
         sys.argv = [f"tessera {argv[0]}", *argv[1:]]
         runpy.run_module(runnable[argv[0]], run_name="__main__", alter_sys=True)
         return
+    from tools import ops
+
+    # Installed as kubectl-tessera, kubectl runs it for `kubectl tessera ...`.
+    prog = "kubectl tessera" if Path(sys.argv[0]).name.startswith("kubectl-") else "tessera"
     parser = argparse.ArgumentParser(
-        prog="tessera", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.set_defaults(prog=prog)
     sub = parser.add_subparsers(dest="command", required=True)
     for service in SERVICES:
         sub.add_parser(service, help=f"run the {service} service")
     sub.add_parser("webhook", help="run the admission webhook")
+    sub.add_parser("dashboard", help="serve the web dashboard")
     p = sub.add_parser("schema", help="write the events' JSON Schema")
     p.add_argument("--out", default=str(DEFAULT_SCHEMA))
     p.add_argument("--check", action="store_true", help="fail if the file is stale")
@@ -403,11 +455,33 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.set_defaults(func=cmd_dev)
     p = sub.add_parser("ping", help="list services alive on the bus")
-    p.add_argument("--nats", default=None, help="the bus's URL (default: the config's)")
-    p.add_argument("--user", default=None, help="NATS user (default: nats.user, else admin)")
-    p.add_argument("--config", default=None)
+    _bus_options(p)
     p.add_argument("--wait", type=float, default=1.0)
     p.set_defaults(func=cmd_ping)
+    p = sub.add_parser("get", help="nodes, devices, queues (live views) or Volcano jobs")
+    p.add_argument("kind", choices=sorted(ops.KINDS), metavar="nodes|devices|queues|jobs")
+    p.add_argument("-o", "--output", choices=["wide", "json", "yaml"], default=None)
+    p.add_argument("--node", action="append", help="only this node (repeat for more)")
+    p.add_argument("--gangs", action="store_true", help="queues: only the waiting gangs")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs: every namespace")
+    _bus_options(p)
+    _kube_options(p)
+    p.set_defaults(func=cmd_get)
+    p = sub.add_parser("explain", help="why a pod waits: every node's reasons, what would fit")
+    p.add_argument("kind", choices=["pod", "po", "pods"])
+    p.add_argument("target", metavar="NS/NAME", help="the pod (NAME alone: -n or the context's)")
+    p.add_argument("-o", "--output", choices=["json", "yaml"], default=None)
+    p.add_argument("--all", action="store_true", help=f"every node (else {ops.EXPLAIN_NODES})")
+    p.add_argument("--timeout", type=float, default=ops.VIEW_TIMEOUT_S, metavar="S")
+    _bus_options(p)
+    _kube_options(p)
+    p.set_defaults(func=cmd_explain)
+    p = sub.add_parser("top", help="devices, queues and totals, redrawn live")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("-o", "--output", choices=["wide"], default=None)
+    _bus_options(p)
+    p.set_defaults(func=cmd_top)
     p = sub.add_parser("demo", help="schedule example workloads on a local simulated cluster")
     p.add_argument("--keep", action="store_true", help="leave it running")
     p.add_argument("--inventory", default=str(EXAMPLES / "inventory/demo.yaml"))

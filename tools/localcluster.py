@@ -110,11 +110,12 @@ def ensure_binaries(names: Sequence[str] = tuple(_PACKAGES), *, quiet: bool = Fa
         )
     target.mkdir(parents=True, exist_ok=True)
     release = kubernetes_release()
+    began = time.monotonic()
     for name in missing:
         if not quiet:
             print(f"tessera: building {name} ({release}) into {target} ...", file=sys.stderr)
         started = time.monotonic()
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [
                 go,
                 "build",
@@ -126,19 +127,53 @@ def ensure_binaries(names: Sequence[str] = tuple(_PACKAGES), *, quiet: bool = Fa
                 _PACKAGES[name],
             ],
             cwd=TOOLS_DIR,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "CGO_ENABLED": "0"},
         )
+        stderr = _wait_showing(proc, f"building {name}", quiet=quiet)
         if proc.returncode != 0:
             raise ClusterError(
-                f"go build of {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}\n"
+                f"go build of {name} failed (exit {proc.returncode}):\n{stderr[-4000:]}\n"
                 "check that the Go module proxy is reachable and Go is 1.26 or newer"
             )
         (target / f"{name}.partial").rename(target / name)
         if not quiet:
             print(f"tessera: built {name} in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    if not quiet and len(missing) > 1:
+        print(
+            f"tessera: built {len(missing)} binaries in {time.monotonic() - began:.0f}s",
+            file=sys.stderr,
+        )
     return target
+
+
+PROGRESS_EVERY_S = 10.0
+"""How often a long build says it is still going (a log, not a terminal)."""
+
+
+def _wait_showing(proc: subprocess.Popen[str], what: str, *, quiet: bool) -> str:
+    """Wait for ``proc``, showing the time spent on stderr (on a terminal one line
+    updated every second, else a line every ``PROGRESS_EVERY_S``); its stderr."""
+    tty = sys.stderr.isatty() and not quiet
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                return proc.communicate(timeout=1.0 if tty else PROGRESS_EVERY_S)[1] or ""
+            except subprocess.TimeoutExpired:  # communicate keeps what it read so far
+                spent = f"tessera: {what} ... {time.monotonic() - started:.0f}s"
+                if tty:
+                    print(f"\r{spent}", end="", file=sys.stderr)
+                elif not quiet:
+                    print(spent, file=sys.stderr)
+    finally:
+        if proc.poll() is None:  # interrupted: no build left behind
+            proc.kill()
+            proc.wait()
+        if tty and time.monotonic() - started >= 1.0:
+            print("\r\033[K", end="", file=sys.stderr)  # the next line takes its place
 
 
 def kubectl() -> str:
