@@ -149,6 +149,9 @@ class GangView(_View, frozen=True, kw_only=True):
     why: str = ""
     """The last thing it was told (the allocator's message, or the queue's refusal)."""
     unresolvable: bool = False
+    reason: str = ""
+    """The kind of the allocator's reason found on most nodes (``device-insufficient``,
+    ``taint``... shared/core/status.py), when it answered."""
 
 
 class QueuesView(_View, frozen=True, kw_only=True):

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared import events as ev
 from shared import kube, views
 from shared.core.gangs import Gangs
 from shared.core.model import GangKey
@@ -41,6 +42,14 @@ class Why:
 
     text: str
     unresolvable: bool = False
+    reason: str = ""
+    """The reason found on most nodes (its kind: ``device-insufficient``, ``taint``...)."""
+
+    @classmethod
+    def of(cls, refusal: ev.Refusal) -> Why:
+        reasons = refusal.status.reasons if refusal.status is not None else ()
+        top = max(reasons, key=lambda r: r.nodes, default=None)
+        return cls(refusal.message, refusal.unresolvable, top.kind if top else "")
 
 
 @dataclass
@@ -108,6 +117,7 @@ def snapshot(
                 waiting_s=max(0.0, now - min(m.since for m in members)),
                 why=told.text if told else next((m.told for m in members if m.told), ""),
                 unresolvable=told.unresolvable if told else False,
+                reason=told.reason if told else "",
             )
         )
     return out
@@ -217,20 +227,25 @@ def add_metrics(m: Metrics, latest: Callable[[], Snapshot], table: ResourceTable
         )
 
     def waiting() -> list[tuple[float, Labels]]:
-        counts: dict[str, int] = {}
+        counts: dict[tuple[str, str], int] = {}
         for g in latest().gangs:
             for state, n in g.pods.items():
                 if state == "bound":
                     continue
+                reason = ""
                 if state == "parked":
                     state = "unresolvable" if g.unresolvable else "unschedulable"
-                counts[state] = counts.get(state, 0) + n
-        return [(n, {"state": s}) for s, n in sorted(counts.items())]
+                    reason = g.reason
+                elif state == "pending":
+                    reason = "queue" if g.why else "gang-incomplete" if not g.lone else ""
+                counts[(state, reason)] = counts.get((state, reason), 0) + n
+        return [(n, {"state": s, "reason": r}) for (s, r), n in sorted(counts.items())]
 
     m.gauge(
         "tessera_pending_pods",
         "Pods not yet bound, by state (pending: its gang is not ready or its queue holds it; "
-        "inflight, placed; unschedulable, unresolvable: the allocator's last answer).",
+        "inflight, placed; unschedulable, unresolvable: the allocator's last answer) and "
+        "reason (the kind of the reason on most nodes, queue, gang-incomplete).",
         waiting,
     )
 

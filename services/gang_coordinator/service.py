@@ -168,7 +168,7 @@ class Coordinator(Service):
             now=time.monotonic(),
         )
         if event.gang is not None:
-            self.why[event.gang.key] = Why(event.message, event.unresolvable)
+            self.why[event.gang.key] = Why.of(event)
             if not event.gang.lone:
                 self.status.pending(event.gang.key, event.message)
         self.wake.set()

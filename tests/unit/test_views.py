@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from services.device_allocator.views import explain_view, ledger_view
 from services.gang_coordinator.queues import Why, queue_status, snapshot
+from shared import events as ev
 from shared import views
 from shared.config import parse as parse_config
 from shared.core.gangs import Gangs, Member
 from shared.core.model import GangKey, PodRef, PodUID
 from shared.core.queues import GroupSpec, QueueSpec, resource_list
 from shared.core.request import ResourceTable
-from shared.core.status import UNRESOLVABLE, Reason
+from shared.core.status import UNRESOLVABLE, Reason, Status
 from tests.unit.corekit import gpus, place, placer, ref, request
 
 TABLE = ResourceTable.build(parse_config({}).devices)
@@ -126,3 +127,18 @@ def test_queue_status_counts_podgroups_by_phase_and_what_the_queue_holds() -> No
     assert gang.why.startswith("0/1 nodes")
     assert gang.pods == {"pending": 1}
     assert gang.waiting_s == 5
+
+
+def test_a_waiting_gang_is_counted_by_the_reason_found_on_most_nodes() -> None:
+    status = Status(
+        nodes=5,
+        reasons=(
+            Reason(kind="taint", nodes=1),
+            Reason(kind="device-insufficient", resource="nvidia.com/gpumem", nodes=4),
+        ),
+    )
+    pod = PodRef(namespace="ns", name="p", uid=PodUID("p"))
+    why = Why.of(ev.AllocationFailed.of((pod,), status))
+    assert why.reason == "device-insufficient"
+    assert why.text.startswith("0/5 nodes are available")
+    assert not why.unresolvable
