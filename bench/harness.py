@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,38 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+@dataclass
+class Services:
+    """Tessera's service processes of one benchmark, started in steps."""
+
+    workdir: Path
+    cluster: LocalCluster
+    cfg: Path
+    inventory: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.procs.items()}
+
+    def start(self, names: Sequence[str] = tuple(SERVICES)) -> None:
+        """Start those of ``names`` not running yet; return once each answers a ping."""
+        wanted = [n for n in names if n not in self.procs]
+        started = spawn_services(self.workdir, self.cfg, self.inventory, only=wanted)
+        self.procs.update(zip([n for n in SERVICES if n in wanted], started, strict=True))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            hellos = asyncio.run(_ping(self.cluster.nats_config(), 0.5))
+            if {h["service"] for h in hellos} >= set(self.procs):
+                return
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            p.terminate()
+        for p in self.procs.values():
+            p.wait(timeout=30)
+
+
 @contextlib.contextmanager
 def tessera(
     workdir: Path,
@@ -57,11 +90,12 @@ def tessera(
     log_level: str = "WARNING",
     *,
     inventory: list[dict[str, Any]] | None = None,
-) -> Iterator[dict[str, int]]:
-    """Run the five services (the node agent simulating ``nodes`` nodes of 8 x A100-80GB)
-    until the block ends; yields each service's pid. ``inventory``, when given, is the
-    simulated nodes' entries instead (services/node_agent/simulate.py: labels, taints,
-    allocatable, devices per entry)."""
+    first: Sequence[str] = tuple(SERVICES),
+) -> Iterator[Services]:
+    """Run Tessera's services (the node agent simulating ``nodes`` nodes of 8 x
+    A100-80GB) until the block ends: ``first`` at once, the others when the block calls
+    ``start()``. ``inventory``, when given, is the simulated nodes' entries instead
+    (services/node_agent/simulate.py: labels, taints, allocatable, devices per entry)."""
     cfg = dev_config(
         workdir / "tessera.yaml",
         cluster.nats_settings(),
@@ -74,19 +108,12 @@ def tessera(
         inventory = [{"name": "bench-{i}", "replicas": nodes, "devices": [{**A100, "numa": 2}]}]
     inventory_file = workdir / "inventory.yaml"
     inventory_file.write_text(yaml.safe_dump({"nodes": inventory}))
-    procs = spawn_services(workdir, cfg, inventory_file)
+    services = Services(workdir, cluster, cfg, inventory_file)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            hellos = asyncio.run(_ping(cluster.nats_config(), 0.5))
-            if {h["service"] for h in hellos} >= set(SERVICES):
-                break
-        yield {service: p.pid for service, p in zip(SERVICES, procs, strict=True)}
+        services.start(first)
+        yield services
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        services.stop()
 
 
 async def connect(cluster: LocalCluster) -> kube.Client:

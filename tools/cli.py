@@ -32,6 +32,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,12 +175,19 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def spawn_services(
-    workdir: Path, cfg: Path, inventory: Path, *, new_session: bool = False
+    workdir: Path,
+    cfg: Path,
+    inventory: Path,
+    *,
+    new_session: bool = False,
+    only: Collection[str] | None = None,
 ) -> list[subprocess.Popen[bytes]]:
-    """Start the five services as processes (the node agent simulating ``inventory``),
-    each logging to ``workdir/<service>.log``."""
+    """Start the services (``only`` these, else all) as processes, the node agent
+    simulating ``inventory``, each logging to ``workdir/<service>.log``."""
     procs = []
     for service, module in SERVICES.items():
+        if only is not None and service not in only:
+            continue
         # Several services on one host: none takes telemetry.metricsPort (their health
         # is not probed here).
         extra = ["--http-port=0"]
