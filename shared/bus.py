@@ -51,7 +51,7 @@ from shared import busauth, events
 from shared.aio import raise_if_cancelling
 from shared.config import NatsConfig
 from shared.core.model import NodeName
-from shared.telemetry import tracer
+from shared.telemetry import span
 
 log = logging.getLogger(__name__)
 
@@ -296,9 +296,7 @@ class Bus:
     async def publish(self, event: events.Event) -> None:
         """Publish one event and wait until JetStream has stored it."""
         subject = event.subject()
-        with tracer().start_as_current_span(
-            f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes
-        ):
+        with span(f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes):
             data, headers = events.encode(event), self._headers(event)
             await through_failover(
                 f"publish {event.SUBJECT}",
@@ -332,7 +330,7 @@ class Bus:
             given = contexts[i] if contexts is not None else None
             token = otel_context.attach(given) if given is not None else None
             try:
-                with tracer().start_as_current_span(
+                with span(
                     f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes
                 ):
                     futures.append(
@@ -552,19 +550,17 @@ class Bus:
         context = propagate.extract(msg.headers or {})
         span_name = f"process {type(event).SUBJECT}"
 
-        with tracer().start_as_current_span(
-            span_name, context=context, kind=SpanKind.CONSUMER
-        ) as span:
-            span.set_attribute("messaging.destination", msg.subject)
-            span.set_attribute("tessera.service", self.name)
-            span.set_attribute("messaging.delivery_attempt", delivery.attempt)
+        with span(span_name, context=context, kind=SpanKind.CONSUMER) as current:
+            current.set_attribute("messaging.destination", msg.subject)
+            current.set_attribute("tessera.service", self.name)
+            current.set_attribute("messaging.delivery_attempt", delivery.attempt)
             try:
                 await handler(event, delivery)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                span.record_exception(exc)
-                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                current.record_exception(exc)
+                current.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
                 delay = min(0.2 * 2 ** (delivery.attempt - 1), 30.0)
                 log.exception(
                     "handler failed on %s (attempt %d); redelivering in %.1fs",

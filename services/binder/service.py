@@ -35,7 +35,7 @@ from shared.core import annotations as ann
 from shared.core.model import PodRef, PodUID
 from shared.metrics import MILLISECONDS
 from shared.runtime import Runtime, Service, handles
-from shared.telemetry import tracer
+from shared.telemetry import span
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +119,11 @@ class Binder(Service):
             key=self.key,
             uid=decided.pod.uid,
         )
-        with tracer().start_as_current_span(f"bind {decided.pod}") as span:
-            span.set_attribute("tessera.service", self.rt.service)
-            span.set_attribute("k8s.pod.uid", decided.pod.uid)
-            span.set_attribute("k8s.node.name", decided.node)
-            span.set_attribute(
+        with span(f"bind {decided.pod}") as current:
+            current.set_attribute("tessera.service", self.rt.service)
+            current.set_attribute("k8s.pod.uid", decided.pod.uid)
+            current.set_attribute("k8s.node.name", decided.node)
+            current.set_attribute(
                 "tessera.devices", ",".join(d.uuid for c in decided.grants for d in c.devices)
             )
             error = await self._bind(decided, annotations)

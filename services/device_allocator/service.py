@@ -53,7 +53,7 @@ from shared.core.placement import GangMember, PlacementConfig, Placer
 from shared.core.request import ResourceTable
 from shared.core.status import Reason, Status
 from shared.runtime import Runtime, Service, ViewHandler, handles
-from shared.telemetry import tracer
+from shared.telemetry import span
 from shared.views import (
     VIEW_EXPLAIN_SUBJECT,
     VIEW_LEDGER_SUBJECT,
@@ -235,9 +235,9 @@ class Allocator(Service):
                 members.append(GangMember(pod=p.pod, request=p.request, group=group, spec=p.spec))
         failed: list[ev.AllocationFailed] = []
         if members:
-            with tracer().start_as_current_span(f"place {key}") as span:
-                span.set_attribute("tessera.service", self.rt.service)
-                span.set_attribute("tessera.gang.size", len(members))
+            with span(f"place {key}") as current:
+                current.set_attribute("tessera.service", self.rt.service)
+                current.set_attribute("tessera.gang.size", len(members))
                 started = time.perf_counter()
                 placed, more, refused = self._place(gang, members)
                 self._count(gang, placed, more, refused, time.perf_counter() - started)
@@ -246,7 +246,7 @@ class Allocator(Service):
                     await asyncio.gather(*(self.reserved.put(g, gang.attempt) for g in placed))
                     for grant in placed:
                         decided.append(self._decided(grant, gang))
-                        span.add_event(
+                        current.add_event(
                             "placed", {"k8s.pod.uid": grant.pod.uid, "k8s.node.name": grant.node}
                         )
                 decided.extend(more)

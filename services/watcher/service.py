@@ -37,7 +37,7 @@ from shared.core.hosts import PodSpec, node_spec, pod_spec
 from shared.core.model import NodeName, PodRef, PodRequest, PodUID, RequestError
 from shared.core.request import GROUP_NAME, TASK_SPEC, rejection
 from shared.runtime import Runtime, Service
-from shared.telemetry import tracer
+from shared.telemetry import span
 
 log = logging.getLogger(__name__)
 
@@ -354,11 +354,11 @@ class Watcher(Service):
             await self._announce(pending)
 
     async def _announce(self, pending: ev.PodPending) -> None:
-        with tracer().start_as_current_span(f"schedule {pending.pod}") as span:
-            span.set_attribute("tessera.service", self.rt.service)
-            span.set_attribute("k8s.pod.name", pending.pod.name)
-            span.set_attribute("k8s.namespace.name", pending.pod.namespace)
-            span.set_attribute("k8s.pod.uid", pending.pod.uid)
+        with span(f"schedule {pending.pod}") as current:
+            current.set_attribute("tessera.service", self.rt.service)
+            current.set_attribute("k8s.pod.name", pending.pod.name)
+            current.set_attribute("k8s.namespace.name", pending.pod.namespace)
+            current.set_attribute("k8s.pod.uid", pending.pod.uid)
             await self.out.put(pending)
 
     async def _gone(
