@@ -18,7 +18,7 @@ event that does not survive the bus, a negative count, cores above 100 percent).
   ``signed`` (a bool).
 - bus events: shared/events.py ``decode``; shared/bus.py ``Bus._deliver`` drops what
   raises its ``except`` types.
-- config: shared/config.py ``parse`` and ``load``; shared/runtime.py ``main_entry``
+- config: shared/config.py ``parse`` and ``load``; shared/runtime.py ``load_or_exit``
   turns its ``except`` types into a one-line exit.
 - node agent files: services/node_agent/simulate.py ``load_inventory`` and
   services/node_agent/inventory.py ``FileSource`` (SystemExit with the reason), npu-smi
@@ -130,7 +130,7 @@ MIRROR_SKIPS = caught_around(Mirror.on_event, "self.update(")
 """What the watcher catches around reading a PodGroup, Queue, Job or Namespace."""
 BUS_DROPS = caught_around(Bus._deliver, "events.decode(")
 """What the bus catches around decoding a message (it drops the message)."""
-CONFIG_REJECTS = caught_around(runtime.main_entry, "config_module.load(")
+CONFIG_REJECTS = caught_around(runtime.load_or_exit, "config_module.load(")
 """What a service's entry point catches around loading its config (a one-line exit)."""
 
 PARSER = s.PARSER
