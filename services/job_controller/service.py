@@ -67,6 +67,9 @@ class JobController(Service):
         self.grace_s = rt.cfg.scheduler.eviction_grace_s
         """Grace period of the pods it deletes (``scheduler.evictionGraceS``)."""
         self.jobs: dict[tuple[str, str], JobState] = {}
+        self.owners: dict[tuple[str, str], JobState] = {}
+        """(namespace, pod name) -> its Job: every pod event is looked up here, so it
+        must not cost a walk over every Job."""
 
     def ours(self, job: ev.JobUpdated) -> bool:
         return (job.spec.get("schedulerName") or "volcano") in self.names
@@ -99,7 +102,10 @@ class JobController(Service):
         state = self.jobs.get(key)
         if state is None:
             state = self.jobs[key] = JobState(job=job)
+        self._forget_owner(state)
         state.job = job
+        for name, *_ in self._pod_names(job):
+            self.owners[(job.namespace, name)] = state
         await self._podgroup(job)
         await self._service(job)
         for name, task, index, spec in self._pod_names(job):
@@ -110,6 +116,8 @@ class JobController(Service):
 
     async def on_job_deleted(self, namespace: str, name: str) -> None:
         state = self.jobs.pop((namespace, name), None)
+        if state is not None:
+            self._forget_owner(state)
         selector = {"labelSelector": f"{JOB_NAME}={name}"}
         pods = await kube.request(
             self.api, "GET", f"/api/v1/namespaces/{namespace}/pods", query=selector
@@ -163,10 +171,13 @@ class JobController(Service):
             await self.on_job(state.job)  # recreate what is missing
 
     def _owner(self, namespace: str, pod: str) -> JobState | None:
-        for (ns, _), state in self.jobs.items():
-            if ns == namespace and pod in {n for n, *_ in self._pod_names(state.job)}:
-                return state
-        return None
+        return self.owners.get((namespace, pod))
+
+    def _forget_owner(self, state: JobState) -> None:
+        """Drop the pod names of ``state``'s Job as it was (its replicas may change)."""
+        for name, *_ in self._pod_names(state.job):
+            if self.owners.get((state.job.namespace, name)) is state:
+                del self.owners[(state.job.namespace, name)]
 
     @staticmethod
     def _restarts_on_eviction(job: ev.JobUpdated) -> bool:
