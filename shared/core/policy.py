@@ -8,39 +8,87 @@ Node level, binpack and spread are the order in which the ledger's index is walk
 (tightest free memory first, or emptiest first; see shared/core/ledger.py), so the first
 node that fits is the policy's choice and no node is scored at all.
 
-``fgd`` follows Weng et al., "Beware of Fragmentation" (USENIX ATC '23): the fragmentation
-of a node for a task shape is the free GPU share the shape cannot use there (all of it
-when the task does not fit at all; otherwise the free share of the devices too small for
-it); a node's expected fragmentation weighs that over the observed task shapes, and the
-placement that increases it least is chosen, at node and at device level.
+``fgd`` follows Weng et al., "Beware of Fragmentation" (USENIX ATC '23). A *task type*
+(:class:`Shape`) is what a task asks of a node: ``count`` devices each needing
+``fraction`` of one, its cpu and memory, and the GPU types it may use. The fragmentation
+of a node for one type is the free GPU share that type cannot use there: all of it when
+the type does not fit the node at all (its cpu or memory is more than the node has free,
+no device is of a type it may use, too few devices have room), otherwise the free share
+of the devices too small for it (or of a type it may not use). A node's expected
+fragmentation weighs that by each type's popularity in the workload (:class:`Workload`);
+the placement that increases it least is chosen, at node and at device level. A task
+asking for no GPU weighs nothing: every free GPU is a fragment to it on any node, so it
+adds the same to every choice and changes none; it is placed by FGD all the same, and
+its cpu and memory count through the types it can keep off a node.
+
+:meth:`Workload.fragmentation` computes it as ``free - sum_s P_s * U_s`` over the GPU
+shapes ``s`` (count, fraction): ``U_s`` is the free share shape ``s`` can use on the
+devices (0 when it does not fit them), ``P_s`` the popularity of the types of that shape
+whose cpu, memory and GPU type fit the node. Each factor is memoised by what it depends
+on (the free shares; the GPU type, free cpu and free memory), so a node is weighed in a
+few dictionary reads and one dot product, not a loop over every type.
 """
 
 from __future__ import annotations
 
+import operator
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from shared.core.model import Policy
 
 EPS = 1e-9
+MEMO_LIMIT = 1 << 16
+"""Entries a memo holds before it starts again (a long-running allocator sees ever new
+free cpu and memory figures; the memos must not grow without bound)."""
+REFRESH_SHARE = 0.05
+"""A learned workload is re-weighed once the observations since the last weighing reach
+this share of all of them (or a new type appears): the distribution then moves by at
+most about 5 % between weighings, and the memos (and the placer's kept results) survive
+thousands of placements."""
 
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """A task shape: ``count`` devices each needing ``fraction`` (1.0 = whole) of a device."""
+class Shape(NamedTuple):
+    """A task type: ``devices`` devices each needing ``fraction`` (1.0 = whole) of one,
+    ``cpu_milli`` and ``memory`` (bytes) of the node, and the GPU types it may use
+    (``use_types``: any of these substrings of the lower-cased model; ``nouse_types``:
+    none of them; as the ``nvidia.com/use-gputype`` annotations match)."""
 
-    count: int
+    devices: int
     fraction: float
+    cpu_milli: int = 0
+    memory: int = 0
+    use_types: tuple[str, ...] = ()
+    nouse_types: tuple[str, ...] = ()
+
+    def allows(self, model: str) -> bool:
+        """May this type use a device of ``model`` (lower case, as ``gpu_type`` says)?"""
+        return allows(model, self.use_types, self.nouse_types)
+
+    @property
+    def gpu(self) -> tuple[int, float]:
+        """The GPU part alone: (devices, fraction)."""
+        return (self.devices, self.fraction)
+
+
+def allows(model: str, use_types: Sequence[str], nouse_types: Sequence[str]) -> bool:
+    """May a task with these GPU-type lists use a device of ``model`` (lower case)?"""
+    if use_types and not any(t in model for t in use_types):
+        return False
+    return not (nouse_types and any(t in model for t in nouse_types))
 
 
 @dataclass
 class Workload:
-    """The observed distribution of task shapes (weights need not sum to 1)."""
+    """The distribution of task types (weights need not sum to 1): given, or learned
+    from the pods placed (``observe``)."""
 
     weights: dict[Shape, float] = field(default_factory=dict)
-    _memo: dict[tuple[float, ...], float] = field(default_factory=dict, repr=False, compare=False)
-    """Expected fragmentation by a node's free shares: nodes share few states, so each
-    is weighed once per distribution (this made FGD over the openb trace ~N x faster)."""
+    _tables: _Tables | None = field(default=None, repr=False, compare=False)
+    _pending: float = field(default=0.0, repr=False, compare=False)
+    """Weight observed since the tables were built (see REFRESH_SHARE)."""
 
     @classmethod
     def of(cls, shapes: Iterable[tuple[Shape, float]]) -> Workload:
@@ -50,53 +98,230 @@ class Workload:
         return w
 
     def observe(self, shape: Shape, weight: float = 1.0) -> None:
-        self.weights[shape] = self.weights.get(shape, 0.0) + weight
-        self._memo.clear()
+        """One more task of this type. Task types asking for no GPU are not kept: they
+        change no choice (see the module docstring)."""
+        if shape.devices <= 0 or shape.fraction <= 0:
+            return
+        held = self.weights.get(shape)
+        self.weights[shape] = weight if held is None else held + weight
+        tables = self._tables
+        if tables is None:
+            return
+        self._pending += weight
+        if held is None or self._pending >= REFRESH_SHARE * tables.total:
+            self._tables = None
 
-    def fragmentation(self, free: Iterable[float]) -> float:
-        """``fragmentation`` of a node with these free shares under this distribution."""
-        key = tuple(sorted(round(f, 6) for f in free))
-        known = self._memo.get(key)
-        if known is None:
-            known = self._memo[key] = fragmentation(key, self.normalised())
-        return known
+    def tables(self) -> _Tables:
+        """The weighed distribution and its memos (rebuilt when stale)."""
+        tables = self._tables
+        if tables is None:
+            tables = self._tables = _Tables(self.normalised(), sum(self.weights.values()))
+            self._pending = 0.0
+        return tables
 
     def normalised(self) -> list[tuple[Shape, float]]:
-        total = sum(self.weights.values())
+        """The task types with their popularity (summing to 1); one whole card when none
+        is known yet."""
+        kept = [(s, w) for s, w in self.weights.items() if s.devices > 0 and s.fraction > 0]
+        total = sum(w for _, w in kept)
         if total <= 0:
             return [(Shape(1, 1.0), 1.0)]
-        return [(s, w / total) for s, w in self.weights.items()]
+        return [(s, w / total) for s, w in kept]
+
+    def fragmentation(
+        self,
+        free: Iterable[float],
+        model: str | Sequence[str] = "",
+        cpu_milli: int | None = None,
+        memory: int | None = None,
+    ) -> float:
+        """Expected fragmentation (in GPUs) of a node whose devices have ``free`` shares
+        (0..1), of GPU type ``model`` (one for all devices, or one per device), with
+        ``cpu_milli`` and ``memory`` (bytes) free (None: not a limit)."""
+        tables = self.tables()
+        if not isinstance(model, str):
+            models = tuple(model)
+            if len(set(models)) > 1:
+                return fragmentation(
+                    list(free), tables.shapes, models=models, cpu_milli=cpu_milli, memory=memory
+                )
+            model = models[0] if models else ""
+        return tables.fragmentation(free, model, cpu_milli, memory)
+
+    def at(self, model: str, cpu_milli: int | None, memory: int | None) -> Workload:
+        """This workload seen from one node's host: ``fragmentation(free)`` weighs the
+        free shares with that node's GPU type and free cpu and memory (for a choice of
+        devices inside the node, where the host side is the same whatever the choice)."""
+        return _AtHost(self, model, cpu_milli, memory)
 
 
-def shape_fraction(memory_fraction: float, core_fraction: float, exclusive: bool) -> float:
-    """The share of one device a request takes, rounded to 1/20 so shapes stay few."""
-    if exclusive:
-        return 1.0
-    raw = max(memory_fraction, core_fraction, 0.0)
-    return min(1.0, max(0.05, round(raw * 20) / 20))
+class _AtHost(Workload):
+    """A view of a workload fixed on one node's host side (see ``Workload.at``)."""
+
+    def __init__(self, base: Workload, model: str, cpu_milli: int | None, memory: int | None):
+        super().__init__(base.weights)
+        self.base = base
+        self.host = (model, cpu_milli, memory)
+
+    def tables(self) -> _Tables:
+        return self.base.tables()
+
+    def fragmentation(
+        self,
+        free: Iterable[float],
+        model: str | Sequence[str] = "",
+        cpu_milli: int | None = None,
+        memory: int | None = None,
+    ) -> float:
+        at_model, at_cpu, at_memory = self.host
+        return self.base.fragmentation(free, model or at_model, at_cpu, at_memory)
 
 
-def fragmentation(free: Sequence[float], shapes: Sequence[tuple[Shape, float]]) -> float:
-    """Expected fragmentation of one node whose devices have ``free`` shares (0..1)."""
+class _Tables:
+    """One weighing of a workload: its GPU shapes, its types by shape, and the memos of
+    ``U_s`` (by free shares) and ``P_s`` (by GPU type, free cpu, free memory)."""
+
+    __slots__ = (
+        "by_model",
+        "gpu",
+        "host_memo",
+        "limits",
+        "shapes",
+        "total",
+        "types",
+        "usable_memo",
+    )
+
+    def __init__(self, shapes: list[tuple[Shape, float]], total: float) -> None:
+        self.shapes = shapes
+        self.total = total
+        """The weight observed when weighed (see ``Workload.observe``)."""
+        gpu = sorted({s.gpu for s, _ in shapes})
+        self.gpu = gpu
+        index = {g: i for i, g in enumerate(gpu)}
+        self.types = [(index[s.gpu], s, w) for s, w in shapes]
+        self.by_model: dict[str, list[tuple[int, int, int, float]]] = {}
+        self.limits: dict[str, tuple[list[int], list[int]]] = {}
+        self.usable_memo: dict[tuple[float, ...], tuple[float, ...]] = {}
+        self.host_memo: dict[tuple[str, int | None, int | None], tuple[float, ...]] = {}
+
+    def usable(self, key: tuple[float, ...]) -> tuple[float, ...]:
+        """``U_s`` for each GPU shape on devices with these (sorted) free shares."""
+        known = self.usable_memo.get(key)
+        if known is None:
+            if len(self.usable_memo) >= MEMO_LIMIT:
+                self.usable_memo.clear()
+            known = self.usable_memo[key] = tuple(usable(key, c, d) for c, d in self.gpu)
+        return known
+
+    def weights(self, model: str, cpu: int | None, memory: int | None) -> tuple[float, ...]:
+        """``P_s`` for each GPU shape on a node of ``model`` with this cpu and memory."""
+        key = (model, cpu, memory)
+        known = self.host_memo.get(key)
+        if known is None:
+            types = self.by_model.get(model)
+            if types is None:
+                types = self.by_model[model] = [
+                    (i, s.cpu_milli, s.memory, w) for i, s, w in self.types if s.allows(model)
+                ]
+            p = [0.0] * len(self.gpu)
+            for i, c, m, w in types:
+                if (cpu is None or c <= cpu) and (memory is None or m <= memory):
+                    p[i] += w
+            if len(self.host_memo) >= MEMO_LIMIT:
+                self.host_memo.clear()
+            known = self.host_memo[key] = tuple(p)
+        return known
+
+    def crosses(
+        self,
+        model: str,
+        cpu: int | None,
+        cpu_after: int | None,
+        memory: int | None,
+        memory_after: int | None,
+    ) -> bool:
+        """Would some type that may use ``model`` stop fitting a host whose free cpu and
+        memory go from ``cpu``/``memory`` to the ``_after`` figures? If not, the host
+        side of the fragmentation cannot change (a search in two sorted lists)."""
+        limits = self.limits.get(model)
+        if limits is None:
+            allowed = [s for s, _ in self.shapes if s.allows(model)]
+            limits = self.limits[model] = (
+                sorted({s.cpu_milli for s in allowed}),
+                sorted({s.memory for s in allowed}),
+            )
+        for values, before, after in (
+            (limits[0], cpu, cpu_after),
+            (limits[1], memory, memory_after),
+        ):
+            if (
+                before is not None
+                and after is not None
+                and bisect_right(values, before) > bisect_right(values, after)
+            ):
+                return True
+        return False
+
+    def fragmentation(
+        self, free: Iterable[float], model: str, cpu: int | None, memory: int | None
+    ) -> float:
+        key = tuple(sorted(free))
+        total = sum(key)
+        if total <= EPS:
+            return 0.0
+        used = float(sum(map(operator.mul, self.weights(model, cpu, memory), self.usable(key))))
+        return max(0.0, total - used)
+
+
+def usable(free: Sequence[float], count: int, fraction: float) -> float:
+    """The free share a task of ``count`` devices x ``fraction`` can use on devices with
+    ``free`` shares: that of the devices with room for it, or 0 when fewer than
+    ``count`` have (a whole-card task can use idle cards only)."""
+    if fraction >= 1.0 - EPS:
+        whole = sum(1 for f in free if f >= 1.0 - EPS)
+        return float(whole) if whole >= count else 0.0
+    room = [f for f in free if f >= fraction - EPS]
+    return sum(room) if len(room) >= count else 0.0
+
+
+def fragmentation(
+    free: Sequence[float],
+    shapes: Sequence[tuple[Shape, float]],
+    *,
+    models: Sequence[str] | None = None,
+    cpu_milli: int | None = None,
+    memory: int | None = None,
+) -> float:
+    """Expected fragmentation of one node whose devices have ``free`` shares (0..1), of
+    GPU types ``models`` (one per device; None: any type may use any device), with
+    ``cpu_milli`` and ``memory`` free (None: not a limit), under ``shapes`` (popularity
+    summing to 1): the definition, one type at a time (``Workload`` computes the same
+    from memoised factors)."""
     total_free = sum(free)
     if total_free <= EPS:
         return 0.0
     result = 0.0
     for shape, weight in shapes:
-        d = shape.fraction
-        if d < 1.0 - EPS:
-            usable = [f for f in free if f >= d - EPS]
-            if len(usable) < shape.count:
-                result += weight * total_free
-            else:
-                result += weight * sum(f for f in free if f < d - EPS)
-        else:
-            whole = sum(1 for f in free if f >= 1.0 - EPS)
-            if whole < shape.count:
-                result += weight * total_free
-            else:
-                result += weight * sum(f for f in free if f < 1.0 - EPS)
+        if (cpu_milli is not None and shape.cpu_milli > cpu_milli) or (
+            memory is not None and shape.memory > memory
+        ):
+            result += weight * total_free  # the task does not fit the host at all
+            continue
+        allowed = free
+        if models is not None:
+            allowed = [f for f, m in zip(free, models, strict=True) if shape.allows(m)]
+        result += weight * (total_free - usable(allowed, shape.devices, shape.fraction))
     return result
+
+
+def shape_fraction(memory_fraction: float, core_fraction: float, exclusive: bool) -> float:
+    """The share of one device a request takes, rounded to 1/100 (HAMi's percentages) so
+    shapes stay few."""
+    if exclusive:
+        return 1.0
+    raw = max(memory_fraction, core_fraction, 0.0)
+    return min(1.0, max(0.01, round(raw * 100) / 100))
 
 
 def device_score(

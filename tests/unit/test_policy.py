@@ -1,0 +1,208 @@
+"""The fragmentation measure (shared/core/policy.py) on small nodes computed by hand, and
+FGD's choices that follow from it (cpu and memory counted, GPU types, pods with no GPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.core.hosts import node_spec, pod_spec
+from shared.core.ledger import Ledger
+from shared.core.model import DeviceInfo, NodeName, PodRequest
+from shared.core.placement import Placement, PlacementConfig, Placer
+from shared.core.policy import Shape, Workload, fragmentation, shape_fraction, usable
+from tests.unit.corekit import MANAGED, PARSER, SPECS, gpus, ref
+
+GIB = 2**30
+WHOLE = Shape(1, 1.0)
+HALF = Shape(1, 0.5)
+FGD = PlacementConfig(node_policy="fgd", device_policy="fgd", fgd_candidates=0)
+
+
+def both(w: Workload, free: list[float], **host: Any) -> float:
+    """The memoised measure, checked against the definition one type at a time."""
+    model = host.pop("model", "")
+    fast = w.fragmentation(free, model, host.get("cpu_milli"), host.get("memory"))
+    models = [model] * len(free) if model else None
+    slow = fragmentation(free, w.normalised(), models=models, **host)
+    assert fast == pytest.approx(slow)
+    return fast
+
+
+# --- the measure, by hand ------------------------------------------------------------
+
+
+def test_each_type_counts_the_shares_too_small_for_it() -> None:
+    w = Workload.of([(WHOLE, 1.0), (Shape(1, 0.4), 1.0)])
+    # whole card: fits the idle card, cannot use 0.5 + 0.2; 0.4: cannot use the 0.2
+    assert both(w, [1.0, 0.5, 0.2]) == pytest.approx(0.5 * 0.7 + 0.5 * 0.2)
+
+
+def test_a_type_that_does_not_fit_at_all_counts_every_free_share() -> None:
+    w = Workload.of([(Shape(2, 1.0), 1.0)])
+    assert both(w, [1.0, 0.5, 1.0]) == pytest.approx(0.5)  # two idle cards: fits
+    assert both(w, [1.0, 0.5]) == pytest.approx(1.5)  # one idle card: all of it
+    assert usable([1.0, 0.5], 2, 1.0) == 0.0
+    assert both(w, [0.0, 0.0]) == 0.0  # nothing free, nothing fragmented
+
+
+def test_a_node_whose_cpu_is_exhausted_counts_all_its_free_gpus() -> None:
+    w = Workload.of([(Shape(1, 1.0, cpu_milli=4000), 1.0), (Shape(1, 0.5, cpu_milli=8000), 1.0)])
+    free = [1.0, 1.0, 1.0, 0.25]
+    assert both(w, free, cpu_milli=64000, memory=64 * GIB) == pytest.approx(0.25)
+    # 6 cores left: the half-card type no longer fits the host, all 3.25 GPUs count for it
+    assert both(w, free, cpu_milli=6000, memory=64 * GIB) == pytest.approx(0.5 * 0.25 + 0.5 * 3.25)
+    # 2 cores left: no GPU task fits, every free share is a fragment
+    assert both(w, free, cpu_milli=2000, memory=64 * GIB) == pytest.approx(3.25)
+
+
+def test_memory_counts_as_cpu_does() -> None:
+    w = Workload.of([(Shape(1, 1.0, memory=32 * GIB), 1.0)])
+    assert both(w, [1.0, 1.0], cpu_milli=10**6, memory=64 * GIB) == 0.0
+    assert both(w, [1.0, 1.0], cpu_milli=10**6, memory=16 * GIB) == pytest.approx(2.0)
+
+
+def test_a_model_constrained_type_cannot_use_other_models() -> None:
+    v100 = Shape(1, 1.0, use_types=("v100",))
+    w = Workload.of([(v100, 1.0), (WHOLE, 1.0)])
+    assert both(w, [1.0, 1.0], model="tesla-t4") == pytest.approx(0.5 * 2.0)
+    assert both(w, [1.0, 1.0], model="tesla-v100-sxm2-16gb") == 0.0
+    not_t4 = Workload.of([(Shape(1, 1.0, nouse_types=("t4",)), 1.0)])
+    assert both(not_t4, [1.0], model="tesla-t4") == pytest.approx(1.0)
+    assert both(not_t4, [1.0], model="a100") == 0.0
+
+
+def test_on_a_node_of_two_models_each_type_uses_only_its_own() -> None:
+    w = Workload.of([(Shape(1, 1.0, use_types=("v100",)), 1.0)])
+    models = ("tesla-t4", "tesla-v100")
+    assert w.fragmentation([1.0, 1.0], models) == pytest.approx(1.0)  # the idle T4
+    assert w.fragmentation([1.0, 0.5], models) == pytest.approx(1.5)  # no idle V100
+
+
+def test_no_type_known_yet_means_whole_cards() -> None:
+    assert Workload().fragmentation([1.0, 0.5]) == pytest.approx(0.5)
+
+
+def test_tasks_with_no_gpu_weigh_nothing() -> None:
+    w = Workload()
+    w.observe(Shape(0, 0.0, cpu_milli=32000))
+    w.observe(HALF)
+    assert list(w.weights) == [HALF]
+
+
+def test_a_learned_workload_is_reweighed_when_a_new_type_appears() -> None:
+    w = Workload.of([(WHOLE, 1.0)])
+    assert w.fragmentation([0.5]) == pytest.approx(0.5)
+    w.observe(HALF)
+    assert w.fragmentation([0.5]) == pytest.approx(0.25)
+
+
+def test_shares_are_rounded_to_percent() -> None:
+    assert shape_fraction(0.47, 0.47, False) == 0.47
+    assert shape_fraction(0.001, 0.0, False) == 0.01
+    assert shape_fraction(0.2, 0.1, True) == 1.0
+
+
+# --- FGD's choices ----------------------------------------------------------------------
+
+
+def node(name: str, cpu: str, memory: str = "256Gi") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"allocatable": {"cpu": cpu, "memory": memory, "pods": "100"}},
+    }
+
+
+def cluster(nodes: dict[str, tuple[str, list[DeviceInfo]]]) -> Ledger:
+    ledger = Ledger(SPECS)
+    for name, (cpu, devices) in nodes.items():
+        ledger.set_node(NodeName(name), devices)
+        ledger.set_spec(node_spec(node(name, cpu)))
+    return ledger
+
+
+def put(pl: Placer, cpu: str, limits: dict[str, Any] | None = None, **kw: Any) -> Placement:
+    obj: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns", "annotations": kw.pop("annotations", {})},
+        "spec": {
+            "containers": [
+                {"name": "main", "resources": {"requests": {"cpu": cpu}, "limits": limits or {}}}
+            ]
+        },
+    }
+    request = PARSER.parse(obj)
+    assert isinstance(request, PodRequest), request
+    result = pl.place(ref(), request, spec=pod_spec(obj, managed=MANAGED))
+    assert isinstance(result, Placement), result
+    return result
+
+
+ONE_GPU = {"nvidia.com/gpu": 1}
+
+
+def test_a_cpu_only_pod_goes_where_it_strands_fewest_gpus() -> None:
+    # GPU tasks need 4 cores each. "idle" has two free cards and 8 cores; "dead" has no
+    # usable card and 16 cores. 6 cores taken on "idle" would strand both its cards.
+    workload = Workload.of([(Shape(1, 1.0, cpu_milli=4000), 1.0)])
+    nodes = {"dead": ("16", gpus(1, healthy=False)), "idle": ("8", gpus(2))}
+    assert put(Placer(cluster(nodes), FGD, workload), "6").node == "dead"
+    assert put(Placer(cluster(nodes), None, workload), "6").node == "dead"  # the default
+    # kube-scheduler's most-allocated score alone takes the node it fills most
+    plain = PlacementConfig(fragmentation_guard=0)
+    assert put(Placer(cluster(nodes), plain, workload), "6").node == "idle"
+
+
+def test_the_default_guard_looks_past_a_first_fit_that_strands_gpus() -> None:
+    # binpack's order starts at the tighter cards; there the pod's 3 cores would leave
+    # 3 for a second card that every task type needs 4 cores to use
+    workload = Workload.of([(Shape(1, 0.25, cpu_milli=4000), 1.0)])
+    nodes = {"tight": ("6", gpus(2, memory=40960)), "roomy": ("64", gpus(2))}
+    slice_ = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000}
+    plain = PlacementConfig(fragmentation_guard=0)
+    assert put(Placer(cluster(nodes), plain, workload), "3", slice_).node == "tight"
+    assert put(Placer(cluster(nodes), None, workload), "3", slice_).node == "roomy"
+    # a pod that names its node policy gets HAMi's choice as it asked
+    binpack = {"hami.io/node-scheduler-policy": "binpack"}
+    pl = Placer(cluster(nodes), None, workload)
+    assert put(pl, "3", slice_, annotations=binpack).node == "tight"
+
+
+def test_a_gpu_pod_keeps_cpu_for_the_cards_it_leaves() -> None:
+    # the same free cards everywhere; "lean" has just the cores for this pod, so the card
+    # it leaves would be stranded: FGD takes "rich", whose remaining cores still serve it
+    workload = Workload.of([(Shape(1, 1.0, cpu_milli=4000), 1.0)])
+    pl = Placer(cluster({"lean": ("4", gpus(2)), "rich": ("16", gpus(2))}), FGD, workload)
+    assert put(pl, "4", ONE_GPU).node == "rich"
+
+
+def test_a_constrained_type_keeps_its_model_free() -> None:
+    # a quarter of the work may use V100s only; an unconstrained whole-card pod goes to
+    # the T4 node and leaves the V100 for it
+    workload = Workload.of([(Shape(1, 1.0, use_types=("v100",)), 1.0), (WHOLE, 3.0)])
+    ledger = cluster(
+        {
+            "v100": ("64", gpus(1, model="Tesla-V100-SXM2-16GB", memory=16384)),
+            "t4": ("64", gpus(1, model="Tesla-T4", memory=16384)),
+        }
+    )
+    pl = Placer(ledger, FGD, workload)
+    assert put(pl, "1", ONE_GPU).node == "t4"
+
+
+def test_the_placer_learns_cpu_memory_and_gpu_types() -> None:
+    pl = Placer(cluster({"n": ("64", gpus(2))}), FGD)
+    put(pl, "3", ONE_GPU, annotations={"nvidia.com/use-gputype": "A100"})
+    put(pl, "5")  # no GPU: not a type
+    (shape,) = pl.workload.weights
+    assert shape == Shape(1, 1.0, 3000, 0, ("a100",), ())
+
+
+def test_a_pod_annotation_still_overrides_fgd() -> None:
+    pl = Placer(cluster({"a": ("64", gpus(2)), "b": ("64", gpus(2))}), FGD)
+    spread = {"hami.io/node-scheduler-policy": "spread"}
+    nodes = {
+        put(pl, "1", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, annotations=spread).node
+        for _ in range(2)
+    }
+    assert nodes == {"a", "b"}
