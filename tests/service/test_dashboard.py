@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
+import nats.errors
 import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
@@ -92,6 +93,9 @@ QUEUES = QueuesView(
 )
 
 
+PROBE = "Tessera-Test-Probe"
+
+
 @asynccontextmanager
 async def responder(
     cfg: NatsConfig, subject: str, answer: Callable[[], msgspec.Struct | str]
@@ -102,6 +106,9 @@ async def responder(
     asked: list[bytes] = []
 
     async def respond(msg: Msg) -> None:
+        if msg.headers and PROBE in msg.headers:
+            await nc.publish(msg.reply, b"")
+            return
         asked.append(msg.data)
         view = answer()
         if isinstance(view, str):
@@ -111,6 +118,14 @@ async def responder(
 
     await nc.subscribe(subject, cb=respond)
     await nc.flush()
+    # A server just started may answer "no responders" for a moment after the flush
+    # (seen once in a few runs): ask until the subscription answers.
+    for _ in range(100):
+        try:
+            await nc.request(subject, b"", headers={PROBE: "1"}, timeout=1.0)
+            break
+        except nats.errors.NoRespondersError:
+            await asyncio.sleep(0.01)
     try:
         yield asked
     finally:
