@@ -24,6 +24,7 @@ the ledger sees events in order.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Coroutine
@@ -44,7 +45,7 @@ from services.device_allocator.room import Room
 from services.device_allocator.views import explain_view, ledger_view
 from shared import busauth, kube
 from shared import events as ev
-from shared.config import grant_key
+from shared.config import SchedulerConfig, grant_key
 from shared.core import annotations as ann
 from shared.core.hosts import node_spec
 from shared.core.ledger import Ledger, PodGrant
@@ -70,16 +71,10 @@ ALLOCATOR_CONCURRENCY = 32
 """Events whose I/O may be in flight at once (see the module docstring)."""
 
 
-def placement_config(rt: Runtime) -> PlacementConfig:
-    s = rt.cfg.scheduler
+def placement_config(s: SchedulerConfig) -> PlacementConfig:
+    """The core's policy knobs, each read from the ``scheduler:`` key of its name."""
     return PlacementConfig(
-        node_policy=s.node_policy,
-        device_policy=s.device_policy,
-        allow_more_devices_than_cards=s.allow_more_devices_than_cards,
-        memory_larger_than_card=s.memory_larger_than_card,
-        fgd_candidates=s.fgd_candidates,
-        score_window=s.score_window,
-        device_score_weight=s.device_score_weight,
+        **{f.name: getattr(s, f.name) for f in dataclasses.fields(PlacementConfig)}
     )
 
 
@@ -92,7 +87,7 @@ class Allocator(Service):
     def __init__(self, rt: Runtime, api: kube.Client | None) -> None:
         super().__init__(rt, api)
         self.ledger = Ledger(rt.cfg.devices, {o.name: o for o in rt.cfg.node_configs})
-        self.placer = Placer(self.ledger, placement_config(rt))
+        self.placer = Placer(self.ledger, placement_config(rt.cfg.scheduler))
         self.room = Room(self.placer)
         self.reservations: Reservations | None = None
         self.key = grant_key(rt.cfg)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from shared import config
@@ -172,3 +173,34 @@ def test_a_service_refuses_to_start_on_a_malformed_config(tmp_path: Path) -> Non
     )
     assert proc.returncode != 0
     assert "$.scheduler.nodePolicy" in proc.stderr
+
+
+def test_every_placement_knob_is_read_from_the_scheduler_key() -> None:
+    from services.device_allocator.service import placement_config
+    from shared.core.placement import PlacementConfig
+
+    # The shipped defaults are the core's (bench/packing.py's "Tessera default").
+    assert placement_config(config.Config().scheduler) == PlacementConfig()
+    changed = msgspec.convert(
+        {
+            "nodePolicy": "fgd",
+            "devicePolicy": "binpack",
+            "allowMoreDevicesThanCards": True,
+            "memoryLargerThanCard": "clamp",
+            "fgdCandidates": 3,
+            "scoreWindow": 5,
+            "deviceScoreWeight": 7,
+            "fragmentationGuard": 0,
+        },
+        config.SchedulerConfig,
+    )
+    assert placement_config(changed) == PlacementConfig(
+        node_policy="fgd",
+        device_policy="binpack",
+        allow_more_devices_than_cards=True,
+        memory_larger_than_card="clamp",
+        fgd_candidates=3,
+        score_window=5,
+        device_score_weight=7,
+        fragmentation_guard=0,
+    )
