@@ -1,7 +1,8 @@
 """Packing quality on a production GPU trace: each placement policy, side by side.
 
     python bench/packing.py [--variants default,gpushare40,gpuspec10,multigpu20]
-                            [--max-demand 1.3] [--seed 1] [--policies ...] [--quick]
+                            [--max-demand 1.3] [--seed 1 | --seeds 1,2,3]
+                            [--draw iid|paper] [--policies ...] [--quick]
                             [--fgd-candidates N] [--skip-cpu-only] [--nodes FILE]
 
 Replays the openb trace (Weng et al., ATC'23; ../shared/traces/openb/README.md) through
@@ -10,6 +11,11 @@ seed (uniformly, with replacement, the trace sorted by ``creation_time``, or in 
 order where the file has no such column), offered one by one in the order drawn and
 never leave, until the GPU demand offered reaches ``--max-demand`` (130 % by default) of
 the cluster's GPUs. Every policy replays the same offered stream, in this one run.
+``--draw paper`` offers the FGD artifact's stream instead (its simulator run with
+``-tune 1.3 --shuffle-pod``): the whole trace once, more tasks drawn with replacement
+until the GPU demand would pass 130 %, all of it shuffled; the same tasks in expectation,
+with less variation between seeds (the artifact's ten seeds span 0.3 point). ``--seeds``
+replays each seed in turn and ends with every seed's allocation at 100 % and the mean.
 
 The whole node is modelled as the paper's simulator does: a node's ``cpu_milli`` and
 ``memory_mib`` are its allocatable cpu and memory (and 1,000 pods), a task's are its
@@ -26,7 +32,9 @@ FGD weighs the task types of the whole pod list as the paper does (``workload``)
 GPU task's shape, cpu, memory and GPU types. Best-fit and spread are HAMi's policies as
 they are (``fragmentationGuard: 0``: the first node that fits; pods with no GPU by
 kube-scheduler's scores); Tessera's default is binpack nodes and spread devices with
-the guard of shared/core/placement.py (``PlacementConfig.fragmentation_guard``).
+the guard of shared/core/placement.py (``PlacementConfig.fragmentation_guard``: of the
+first 16 nodes that fit in binpack's order, the one, and the devices, that add least
+fragmentation).
 ``--fgd-candidates 0`` makes FGD weigh every node, the paper's form.
 
 For each variant it prints, per policy, the share of GPU capacity allocated at
@@ -73,6 +81,8 @@ BASE_CHECKPOINTS = (0.5, 0.7, 0.9, 1.0)
 MODEL_MIB = {"P100": 16384, "T4": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
 """Card memory by the trace's model names (G2/G3 are internal: 32 GiB assumed). Requests
 are shares of a card, so the figure only matters for reporting."""
+TUNE = 1.3
+"""The FGD artifact inflates the trace to this share of the GPUs (``--draw paper``)."""
 HASH_SEED = "0"
 """PYTHONHASHSEED the run re-executes itself under (see main)."""
 NODE_PODS = 1000
@@ -94,7 +104,7 @@ LABELS = {
     "best-fit": "best-fit (binpack/binpack)",
     "spread": "spread (spread/spread)",
     "FGD": "FGD (fgd/fgd)",
-    "Tessera default": "Tessera default (binpack/spread, guard 2)",
+    "Tessera default": "Tessera default (binpack/spread, guard 16)",
 }
 PAPER = {
     "default": (92.86, 95.23),
@@ -220,6 +230,35 @@ def offered(tasks: list[Task], capacity: int, seed: int, share: float) -> list[T
     target = share * capacity - 1e-9
     while total < target:
         task = rng.choice(tasks)
+        out.append(task)
+        total += task.demand
+    return out
+
+
+def offered_paper(tasks: list[Task], capacity: int, seed: int, share: float) -> list[Task]:
+    """The FGD artifact's draw (its simulator's ``TunePodsByNodeTotalResource`` with
+    ``-tune 1.3`` and ``--shuffle-pod``): every task of the trace once, more drawn
+    uniformly with replacement while the GPU demand stays within 130 % of the cluster's
+    GPUs, the whole shuffled; then cut where the offered demand reaches ``share`` (a
+    lower ``share`` gives a prefix of the same stream). Go's generator is not Python's,
+    so the seeds are not the artifact's streams, only its method."""
+    rng = random.Random(seed)
+    pool = list(tasks)
+    total = sum(t.demand for t in pool)
+    while True:
+        task = rng.choice(tasks)
+        if total + task.demand > TUNE * capacity:
+            break
+        pool.append(task)
+        total += task.demand
+    pool.sort(key=lambda t: t.name)
+    rng.shuffle(pool)
+    out: list[Task] = []
+    total = 0.0
+    target = share * capacity - 1e-9
+    for task in pool:
+        if total >= target:
+            break
         out.append(task)
         total += task.demand
     return out
@@ -365,6 +404,16 @@ def replay(
                 where=where_free(ledger, stream[: i + 1]) if pct == 100 else {},
             )
             mark = next(marks, math.inf)
+    while mark < math.inf:  # the paper's stream ends just short of its last mark
+        pct = round(mark * 100)
+        at[pct] = Mark(
+            alloc_pct=round(allocated / capacity * 100, 2),
+            unallocated=round(capacity - allocated, 1),
+            gpu_rejected=gpu_rejected,
+            cpu_rejected=cpu_rejected,
+            where=where_free(ledger, stream) if pct == 100 else {},
+        )
+        mark = next(marks, math.inf)
     return {
         "policy": name,
         "marks": at,
@@ -433,6 +482,27 @@ def summary_table(by_variant: dict[str, list[dict[str, Any]]], policies: list[st
     return lines
 
 
+def mean_table(runs: dict[int, dict[str, list[dict[str, Any]]]], policies: list[str]) -> list[str]:
+    """Allocation at 100 % per variant and policy: each seed's, then their mean."""
+    seeds = list(runs)
+    head = ["variant", "policy", *(f"seed {s}" for s in seeds), "mean", "paper"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---" + "|---:" * (len(head) - 2) + "|"]
+    for variant in runs[seeds[0]]:
+        paper = PAPER.get(variant)
+        for p in policies:
+            values = [
+                next(r for r in runs[s][variant] if r["policy"] == p)["marks"][100].alloc_pct
+                for s in seeds
+            ]
+            ref = ""
+            if paper and p in ("best-fit", "FGD"):
+                ref = _pct(paper[0] if p == "best-fit" else paper[1])
+            row = [variant, LABELS[p], *(_pct(v) for v in values)]
+            row += [_pct(sum(values) / len(values)), ref]
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def main() -> None:
     if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
         # The core's choice among equal nodes follows set order (Ledger.refile walks a set
@@ -451,6 +521,19 @@ def main() -> None:
         "--max-demand", type=float, default=None, help="offered GPU demand to stop at (1.3)"
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated seeds (instead of --seed): each replayed in turn, then a "
+        "table of every seed's allocation at 100%% and their mean",
+    )
+    parser.add_argument(
+        "--draw",
+        choices=("iid", "paper"),
+        default="iid",
+        help="iid: tasks drawn uniformly with replacement (default); paper: the FGD "
+        "artifact's stream, the whole trace plus draws to 130%% of the GPUs, shuffled",
+    )
     parser.add_argument(
         "--policies",
         default=None,
@@ -480,6 +563,8 @@ def main() -> None:
         args.policies = QUICK if args.quick else ",".join(POLICIES)
     if max_demand < 1.0:
         raise SystemExit("--max-demand must be at least 1.0 (the 100% figures are the point)")
+    if args.draw == "paper" and max_demand > TUNE:
+        raise SystemExit(f"--draw paper offers at most {TUNE:.0%} of the GPUs")
     steps = [round(1.0 + k / 10, 2) for k in range(1, round((max_demand - 1.0) * 10) + 1)]
     checkpoints = tuple(
         sorted({*BASE_CHECKPOINTS, *(c for c in steps if c <= max_demand), max_demand})
@@ -493,59 +578,74 @@ def main() -> None:
         configs["FGD"] = PlacementConfig(
             node_policy="fgd", device_policy="fgd", fgd_candidates=args.fgd_candidates
         )
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     nodes = load_nodes(args.nodes)
     capacity = sum(len(n.devices) for n in nodes)
     request_parser = RequestParser(SPECS)
-    by_variant: dict[str, list[dict[str, Any]]] = {}
+    draw = offered_paper if args.draw == "paper" else offered
+    runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
     run_started = time.perf_counter()
-    for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
-        path = (
-            Path(variant) if variant.endswith(".csv") else TRACE / f"openb_pod_list_{variant}.csv"
-        )
-        tasks = load_tasks(path)
-        stream = offered(tasks, capacity, args.seed, max_demand)
-        gpu_offered = sum(1 for t in stream if t.gpus > 0)
-        print(
-            f"\n### {variant}: {path.name} on {args.nodes.name}\n\n"
-            f"{len(nodes)} nodes, {capacity} GPUs. {len(stream)} tasks offered (seed "
-            f"{args.seed}) up to {max_demand * 100:.0f}% of the GPUs: {gpu_offered} GPU tasks, "
-            f"{len(stream) - gpu_offered} CPU-only"
-            f"{' (dropped: --skip-cpu-only)' if args.skip_cpu_only else ''}.\n",
-            flush=True,
-        )
-        if args.skip_cpu_only:
-            stream = [t for t in stream if t.gpus > 0]
-        parsed = {t.name: parse(t, request_parser) for t in tasks}
-        shapes = workload(tasks, parsed)
-        results = []
-        for name in policies:
-            result = replay(
-                name, configs[name], nodes, stream, parsed, shapes, args.seed, checkpoints
+    for seed in seeds:
+        by_variant: dict[str, list[dict[str, Any]]] = {}
+        for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
+            path = (
+                Path(variant)
+                if variant.endswith(".csv")
+                else TRACE / f"openb_pod_list_{variant}.csv"
             )
-            summary = {
-                "variant": variant,
-                "policy": name,
-                **{f"{p}%": m.alloc_pct for p, m in result["marks"].items()},
-                "seconds": result["seconds"],
-            }
-            print(json.dumps(summary), flush=True)
-            results.append(result)
-        print()
-        for line in variant_table(results, checkpoints):
-            print(line)
+            tasks = load_tasks(path)
+            stream = draw(tasks, capacity, seed, max_demand)
+            gpu_offered = sum(1 for t in stream if t.gpus > 0)
+            print(
+                f"\n### {variant}: {path.name} on {args.nodes.name}\n\n"
+                f"{len(nodes)} nodes, {capacity} GPUs. {len(stream)} tasks offered (seed "
+                f"{seed}, {args.draw} draw) up to {max_demand * 100:.0f}% of the GPUs: "
+                f"{gpu_offered} GPU tasks, {len(stream) - gpu_offered} CPU-only"
+                f"{' (dropped: --skip-cpu-only)' if args.skip_cpu_only else ''}.\n",
+                flush=True,
+            )
+            if args.skip_cpu_only:
+                stream = [t for t in stream if t.gpus > 0]
+            parsed = {t.name: parse(t, request_parser) for t in tasks}
+            shapes = workload(tasks, parsed)
+            results = []
+            for name in policies:
+                result = replay(
+                    name, configs[name], nodes, stream, parsed, shapes, seed, checkpoints
+                )
+                summary = {
+                    "variant": variant,
+                    "seed": seed,
+                    "policy": name,
+                    **{f"{p}%": m.alloc_pct for p, m in result["marks"].items()},
+                    "seconds": result["seconds"],
+                }
+                print(json.dumps(summary), flush=True)
+                results.append(result)
+            print()
+            for line in variant_table(results, checkpoints):
+                print(line)
+            print(
+                "\nWhere the unallocated GPUs are at 100% (GPUs; host-starved: the node's free "
+                "cpu or memory is below the smallest GPU task offered):\n"
+            )
+            for line in where_table(results):
+                print(line)
+            by_variant[variant] = results
         print(
-            "\nWhere the unallocated GPUs are at 100% (GPUs; host-starved: the node's free cpu "
-            "or memory is below the smallest GPU task offered):\n"
+            "\n### Summary: GPU allocation at 100% offered demand "
+            f"(seed {seed}; the paper's figures are its own simulator's, mean of 10 seeds)\n"
         )
-        for line in where_table(results):
+        for line in summary_table(by_variant, policies):
             print(line)
-        by_variant[variant] = results
-    print(
-        "\n### Summary: GPU allocation at 100% offered demand "
-        f"(seed {args.seed}; the paper's figures are its own simulator's, mean of 10 seeds)\n"
-    )
-    for line in summary_table(by_variant, policies):
-        print(line)
+        runs[seed] = by_variant
+    if len(seeds) > 1:
+        print(
+            f"\n### Every seed: GPU allocation at 100% offered demand ({args.draw} draw; "
+            "paper: its simulator's mean of 10 seeds)\n"
+        )
+        for line in mean_table(runs, policies):
+            print(line)
     if args.quick:
         print(f"\nQuick mode: policies {', '.join(policies)}; offered demand to {max_demand:.0%}.")
     print(f"\nTotal wall time {time.perf_counter() - run_started:.0f} s.")

@@ -5,10 +5,10 @@ order of the node policy and fits the whole pod (every container, every device
 request, any vendor) on each node it meets; the first node that fits wins (binpack,
 spread), or the one that adds least fragmentation of the first ``fgd_candidates`` that
 fit, drawn from both ends of the index (fgd; shared/core/policy.py). By default
-(``fragmentation_guard``) binpack and spread look one node further when the first
-would strand GPUs for want of cpu or memory, and pods with no devices are placed by
-FGD. It then reserves the grant in the ledger: assume first, bind later; the caller
-releases the reservation if the bind fails.
+(``fragmentation_guard``) binpack and spread weigh the first few nodes that fit in
+their order by the fragmentation each would add, devices included, and pods with no
+devices are placed by FGD. It then reserves the grant in the ledger: assume first,
+bind later; the caller releases the reservation if the bind fails.
 
 When nothing fits, every node is asked why, and the answer is a counted
 :class:`~shared.core.status.Status` (``0/12 nodes are available: 5 gpu type excluded,
@@ -81,15 +81,17 @@ class PlacementConfig:
     device_score_weight: int = 5
     """Weight of the device policy's order among the scores of a window (kube-scheduler's
     own weights are 1 to 3 per plugin; see docs/architecture.md)."""
-    fragmentation_guard: int = 2
-    """With binpack or spread nodes (pods that name no node policy): of the first this
-    many nodes that fit in the policy's order, a pod with devices takes the first where
-    its cpu and memory leave the node's free GPUs as usable as before, unless one
-    weighed before it adds less fragmentation (shared/core/policy.py); and a pod with no
-    devices is placed by FGD. 0: neither (HAMi's and kube-scheduler's choices). 2 on
-    the openb trace: 4.3 to 4.8 points more of the GPUs allocated than best-fit, at
-    under twice the cost per pod of the plain first fit (bench/RESULTS.md); FGD itself
-    packs up to 1 point better at some 40 times the cost."""
+    fragmentation_guard: int = 16
+    """With binpack or spread nodes (pods that name no node policy and have no soft
+    preferences): a pod with devices takes, of the first this many nodes that fit in
+    the policy's order, the one whose expected fragmentation it increases least
+    (shared/core/policy.py: its cpu and memory counted, the first of equals), and its
+    devices there by the same measure unless it names a device policy; a pod with no
+    devices is placed by FGD. 0: neither (HAMi's and kube-scheduler's choices). 16 on
+    the openb trace: FGD's own packing (within 0.2 point of ``fgd`` comparing 64
+    nodes, 4.7 to 5.4 points more of the GPUs allocated than best-fit) at under twice
+    the cost per pod of the plain first fit (bench/RESULTS.md); ``fgd`` costs some 40
+    times that."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,58 +566,18 @@ class Placer:
         prep: Prepared,
         guard: int,
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
-        """The ``fragmentation_guard`` (see PlacementConfig): nodes in the policy's order,
-        each fitted; the first where the pod's cpu and memory strand none of the GPUs it
-        leaves ends the search, which takes the one that adds least fragmentation of
-        those fitted (the first of equals). Where no task type's cpu or memory lies
-        between the node's free figures before and after, nothing is stranded and no
-        fragmentation is weighed: on roomy hosts this is the policy's first fit."""
-        requests = prep.pod.requests
-        want_cpu, want_memory = requests.get(CPU, 0), requests.get(MEMORY, 0)
-        tables = self.workload.tables()
-        best: tuple[float, NodeState, tuple[ContainerGrant, ...]] | None = None
-        fitted = 0
-        for node in candidates:
-            grants = self.fit_node(node, request, ctx, prep)
-            if isinstance(grants, Status):
-                continue
-            fitted += 1
-            model = _model_of(node)
-            cpu, memory = _host_free(node)
-            cpu_after = None if cpu is None else cpu - want_cpu
-            memory_after = None if memory is None else memory - want_memory
-            safe = not isinstance(model, str) or not tables.crosses(
-                model, cpu, cpu_after, memory, memory_after
-            )
-            if safe and best is None:
-                return node, grants
-            delta, strands = self._weigh(node, grants, model, cpu, memory, want_cpu, want_memory)
-            if best is None or delta < best[0] - 1e-9:
-                best = (delta, node, grants)
-            if fitted >= guard or safe or not strands:
-                break
-        return None if best is None else (best[1], best[2])
-
-    def _weigh(
-        self,
-        node: NodeState,
-        grants: tuple[ContainerGrant, ...],
-        model: str | tuple[str, ...],
-        cpu: int | None,
-        memory: int | None,
-        want_cpu: int,
-        want_memory: int,
-    ) -> tuple[float, bool]:
-        """The fragmentation ``grants`` and the pod's cpu and memory add on ``node``, and
-        whether its cpu and memory alone strand some of the GPUs left."""
-        workload = self.workload
-        free = _after(self.ledger, node, grants)
-        before = workload.fragmentation(free[0], model, cpu, memory)
-        cpu_after = None if cpu is None else cpu - want_cpu
-        memory_after = None if memory is None else memory - want_memory
-        after = workload.fragmentation(free[1], model, cpu_after, memory_after)
-        stays = workload.fragmentation(free[1], model, cpu, memory)
-        return after - before, after > stays + 1e-9
+        """The ``fragmentation_guard`` (see PlacementConfig): of the first ``guard`` nodes
+        that fit in the policy's order, the one that adds least fragmentation, the
+        first of equals; its devices chosen by the same measure unless the pod names a
+        device policy. The window is short and walked from the policy's end of the
+        index, so it costs a few fits (most of them kept from the last pod of the same
+        size: ``_best_fgd``), not FGD's wide search. Binpack's order alone fills the
+        tightest card whatever share it leaves, and spread's device choice puts a
+        sharing pod on an idle card of the node binpack found for its tight one: on
+        the openb trace the weighed window packs as FGD does (bench/RESULTS.md)."""
+        if not request.constraints.device_policy:
+            ctx = replace(ctx, device_policy="fgd")
+        return self._best_fgd(candidates, request, ctx, prep, limit=guard)
 
     def _fgd_walk(
         self, request: PodRequest, primary: DeviceRequest, owner: GangKey | None
@@ -647,21 +609,24 @@ class Placer:
         prep: Prepared | None,
         *,
         rotate: bool = False,
+        limit: int | None = None,
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
-        """Of the first ``fgd_candidates`` nodes that fit (every node: 0), the one whose
-        expected fragmentation (shared/core/policy.py) the pod increases least, its free
-        cpu and memory counted. Ties: the first in the walk's order for a pod with
-        devices; for one without (``rotate``), the node with the least free GPU share
-        left, then kube-scheduler's most-allocated score: cpu no GPU task could use
-        anyway goes first. Such a pod cannot do better than a node where it strands
-        nothing and no GPU is free: the search stops once ``score_window`` of those are
-        found.
+        """Of the first ``limit`` nodes that fit (``fgd_candidates`` unless given; every
+        node: 0), the one whose expected fragmentation (shared/core/policy.py) the pod
+        increases least, its free cpu and memory counted. Ties: the first in the walk's
+        order for a pod with devices; for one without (``rotate``), the node with the
+        least free GPU share left, then kube-scheduler's most-allocated score: cpu no
+        GPU task could use anyway goes first. Such a pod cannot do better than a node
+        where it strands nothing and no GPU is free: the search stops once
+        ``score_window`` of those are found.
 
         A node's result for a pod of the same request, cpu and memory is kept while the
         node's usage stays the same (``_stamp``): a wide window then weighs mostly nodes
         already weighed, at a dictionary read each. The chosen node, if its result was
         kept, is fitted again, so a grant is always made on the ledger as it is."""
-        limit = self.config.fgd_candidates or len(self.ledger.nodes)
+        if limit is None:
+            limit = self.config.fgd_candidates
+        limit = limit or len(self.ledger.nodes)
         want_cpu = want_memory = 0
         if prep is not None:
             requests = prep.pod.requests

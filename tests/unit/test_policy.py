@@ -206,3 +206,83 @@ def test_a_pod_annotation_still_overrides_fgd() -> None:
         for _ in range(2)
     }
     assert nodes == {"a", "b"}
+
+
+# --- the default guard: a window of nodes weighed by FGD ---------------------------------
+
+
+def share(percent: int) -> dict[str, Any]:
+    """A sharing request: ``percent`` of one card's memory and cores."""
+    return {
+        "nvidia.com/gpu": 1,
+        "nvidia.com/gpumem-percentage": percent,
+        "nvidia.com/gpucores": percent,
+    }
+
+
+def on(name: str) -> dict[str, str]:
+    return {"kubernetes.io/hostname": name}
+
+
+def pinned(pl: Placer, cpu: str, limits: dict[str, Any], node_name: str) -> Placement:
+    """A pod held to one node by its nodeSelector (to set a node's usage up)."""
+    obj: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {
+            "nodeSelector": on(node_name),
+            "containers": [
+                {"name": "main", "resources": {"requests": {"cpu": cpu}, "limits": limits}}
+            ],
+        },
+    }
+    request = PARSER.parse(obj)
+    assert isinstance(request, PodRequest), request
+    result = pl.place(ref(), request, spec=pod_spec(obj, managed=MANAGED))
+    assert isinstance(result, Placement), result
+    return result
+
+
+def test_the_default_puts_a_sharing_pod_on_the_card_it_completes() -> None:
+    # half-card and whole-card tasks alike; a node with a half-used card and an idle one.
+    # Spread (the default device policy) took the idle card, leaving two halves no
+    # whole-card task can use; the guard weighs the devices too and fills the half card.
+    workload = Workload.of([(HALF, 1.0), (WHOLE, 1.0)])
+    pl = Placer(cluster({"n": ("64", gpus(2))}), None, workload)
+    first = put(pl, "1", share(50)).grants[0].devices[0].uuid
+    second = put(pl, "1", share(50)).grants[0].devices[0].uuid
+    assert second == first
+    # HAMi's choice with the guard off, and for a pod that names its device policy
+    plain = Placer(cluster({"n": ("64", gpus(2))}), PlacementConfig(fragmentation_guard=0))
+    a = put(plain, "1", share(50)).grants[0].devices[0].uuid
+    assert put(plain, "1", share(50)).grants[0].devices[0].uuid != a
+    spread = {"hami.io/gpu-scheduler-policy": "spread"}
+    pl = Placer(cluster({"n": ("64", gpus(2))}), None, workload)
+    a = put(pl, "1", share(50), annotations=spread).grants[0].devices[0].uuid
+    assert put(pl, "1", share(50), annotations=spread).grants[0].devices[0].uuid != a
+
+
+def test_the_default_weighs_past_the_tightest_card_when_it_leaves_a_useless_rest() -> None:
+    # every task asks 40 % of a card. "tight" has half a card free, "roomy" 80 %:
+    # binpack's first fit, "tight", would leave 10 % no task can use; on "roomy" the
+    # 40 % left still serves one. Nothing here is about cpu or memory: the old guard
+    # took the first fit.
+    workload = Workload.of([(Shape(1, 0.4), 1.0)])
+    nodes = {"tight": ("64", gpus(1)), "roomy": ("64", gpus(1))}
+    pl = Placer(cluster(nodes), None, workload)
+    pinned(pl, "1", share(50), "tight")
+    pinned(pl, "1", share(20), "roomy")
+    assert put(pl, "1", share(40)).node == "roomy"
+    plain = Placer(cluster(nodes), PlacementConfig(fragmentation_guard=0), workload)
+    pinned(plain, "1", share(50), "tight")
+    pinned(plain, "1", share(20), "roomy")
+    assert put(plain, "1", share(40)).node == "tight"
+
+
+def test_the_guard_weighs_only_its_window() -> None:
+    # the same choice with a window of one node is binpack's first fit
+    workload = Workload.of([(Shape(1, 0.4), 1.0)])
+    nodes = {"tight": ("64", gpus(1)), "roomy": ("64", gpus(1))}
+    pl = Placer(cluster(nodes), PlacementConfig(fragmentation_guard=1), workload)
+    pinned(pl, "1", share(50), "tight")
+    pinned(pl, "1", share(20), "roomy")
+    assert put(pl, "1", share(40)).node == "tight"
