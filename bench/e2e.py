@@ -70,8 +70,8 @@ from harness import (
     cpu_seconds,
     namespace,
     pct,
+    registered,
     tessera,
-    wait_nodes,
 )
 
 from shared import kube
@@ -171,27 +171,6 @@ def misplaced(shape: dict[str, Any], node: dict[str, Any]) -> bool:
         t.get("effect") == "NoSchedule" and t["key"] not in tolerated
         for t in (node.get("spec") or {}).get("taints") or ()
     )
-
-
-async def registered(api: kube.Client, count: int, timeout_s: float = 300) -> None:
-    """Until ``count`` nodes are fully registered by the simulator (its status patch,
-    with the Ready condition and the resources, is its last write to a Node)."""
-    await wait_nodes(api, count, timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        nodes, _ = await kube.list_all(api, "/api/v1/nodes")
-        ready = [
-            n
-            for n in nodes
-            if any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in n.get("status", {}).get("conditions") or ()
-            )
-        ]
-        if len(ready) >= count:
-            return
-        await asyncio.sleep(1.0)
-    raise SystemExit(f"only {len(ready)}/{count} simulated nodes registered")
 
 
 async def advertise_whole_gpus(api: kube.Client, nodes: list[dict[str, Any]]) -> None:

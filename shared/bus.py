@@ -21,10 +21,11 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar, cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -33,6 +34,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -47,7 +49,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-from shared import busauth, events
+from shared import busauth, events, views
 from shared.aio import raise_if_cancelling
 from shared.config import NatsConfig
 from shared.core.model import NodeName
@@ -158,16 +160,55 @@ async def ask(
     service: str,
     timeout_s: float = 5.0,
 ) -> T:
-    """Ask ``service`` for a view (shared/views.py) and decode its answer."""
+    """Ask ``service`` for a view (shared/views.py) and decode its answer. An answer that
+    names shards (allocator shards, docs/sharding.md) is one of several: every shard's
+    is awaited and they are merged into one."""
     payload = b"" if query is None else msgspec.json.encode(query)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    deadline = time.monotonic() + timeout_s
     try:
-        msg = await nc.request(subject, payload, timeout=timeout_s)
-    except nats.errors.NoRespondersError:
-        raise ViewUnavailable(
-            f"no {service} answers {subject}: is it running (and active)?"
-        ) from None
+        await nc.publish(subject, payload, reply=inbox)
+        first = _view(
+            await _next(sub, deadline, service, subject, timeout_s), answer, service, subject
+        )
+        shards = getattr(first, "shards", ())
+        if not shards:
+            return first
+        parts = {getattr(first, "shard", ""): first}
+        while missing := [s for s in shards if s not in parts]:
+            msg = await _next(
+                sub, deadline, service, subject, timeout_s, f" (shards {', '.join(missing)})"
+            )
+            part = _view(msg, answer, service, subject)
+            parts[getattr(part, "shard", "")] = part
+        return cast(T, views.merged([cast(views.Sharded, parts[s]) for s in shards]))
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+
+
+async def _next(
+    sub: Subscription,
+    deadline: float,
+    service: str,
+    subject: str,
+    timeout_s: float,
+    which: str = "",
+) -> Msg:
+    """The next answer to a view's request, or why there is none."""
+    try:
+        msg = await sub.next_msg(timeout=max(deadline - time.monotonic(), 0.001))
     except nats.errors.TimeoutError:
-        raise ViewUnavailable(f"{service} did not answer {subject} in {timeout_s:.0f}s") from None
+        raise ViewUnavailable(
+            f"{service}{which} did not answer {subject} in {timeout_s:.0f}s"
+        ) from None
+    if not msg.data and (msg.headers or {}).get("Status") == "503":
+        raise ViewUnavailable(f"no {service} answers {subject}: is it running (and active)?")
+    return msg
+
+
+def _view(msg: Msg, answer: type[T], service: str, subject: str) -> T:
     why = (msg.headers or {}).get(VIEW_ERROR_HEADER)
     if why:
         raise ViewUnavailable(f"{service} could not answer {subject}: {why}")

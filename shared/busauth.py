@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from shared import events as ev
 from shared import views
+from shared.config import MAX_SHARDS
 
 LEASE_BUCKET = "tessera-leases"
 """Leader leases (shared/bus.py ``Lease``)."""
@@ -56,6 +57,9 @@ class Role:
     """It may change the stream's and buckets' settings after a config change."""
     leads: bool = True
     """It runs active/standby: it writes its own key (its name) of the lease bucket."""
+    shards: bool = False
+    """It runs one active replica per shard (``scheduler.shards``): its lease keys are
+    ``<name>.<shard>`` and its consumers ``<name>-<index>`` (:func:`shard_consumer`)."""
 
 
 ROLES: Mapping[str, Role] = {
@@ -85,6 +89,8 @@ ROLES: Mapping[str, Role] = {
     ),
     "device-allocator": Role(
         publishes=(
+            ev.GangReady,  # a shard passes on what it cannot place (shared/core/shards.py)
+            ev.GangSpanDecided,
             ev.AllocationDecided,
             ev.AllocationFailed,
             ev.PreemptionDecided,
@@ -92,6 +98,7 @@ ROLES: Mapping[str, Role] = {
         ),
         writes=(RESERVATION_BUCKET,),
         manages_streams=True,
+        shards=True,
         answers=(ev.CONTROL_PING_SUBJECT, views.VIEW_LEDGER_SUBJECT, views.VIEW_EXPLAIN_SUBJECT),
     ),
     "binder": Role(publishes=(ev.AllocationBound, ev.BindFailed)),
@@ -162,6 +169,20 @@ def _consumer(api: str, stream: str, durable: str) -> list[str]:
     ]
 
 
+def shard_consumer(user: str, index: int) -> str:
+    """The durable consumer of shard ``index`` (its place in ``scheduler.shards``). NATS
+    permissions match whole subject tokens only, so the names are numbered, not named
+    after the shard: the server knows them all without reading the config."""
+    return f"{user}-{index}"
+
+
+def consumers(user: str) -> list[str]:
+    """Every durable consumer a service's user may use: its own, and its shards'."""
+    if ROLES[user].shards:
+        return [user, *(shard_consumer(user, i) for i in range(MAX_SHARDS))]
+    return [user]
+
+
 def permissions(user: str, *, stream: str, inventory_bucket: str) -> Permissions:
     """The permissions of ``user`` (a key of :data:`ROLES`, ``reader`` or ``admin``)."""
     if user == ADMIN:
@@ -189,6 +210,8 @@ def permissions(user: str, *, stream: str, inventory_bucket: str) -> Permissions
         publish.append(f"$KV.{bucket}.>")
     if role.leads:  # its own lease only: no service can take another's
         publish.append(f"$KV.{LEASE_BUCKET}.{user}")
+        if role.shards:
+            publish.append(f"$KV.{LEASE_BUCKET}.{user}.*")
     if role.manages_streams:
         publish += [
             f"{api}.STREAM.UPDATE.{s}" for s in [stream, *(f"KV_{b}" for b in sorted(buckets))]
@@ -196,12 +219,15 @@ def permissions(user: str, *, stream: str, inventory_bucket: str) -> Permissions
     if role.consumes:
         # Node agents have one consumer per node, named after it (not expressible as a
         # subject pattern): they get any consumer except the services' own.
-        durable = "*" if user == NODE_AGENT else user
-        publish += _consumer(api, stream, durable)
         if user == NODE_AGENT:
+            publish += _consumer(api, stream, "*")
             for other in ROLES:
                 if other != NODE_AGENT:
-                    deny += _consumer(api, stream, other)
+                    for durable in consumers(other):
+                        deny += _consumer(api, stream, durable)
+        else:
+            for durable in consumers(user):
+                publish += _consumer(api, stream, durable)
     return Permissions(
         publish=tuple(publish),
         subscribe=("_INBOX.>", *role.answers),

@@ -24,6 +24,7 @@ import yaml
 
 from shared.core.model import Policy, PosInt
 from shared.core.request import RequestParser
+from shared.core.shards import Shard, Shards
 from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, NodeOverride, VendorSpec, names
 
 ENV_CONFIG = "TESSERA_CONFIG"
@@ -36,6 +37,23 @@ class ConfigError(ValueError):
 
 class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     pass
+
+
+MAX_SHARDS = 8
+"""Allocator shards at most: each has its own durable consumer, ``device-allocator-<i>``,
+which the bus's permissions name one by one (shared/busauth.py)."""
+
+ShardName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")]
+
+
+class ShardConfig(_Cfg, frozen=True, kw_only=True):
+    """One allocator shard (docs/sharding.md): a pool of nodes with its own allocator."""
+
+    name: ShardName
+    """Its allocator runs with ``--shard NAME`` (or ``TESSERA_SHARD``)."""
+    node_selector: dict[str, str] = msgspec.field(default_factory=dict)
+    """The node labels that put a node in this shard: the first shard whose selector a
+    node matches owns it; an empty selector takes every node left."""
 
 
 class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
@@ -67,15 +85,14 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     """Nodes that fit which the ``fgd`` policy compares per pod, drawn from both ends of
     the index (tightest and emptiest devices); the pods with no devices that
     ``fragmentationGuard`` places by FGD compare as many."""
-    fragmentation_guard: Annotated[int, msgspec.Meta(ge=0)] = 2
-    """With ``binpack`` or ``spread`` nodes, for pods that name no node policy: a pod
-    with devices looks at up to this many nodes that fit, in the policy's order, past
-    a first one where its cpu and memory would strand GPUs (no task type could use
-    them for want of cpu or memory) and takes the one that adds least fragmentation; a
-    pod with no devices goes where its cpu and memory strand fewest GPUs (FGD). 0:
-    HAMi's first fit and kube-scheduler's scores. On the openb trace 2 allocates 4.3-4.8
-    points more of the GPUs than best-fit at under twice the cost per pod
-    (bench/RESULTS.md)."""
+    fragmentation_guard: Annotated[int, msgspec.Meta(ge=0)] = 16
+    """With ``binpack`` or ``spread`` nodes, for pods that name no node policy and have
+    no soft preferences: a pod with devices takes, of the first this many nodes that
+    fit in the policy's order, the one whose expected fragmentation (FGD's measure,
+    its cpu and memory counted) it increases least, and its devices there by the same
+    measure unless it names a device policy; a pod with no devices is placed by FGD.
+    0: HAMi's first fit and kube-scheduler's scores. 16 packs the openb trace as FGD
+    does at under twice the cost per pod of the first fit (bench/RESULTS.md)."""
     score_window: PosInt = 16
     """Nodes that fit which are scored per pod when scores matter: always for a pod
     that asks for no devices, and for one with soft preferences (preferred node or pod
@@ -109,10 +126,19 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     restart or deletion); unset: each pod's own ``terminationGracePeriodSeconds``. A
     victim's devices go to the preemptor only once it is gone."""
     starvation_guard_s: Annotated[float, msgspec.Meta(ge=0.0)] = 300.0
-
     """Smaller gangs are backfilled past a gang that does not fit; once it has waited
     this long, the nodes it would fit on (after their pods finish) are held for it.
     0 turns the guard off."""
+    shards: list[ShardConfig] = msgspec.field(default_factory=list)
+    """Split the cluster into node pools, each placed by its own device-allocator (one
+    Deployment per shard, ``--shard NAME``); empty: one allocator for every node. At
+    most 8. Pods and gangs go to the shards they may run in, spread by a hash of their
+    name; a gang no single shard fits is placed across shards all-or-nothing. Inter-pod
+    (anti-)affinity and topology spread see one shard's pods only (docs/sharding.md)."""
+
+    def shard_pools(self) -> Shards:
+        """``shards`` as the core routes by them (shared/core/shards.py)."""
+        return Shards(Shard(c.name, c.node_selector) for c in self.shards)
 
 
 class NatsConfig(_Cfg, frozen=True, kw_only=True):
@@ -444,6 +470,14 @@ def _check(cfg: Config) -> None:
                     f"resource name {name!r} is given by both `$.{other}` and `$.{where}`: "
                     "each resource name must have one role in one device block"
                 )
+    shard_names = [s.name for s in cfg.scheduler.shards]
+    if len(shard_names) > MAX_SHARDS:
+        raise ConfigError(
+            f"`$.scheduler.shards` lists {len(shard_names)} shards: at most {MAX_SHARDS}"
+        )
+    for i, name in enumerate(shard_names):
+        if name in shard_names[:i]:
+            raise ConfigError(f"`$.scheduler.shards[{i}].name` {name!r} is listed twice")
     seen: set[str] = set()
     for i, override in enumerate(cfg.node_configs):
         if override.name in seen:

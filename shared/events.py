@@ -305,9 +305,25 @@ class JobDeleted(Event, frozen=True, kw_only=True, tag="job.deleted"):
 # --- gangs --------------------------------------------------------------------------
 
 
-class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
-    """A gang has at least ``min_member`` pending pods: place them all or none."""
+class SpanPart(msgspec.Struct, frozen=True, kw_only=True):
+    """The pods of a gang one allocator shard holds for it, uncommitted."""
 
+    shard: str
+    pods: tuple[PodRef, ...]
+
+
+UNSHARDED = "all"
+"""The subject key of a gang for the one allocator of an unsharded cluster."""
+
+
+class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
+    """A gang has at least ``min_member`` pending pods: place them all or none.
+
+    Published on ``gang.ready.<shard>`` (``all`` unsharded); with allocator shards
+    (shared/core/shards.py) a shard that cannot place it passes it on along ``route``.
+    """
+
+    KEY = lambda e: e.shard or UNSHARDED  # noqa: E731 (a class attribute)
     gang: GangRef
     min_member: NonNegInt
     members: tuple[PodPending, ...]
@@ -318,11 +334,42 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     """The gang has waited past ``scheduler.starvationGuardS``: if it does not fit, hold
     the nodes it would fit on once their pods finish, so smaller gangs stop taking them."""
 
+    shard: str = ""
+    """The allocator shard it is offered to ("": the one allocator, unsharded)."""
+    route: tuple[str, ...] = ()
+    """The shards to offer it to next, in order, if this one cannot place it."""
+    offered: tuple[str, ...] = ()
+    """Every shard it is offered to, in order (the second pass goes through them)."""
+    tried: Status | None = None
+    """What the shards it was offered to before said (shared/core/status.py
+    ``combined``): the last one tells the pods what every shard found."""
+    spanning: tuple[SpanPart, ...] | None = None
+    """Set in the second pass, when no shard could place the gang whole: what earlier
+    shards hold of it (``members`` are the pods still to place)."""
+
     def dedup_id(self) -> str:
         # A group may be sent in parts (a queue's share admits some members now): the
         # members are part of the identity, or JetStream would drop the second part.
+        # A copy passed on to a shard is another message than the one it came from;
+        # passed on again (a redelivery), it is the same.
         members = hashlib.sha1(",".join(sorted(m.pod.uid for m in self.members)).encode())
-        return f"{self.gang.namespace}/{self.gang.name}:{self.attempt}:{members.hexdigest()[:12]}"
+        ident = f"{self.gang.namespace}/{self.gang.name}:{self.attempt}:{members.hexdigest()[:12]}"
+        if self.shard:
+            ident += f":{self.shard}"
+        if self.spanning is not None:
+            ident += ":span:" + ",".join(f"{p.shard}={len(p.pods)}" for p in self.spanning)
+        return ident
+
+
+class GangSpanDecided(Event, frozen=True, kw_only=True, tag="gang.span"):
+    """A gang placed across allocator shards is committed (each shard holding a part
+    reserves it and publishes its decisions) or aborted (each releases its part)."""
+
+    DEDUP = ("gang.namespace", "gang.name", "attempt")
+    gang: GangRef
+    attempt: int
+    commit: bool
+    parts: tuple[SpanPart, ...]
 
 
 # --- allocations (the public API) ----------------------------------------------------
@@ -469,6 +516,7 @@ AnyEvent = (
     | JobUpdated
     | JobDeleted
     | GangReady
+    | GangSpanDecided
     | AllocationDecided
     | AllocationFailed
     | PodWaiting

@@ -295,8 +295,18 @@ class Service:
         """The event types this service handles."""
         return tuple(cls._table)
 
+    @classmethod
+    def check_args(cls, cfg: Config, args: argparse.Namespace | None) -> None:
+        """Refuse, with a ``ConfigError``, options that do not fit the config."""
+
+    @classmethod
+    def lease_key(cls, rt: Runtime) -> str:
+        """The lease its replicas compete for (one per service; an allocator's per shard)."""
+        return cls.NAME
+
     def durable(self) -> str:
-        """The durable consumer's name (one per service; a node agent's is per node)."""
+        """The durable consumer's name (one per service; a node agent's is per node, an
+        allocator's per shard)."""
         return self.NAME
 
     def subjects(self) -> list[str]:
@@ -330,7 +340,7 @@ async def serve(rt: Runtime, service: type[Service]) -> None:
     """Start ``service`` in ``rt`` (see :class:`Service`); a leader waits for its lease in
     a supervised task, so a standby is alive and answering pings meanwhile."""
     if service.LEADER:
-        lease = Lease(rt.bus, service.NAME, rt.instance, rt.cfg.scheduler.leader_lease_s)
+        lease = Lease(rt.bus, service.lease_key(rt), rt.instance, rt.cfg.scheduler.leader_lease_s)
         rt.spawn(_lead(rt, service, lease), "lead")
     else:
         await _start(rt, service)
@@ -497,4 +507,8 @@ def main_entry(
         add_arguments(parser)
     args = parser.parse_args(argv)
     cfg = load_or_exit(f"tessera {service.NAME}", args.config)
+    try:
+        service.check_args(cfg, args)
+    except config_module.ConfigError as exc:
+        raise SystemExit(f"tessera {service.NAME}: {exc}") from None
     asyncio.run(run_service(service, cfg, args=args))

@@ -16,6 +16,11 @@ reservations included.
   :class:`ExplainView`: every node's verdict on the pod now, with the structured
   reasons and what would make it fit.
 
+With allocator shards (docs/sharding.md) every shard answers the ledger and explain
+views for its own nodes, saying which shard it is and which shards there are
+(``shard``, ``shards``); the asker gathers one answer per shard and merges them
+(:func:`merged`), so a view reads as one allocator's (shared/bus.py ``ask``).
+
 The ``reader`` bus user (external tools, the dashboard) may send these requests and
 subscribe to ``tessera.v1.allocation.>``; nothing else (shared/busauth.py).
 
@@ -29,7 +34,7 @@ import msgspec
 
 from shared.core.hosts import PodSpec
 from shared.core.model import PodRef, PodRequest
-from shared.core.status import Reason
+from shared.core.status import Reason, Status, combined
 
 VIEW_SUBJECT_PREFIX = "tessera.ctl.view"
 VIEW_LEDGER_SUBJECT = f"{VIEW_SUBJECT_PREFIX}.ledger"
@@ -109,8 +114,12 @@ class LedgerView(_View, frozen=True, kw_only=True):
 
     nodes: tuple[NodeView, ...] = ()
     instance: str = ""
-    """The allocator replica that answered."""
+    """The allocator replica that answered (replicas, comma-separated, once merged)."""
     taken_at: float = 0.0
+    shard: str = ""
+    """The shard that answered (none unsharded, or once merged)."""
+    shards: tuple[str, ...] = ()
+    """Every shard: the asker waits for an answer from each."""
 
 
 # --- queues and gangs ----------------------------------------------------------------------
@@ -194,3 +203,41 @@ class ExplainView(_View, frozen=True, kw_only=True):
     """Every node, those that fit first."""
     error: str = ""
     """The request could not be tried (one line), else empty."""
+    status: Status | None = None
+    """Why no node takes it (None when some node does): the message's reasons."""
+    shard: str = ""
+    shards: tuple[str, ...] = ()
+    """As in :class:`LedgerView`."""
+
+
+Sharded = LedgerView | ExplainView
+
+
+def merged(parts: list[Sharded]) -> Sharded:
+    """One view from every shard's answer, as one allocator over all nodes would give
+    it: nodes together (those that fit first, for explain); explain's message counted
+    over every shard's nodes (shared/core/status.py ``combined``)."""
+    first = parts[0]
+    if isinstance(first, LedgerView):
+        ledgers = [p for p in parts if isinstance(p, LedgerView)]
+        return LedgerView(
+            nodes=tuple(sorted((n for p in ledgers for n in p.nodes), key=lambda n: n.name)),
+            instance=",".join(p.instance for p in ledgers if p.instance),
+            taken_at=min(p.taken_at for p in ledgers),
+        )
+    explains = [p for p in parts if isinstance(p, ExplainView)]
+    verdicts = sorted((v for p in explains for v in p.nodes), key=lambda v: (not v.fits, v.node))
+    errors = [p.error for p in explains if p.error]
+    fits = sum(v.fits for v in verdicts)
+    statuses = [p.status for p in explains if p.status is not None]
+    status = combined(statuses) if statuses and not fits else None
+    return ExplainView(
+        pod=first.pod,
+        message=status.message()
+        if status is not None
+        else f"{fits}/{len(verdicts)} nodes would take it now",
+        unresolvable=status is not None and status.unresolvable,
+        nodes=tuple(verdicts),
+        error=errors[0] if errors else "",
+        status=status,
+    )

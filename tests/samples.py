@@ -250,6 +250,30 @@ def sample_events() -> list[ev.Event]:
             victims=(ev.VictimUnit(pods=(pod("batch-0"),), why="priority 0 < 1000"),),
             hold=True,
         ),
+        ev.GangReady(  # passed on by an allocator shard, in the second pass
+            gang=GANG,
+            min_member=2,
+            members=(pending,),
+            attempt=2,
+            shard="pool-b",
+            route=("pool-c",),
+            offered=("pool-a", "pool-b", "pool-c"),
+            tried=Status(
+                code=Code.UNSCHEDULABLE,
+                nodes=4,
+                reasons=(Reason(kind="insufficient", resource="cpu", nodes=4),),
+            ),
+            spanning=(ev.SpanPart(shard="pool-a", pods=(pod("train-0"),)),),
+        ),
+        ev.GangSpanDecided(
+            gang=GANG,
+            attempt=2,
+            commit=True,
+            parts=(
+                ev.SpanPart(shard="pool-a", pods=(pod("train-0"),)),
+                ev.SpanPart(shard="pool-b", pods=(pod("train-1"),)),
+            ),
+        ),
         ev.AllocationDecided(pod=pod(), node=node, grants=GRANTS, gang=GANG, attempt=2),
         ev.AllocationFailed.of(
             (pod(), pod("train-1")),

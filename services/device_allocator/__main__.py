@@ -1,7 +1,19 @@
-"""``python -m services.device_allocator``: run the device-allocator service."""
+"""``python -m services.device_allocator [--shard NAME]``: run the device-allocator."""
 
-from services.device_allocator.service import Allocator
+import argparse
+
+from services.device_allocator.service import SHARD_ENV, Allocator
 from shared.runtime import main_entry
 
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shard",
+        metavar="NAME",
+        help=f"the shard of scheduler.shards this allocator places (default: ${SHARD_ENV}; "
+        "docs/sharding.md)",
+    )
+
+
 if __name__ == "__main__":
-    main_entry(Allocator)
+    main_entry(Allocator, add_arguments=add_arguments)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import msgspec
@@ -90,8 +90,9 @@ class Reservations:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self.kv.delete(uid)
 
-    async def load(self, ledger: Ledger) -> int:
-        """Grant every stored reservation whose pod is not bound yet; forget the rest."""
+    async def load(self, ledger: Ledger, mine: Callable[[NodeName], bool]) -> int:
+        """Grant every stored reservation on a node of ``mine`` whose pod is not bound
+        yet; forget the rest of those (another shard's are its own)."""
         try:
             keys = await self.kv.keys()
         except nats.js.errors.NoKeysError:
@@ -110,6 +111,8 @@ class Reservations:
                 log.warning("reservation %s cannot be read (%s): dropped", key, exc)
                 await self.forget(PodUID(key))
                 continue
+            if not mine(r.grant.node):
+                continue
             if r.grant.pod.uid in ledger.pods:
                 await self.forget(r.grant.pod.uid)  # bound meanwhile
                 continue
@@ -120,20 +123,27 @@ class Reservations:
 
 
 async def rebuild(
-    ledger: Ledger, api: kube.Client, managed: Collection[str], key: bytes | None
+    ledger: Ledger,
+    api: kube.Client,
+    managed: Collection[str],
+    key: bytes | None,
+    mine: Callable[[NodeName], bool],
+    node: str = "",
 ) -> tuple[int, list[PodGrant]]:
-    """Record every pod on a node (any scheduler's: devices from its grant, requests and
-    labels for node fit); their count, and the pods whose grant was forged."""
+    """Record every pod on a node of ``mine`` (any scheduler's: devices from its grant,
+    requests and labels for node fit), or only on ``node``; their count, and the pods
+    whose grant was forged."""
+    on = f"spec.nodeName={node}" if node else "spec.nodeName!="
     pods, _ = await kube.list_all(
         api,
         "/api/v1/pods",
-        {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"},
+        {"fieldSelector": f"{on},status.phase!=Succeeded,status.phase!=Failed"},
     )
     bound = 0
     forged = []
     for pod in pods:
         found = bound_grant(pod, managed, key)
-        if found is not None:
+        if found is not None and mine(found[0].node):
             grant, refused = found
             ledger.grant(grant)
             bound += 1

@@ -16,6 +16,16 @@ A reservation the binder has not confirmed within ``BIND_TIMEOUT_S`` is checked 
 the API server: bound there, it becomes a grant; otherwise it is released and the pod is
 retried. A gang that does not fit may come with victims; room.py makes room for it.
 
+With ``scheduler.shards`` (shared/core/shards.py), each shard's allocator keeps the
+ledger of its own nodes only and takes the gangs published for it; one it cannot place
+whole goes on to the next shard of its ``route``. If none can, a gang of several pods
+is placed across them in a second pass, two-phase: each shard holds what it can of the
+pods left (``holding``: in the ledger, not yet reserved or published) and passes the
+rest on; the shard that brings the gang to ``minMember`` publishes ``GangSpanDecided``
+to commit every part (each shard then reserves and decides its own), the last one
+aborts them otherwise (and tells the pods what every shard found). A hold that is
+never decided lapses after ``SPAN_HOLD_S``.
+
 Handlers overlap only in their I/O (reservation KV writes, publishing decisions): each
 one's ledger work runs before its first await, and handlers start in stream order, so
 the ledger sees events in order.
@@ -23,9 +33,12 @@ the ledger sees events in order.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
+import hashlib
 import logging
+import os
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -45,14 +58,15 @@ from services.device_allocator.room import Room
 from services.device_allocator.views import explain_view, ledger_view
 from shared import busauth, kube
 from shared import events as ev
-from shared.config import SchedulerConfig, grant_key
+from shared.busauth import shard_consumer
+from shared.config import Config, ConfigError, SchedulerConfig, grant_key
 from shared.core import annotations as ann
 from shared.core.hosts import node_spec
 from shared.core.ledger import Ledger, PodGrant
-from shared.core.model import GangKey, NodeName, PodRef
+from shared.core.model import GangKey, NodeName, PodRef, PodUID
 from shared.core.placement import GangMember, PlacementConfig, Placer
 from shared.core.request import ResourceTable
-from shared.core.status import Reason, Status
+from shared.core.status import Code, Reason, Status, combined
 from shared.runtime import Runtime, Service, ViewHandler, handles
 from shared.telemetry import span
 from shared.views import (
@@ -69,6 +83,40 @@ log = logging.getLogger(__name__)
 BIND_TIMEOUT_S = 30.0
 ALLOCATOR_CONCURRENCY = 32
 """Events whose I/O may be in flight at once (see the module docstring)."""
+SPAN_HOLD_S = 10.0
+"""A shard's uncommitted part of a gang placed across shards is released after this."""
+SHARD_ENV = "TESSERA_SHARD"
+
+
+def shard_of(cfg: Config, args: argparse.Namespace | None) -> tuple[str, int]:
+    """The shard this allocator places (``--shard``, else ``$TESSERA_SHARD``) and its
+    index in ``scheduler.shards``; ``("", -1)`` in an unsharded cluster."""
+    name = getattr(args, "shard", None) or os.environ.get(SHARD_ENV, "")
+    names = [c.name for c in cfg.scheduler.shards]
+    if not names:
+        if name:
+            raise ConfigError(
+                f"shard {name!r} asked, but `$.scheduler.shards` is empty: an unsharded "
+                "cluster has one allocator, run it without --shard"
+            )
+        return "", -1
+    if not name:
+        raise ConfigError(
+            f"`$.scheduler.shards` lists {', '.join(names)}: run one allocator per shard "
+            f"with --shard NAME (or {SHARD_ENV})"
+        )
+    if name not in names:
+        raise ConfigError(f"shard {name!r} is not in `$.scheduler.shards` ({', '.join(names)})")
+    return name, names.index(name)
+
+
+@dataclasses.dataclass
+class Held:
+    """This shard's uncommitted part of a gang placed across shards."""
+
+    gang: ev.GangReady
+    grants: list[PodGrant]
+    until: float
 
 
 def placement_config(s: SchedulerConfig) -> PlacementConfig:
@@ -98,6 +146,35 @@ class Allocator(Service):
         self.cordons: dict[NodeName, tuple[str, ...]] = {}
         self.applied: dict[NodeName, ev.NodeInventory] = {}
         self.stats = AllocatorMetrics(rt.metrics, self.ledger)
+        self.shard, self.shard_index = shard_of(rt.cfg, rt.args)
+        self.pools = rt.cfg.scheduler.shard_pools()
+        self.node_shard: dict[NodeName, str | None] = {}
+        """Each known Node's shard (by its labels); sharded only."""
+        self.holding: dict[tuple[GangKey, int], Held] = {}
+        """Parts of gangs placed across shards, by gang and attempt, not yet decided."""
+        self.tentative: dict[PodUID, tuple[GangKey, int]] = {}
+
+    @classmethod
+    def check_args(cls, cfg: Config, args: argparse.Namespace | None) -> None:
+        shard_of(cfg, args)
+
+    @classmethod
+    def lease_key(cls, rt: Runtime) -> str:
+        shard, _ = shard_of(rt.cfg, rt.args)
+        return f"{cls.NAME}.{shard}" if shard else cls.NAME
+
+    def durable(self) -> str:
+        return shard_consumer(self.NAME, self.shard_index) if self.shard else self.NAME
+
+    def subjects(self) -> list[str]:
+        """Every handled event's subject, gangs only for this shard."""
+        everyone = ev.GangReady.filter_subject()
+        mine = ev.GangReady.filter_subject(self.shard or ev.UNSHARDED)
+        return sorted({mine, *(s for s in super().subjects() if s != everyone)})
+
+    def mine(self, node: NodeName) -> bool:
+        """Is ``node`` this allocator's to place on? (Every node, unsharded.)"""
+        return not self.shard or self.node_shard.get(node) == self.shard
 
     def concurrency(self) -> int:
         return ALLOCATOR_CONCURRENCY
@@ -116,18 +193,21 @@ class Allocator(Service):
             self.ledger.hosts.set_namespace(meta["name"], meta.get("labels") or {})
         nodes, _ = await kube.list_all(self.api, "/api/v1/nodes")
         for node in nodes:
-            self.cordons[NodeName(node["metadata"]["name"])] = ann.cordoned_devices(
-                node["metadata"].get("annotations") or {}
-            )
-            self.ledger.set_spec(node_spec(node))
+            spec = node_spec(node)
+            name = NodeName(spec.name)
+            self.cordons[name] = ann.cordoned_devices(node["metadata"].get("annotations") or {})
+            self.node_shard[name] = self.pools.of_node(spec.labels)
+            if self.mine(name):
+                self.ledger.set_spec(spec)
         for inventory in (await self.rt.bus.inventories()).values():
             self.on_inventory_event(inventory)
-        bound, forged = await rebuild(self.ledger, self.api, self.managed, self.key)
+        bound, forged = await rebuild(self.ledger, self.api, self.managed, self.key, self.mine)
         for grant in forged:
             await self._refuse_forged(grant.pod, grant.node)
-        reserved = await self.reserved.load(self.ledger)
+        reserved = await self.reserved.load(self.ledger, self.mine)
         log.info(
-            "ledger rebuilt: %d nodes, %d devices, %d bound pods, %d reservations",
+            "ledger rebuilt%s: %d nodes, %d devices, %d bound pods, %d reservations",
+            f" for shard {self.shard}" if self.shard else "",
             len(self.ledger.nodes),
             self.ledger.device_count(),
             bound,
@@ -148,10 +228,13 @@ class Allocator(Service):
 
     async def ledger_view(self, payload: bytes) -> LedgerView:
         query = msgspec.json.decode(payload, type=LedgerQuery) if payload else LedgerQuery()
-        return ledger_view(self.ledger, self.reserved.open, self.refused, query, self.rt.instance)
+        reserved = {*self.reserved.open, *self.tentative}  # held for a gang across shards
+        view = ledger_view(self.ledger, reserved, self.refused, query, self.rt.instance)
+        return msgspec.structs.replace(view, shard=self.shard, shards=self.pools.names)
 
     async def explain_view(self, payload: bytes) -> ExplainView:
-        return explain_view(self.placer, msgspec.json.decode(payload, type=ExplainQuery))
+        view = explain_view(self.placer, msgspec.json.decode(payload, type=ExplainQuery))
+        return msgspec.structs.replace(view, shard=self.shard, shards=self.pools.names)
 
     # --- nodes ------------------------------------------------------------------------
 
@@ -162,6 +245,8 @@ class Allocator(Service):
 
     def on_inventory_event(self, inv: ev.NodeInventory) -> None:
         self.applied[inv.node] = inv
+        if not self.mine(inv.node):
+            return  # another shard's (applied here if the node comes to this one)
         self.ledger.set_plugin_node(inv.node, inv.device_plugin)
         if inv.config_hash != self.rt.config_hash:
             if self.refused.get(inv.node) != inv.config_hash:
@@ -182,10 +267,37 @@ class Allocator(Service):
     async def on_node(self, event: ev.NodeUpdated) -> None:
         """A Node's labels, taints, allocatable and cordon; devices it cordons take no
         new work."""
+        self.cordons[event.node] = event.cordoned_devices
+        if event.spec is not None and self.shard:
+            was = self.mine(event.node)
+            self.node_shard[event.node] = self.pools.of_node(event.spec.labels)
+            if was and not self.mine(event.node):
+                log.info("node %s left shard %s (its labels changed)", event.node, self.shard)
+                for uid in list(self.ledger.node_pods.get(event.node, ())):
+                    self.ledger.release(uid)  # counted by the shard it went to now
+                self.ledger.forget_node(event.node)
+                return
+            if not was and self.mine(event.node):
+                log.info("node %s joined shard %s (its labels changed)", event.node, self.shard)
+                self.ledger.set_spec(event.spec)
+                if (inv := self.applied.get(event.node)) is not None:
+                    self.on_inventory_event(inv)
+                self.rt.spawn(self._adopt(event.node), f"adopt-{event.node}", finite=True)
+                return
+        if not self.mine(event.node):
+            return
         if event.spec is not None:
             self.ledger.set_spec(event.spec)
-        self.cordons[event.node] = event.cordoned_devices
         self.ledger.set_cordoned(event.node, event.cordoned_devices)
+
+    async def _adopt(self, node: NodeName) -> None:
+        """A node that joined this shard: the pods already on it count here now."""
+        found, forged = await rebuild(
+            self.ledger, self.api, self.managed, self.key, lambda n: n == node, node=node
+        )
+        for grant in forged:
+            await self._refuse_forged(grant.pod, grant.node)
+        log.info("node %s: %d pod(s) on it taken into shard %s", node, found, self.shard)
 
     @handles(ev.NodeDeleted)
     async def on_node_deleted(self, event: ev.NodeDeleted) -> None:
@@ -193,6 +305,7 @@ class Allocator(Service):
         self.ledger.forget_node(event.node)
         self.applied.pop(event.node, None)
         self.refused.pop(event.node, None)
+        self.node_shard.pop(event.node, None)
 
     @handles(ev.NamespaceUpdated)
     async def on_namespace(self, event: ev.NamespaceUpdated) -> None:
@@ -217,11 +330,20 @@ class Allocator(Service):
     @handles(ev.GangReady)
     async def on_gang(self, gang: ev.GangReady) -> None:
         """Place the gang all-or-nothing, reserve it, and publish a decision per pod (or
-        why not, with room made for it where it may)."""
+        why not, with room made for it where it may). Sharded, a gang this shard cannot
+        place goes on to the next (see the module docstring)."""
+        if gang.spanning is not None:
+            await self._span(gang)
+            return
         key = gang.gang.key
         members = []
         decided: list[ev.Event] = []
         for p in gang.members:
+            part = self.tentative.get(p.pod.uid)
+            if part == (key, gang.attempt):
+                return  # a repeat: the gang is being placed across shards
+            if part is not None:
+                self._drop_held(part, "its gang was sent again")
             held = self.ledger.pods.get(p.pod.uid)
             if held is not None:  # decided before (a redelivery): say it again
                 decided.append(self._decided(held, gang))
@@ -234,8 +356,15 @@ class Allocator(Service):
                 current.set_attribute("tessera.service", self.rt.service)
                 current.set_attribute("tessera.gang.size", len(members))
                 started = time.perf_counter()
-                placed, more, refused = self._place(gang, members)
-                self._count(gang, placed, more, refused, time.perf_counter() - started)
+                placed, failed, status, final = self._place(gang, members)
+                onward = None if status is None or final else self._onward(gang, status)
+                if onward is not None:
+                    decided.append(onward)
+                elif status is not None:
+                    room, refusal = self._refuse(gang, members, status)
+                    decided.extend(room)
+                    failed.append(refusal)
+                self._count(gang, placed, decided, failed, time.perf_counter() - started)
                 if placed:
                     # Durable before any decision goes out (a restart rebuilds them).
                     await asyncio.gather(*(self.reserved.put(g, gang.attempt) for g in placed))
@@ -244,8 +373,6 @@ class Allocator(Service):
                         current.add_event(
                             "placed", {"k8s.pod.uid": grant.pod.uid, "k8s.node.name": grant.node}
                         )
-                decided.extend(more)
-                failed.extend(refused)
         for no in failed:
             log.info(
                 "not placed (%s): %s: %s",
@@ -268,6 +395,8 @@ class Allocator(Service):
         stats.place_time.record(took_s)
         if placed:
             result = "placed"
+        elif any(isinstance(e, ev.GangReady) for e in more):
+            result = "passed"
         else:
             result = "unresolvable" if any(r.unresolvable for r in refused) else "unschedulable"
         stats.placements.add(1, {"result": result})
@@ -285,32 +414,153 @@ class Allocator(Service):
 
     def _place(
         self, gang: ev.GangReady, members: list[GangMember]
-    ) -> tuple[list[PodGrant], list[ev.Event], list[ev.AllocationFailed]]:
-        """The ledger work of one gang: grants placed, other events, failures."""
+    ) -> tuple[list[PodGrant], list[ev.AllocationFailed], Status | None, bool]:
+        """The ledger work of one gang: the grants placed, refusals of members left out
+        (the gang placed without them), why it was not placed (None: it was) and
+        whether that is final (no other shard may try: it waits for its victims)."""
         key = gang.gang.key
-        pods = tuple(m.pod for m in members)
         waiting = self.room.waiting(key)
         if waiting:
-            status = Status(reasons=(Reason(kind="waiting", detail=waiting),))
-            return [], [], [self._failed(gang, pods, status)]
-        for m in members:
+            return [], [], Status(reasons=(Reason(kind="waiting", detail=waiting),)), True
+        # Sharded, "larger than any card" would speak of this shard's cards only: each
+        # node says it instead ("larger than the card"), counted over every shard.
+        for m in members if not self.shard else ():
             checked = self.placer.check(m.request)
             if not checked.ok:
                 context = str(m.pod) if len(members) > 1 else ""
-                return [], [], [self._failed(gang, pods, checked.with_context(context))]
+                return [], [], checked.with_context(context), False
         result = self.placer.place_gang(members, gang.min_member, owner=key)
         if result.ok:
             self.room.drop_hold(key)
             grants = [self.ledger.pods[p.pod.uid] for p in result.placed]
             extras = [self._failed(gang, (f.pod,), f.status) for f in result.failures]
-            return grants, [], extras
+            return grants, extras, None, False
         last = result.failures[-1].status
-        status = result.status if gang.min_member > 1 else last
+        return [], [], result.status if gang.min_member > 1 else last, False
+
+    def _refuse(
+        self, gang: ev.GangReady, members: list[GangMember], status: Status
+    ) -> tuple[list[ev.Event], ev.AllocationFailed]:
+        """The gang is not placed (by any shard it was offered to): room made for it on
+        this shard's nodes where it may, and the refusal that tells its pods why."""
+        if gang.tried is not None:
+            status = combined([gang.tried, status])
         room: list[ev.Event] = []
-        if not last.unresolvable:
+        if not status.unresolvable:
             room, note = self._make_room(gang, members)
             status = status.with_note(note)
-        return [], room, [self._failed(gang, pods, status)]
+        return room, self._failed(gang, tuple(p.pod for p in gang.members), status)
+
+    def _onward(self, gang: ev.GangReady, status: Status) -> ev.GangReady | None:
+        """The gang passed on to the next shard of its route; or, past the last one, a
+        gang of several pods goes round the shards again to be placed across them
+        (starting here); None when there is nowhere left to try."""
+        if not self.shard:
+            return None
+        tried = status if gang.tried is None else combined([gang.tried, status])
+        if gang.route:
+            return self._pass(gang, gang.route, tried=tried)
+        if len(gang.members) > 1 and len(gang.offered) > 1:
+            rest = tuple(s for s in gang.offered if s != self.shard)
+            return self._pass(gang, (self.shard, *rest), tried=tried, spanning=())
+        return None
+
+    def _pass(
+        self,
+        gang: ev.GangReady,
+        route: tuple[str, ...],
+        **changes: Any,
+    ) -> ev.GangReady:
+        """``gang`` for the first shard of ``route``. Its id follows from the one it
+        came in (a redelivered gang is passed on as the same message: JetStream keeps
+        one)."""
+        return msgspec.structs.replace(
+            gang,
+            shard=route[0],
+            route=route[1:],
+            event_id=hashlib.sha1(f"{gang.event_id}>{route[0]}".encode()).hexdigest()[:32],
+            **changes,
+        )
+
+    async def _span(self, gang: ev.GangReady) -> None:
+        """Second pass: hold what fits here of the pods left, then commit (the gang has
+        its minMember), pass the rest on, or abort (the last shard)."""
+        key = gang.gang.key
+        ident = (key, gang.attempt)
+        held = self.holding.get(ident)
+        if held is None:  # not a repeat: place what fits, one pod at a time
+            grants = []
+            for p in gang.members:
+                if p.pod.uid in self.ledger.pods:
+                    continue
+                group = GangKey(namespace=p.pod.namespace, name=p.group) if p.group else None
+                member = GangMember(pod=p.pod, request=p.request, group=group, spec=p.spec)
+                if self.placer.place_gang([member], 1, owner=key).ok:
+                    grants.append(self.ledger.pods[p.pod.uid])
+            if grants:
+                held = Held(gang, grants, time.monotonic() + SPAN_HOLD_S)
+                self.holding[ident] = held
+                for g in grants:
+                    self.tentative[g.pod.uid] = ident
+        here = tuple(g.pod for g in held.grants) if held is not None else ()
+        assert gang.spanning is not None
+        parts = gang.spanning + ((ev.SpanPart(shard=self.shard, pods=here),) if here else ())
+        count = sum(len(p.pods) for p in parts)
+        rest = tuple(m for m in gang.members if m.pod not in here)
+        tried = gang.tried or Status(code=Code.UNSCHEDULABLE)
+        out: list[ev.Event] = []
+
+        def decided(commit: bool) -> ev.GangSpanDecided:
+            return ev.GangSpanDecided(
+                gang=gang.gang, attempt=gang.attempt, commit=commit, parts=parts
+            )
+
+        if count >= max(gang.min_member, 1):
+            log.info(
+                "gang %s placed across shards %s",
+                key,
+                ", ".join(f"{p.shard} ({len(p.pods)})" for p in parts),
+            )
+            out.append(decided(True))
+            out += [self._failed(gang, (m.pod,), tried) for m in rest]  # left out, as extras
+        elif gang.route:
+            out.append(self._pass(gang, gang.route, members=rest, spanning=parts))
+        else:
+            out.append(decided(False))
+            pods = (*(p for part in parts for p in part.pods), *(m.pod for m in rest))
+            note = (
+                f"Placed across every shard, {count} of its pods fit; minMember is "
+                f"{gang.min_member}."
+            )
+            refusal = self._failed(gang, pods, tried.with_note(note))
+            log.info("not placed (waits): %s: %s", ", ".join(map(str, pods)), refusal.message)
+            out.append(refusal)
+        await self.rt.bus.publish_many(out)
+
+    @handles(ev.GangSpanDecided)
+    async def on_span_decided(self, event: ev.GangSpanDecided) -> None:
+        """A gang placed across shards is committed (this shard reserves its part and
+        decides its pods) or aborted (its part is released)."""
+        held = self._drop_held((event.gang.key, event.attempt), "", release=not event.commit)
+        if held is None or not event.commit:
+            return
+        await asyncio.gather(*(self.reserved.put(g, event.attempt) for g in held.grants))
+        await self.rt.bus.publish_many([self._decided(g, held.gang) for g in held.grants])
+
+    def _drop_held(
+        self, ident: tuple[GangKey, int], why: str, *, release: bool = True
+    ) -> Held | None:
+        """Forget this shard's part of a gang placed across shards (and release it)."""
+        held = self.holding.pop(ident, None)
+        if held is None:
+            return None
+        for g in held.grants:
+            self.tentative.pop(g.pod.uid, None)
+            if release:
+                self.ledger.release(g.pod.uid)
+        if why:
+            log.warning("part of gang %s (attempt %d) on this shard released: %s", *ident, why)
+        return held
 
     def _make_room(
         self, gang: ev.GangReady, members: list[GangMember]
@@ -381,6 +631,8 @@ class Allocator(Service):
         node = event.node
         if node is None:
             return
+        if not self.mine(node) and event.pod.uid not in self.ledger.pods:
+            return  # on another shard's node
         if event.grants and not ann.signed(
             self.key, event.pod.uid, node, event.grants, event.signature
         ):
@@ -442,6 +694,9 @@ class Allocator(Service):
         self.ledger.admitted(event.pod.uid, event.node)
 
     async def release(self, pod: PodRef, node: NodeName | None, reason: str) -> None:
+        part = self.tentative.pop(pod.uid, None)
+        if part is not None and (holding := self.holding.get(part)) is not None:
+            holding.grants = [g for g in holding.grants if g.pod.uid != pod.uid]
         owner = self.room.gone(pod)
         if owner is not None:
             # A preempted pod is gone: its devices stay booked for the gang it made room for.
@@ -479,6 +734,9 @@ class Allocator(Service):
             for uid, r in list(self.reserved.open.items()):
                 if now - r.at >= timeout_s and uid in self.reserved.open:
                     await self._expire(r)
+            for ident, held in list(self.holding.items()):
+                if held.until <= time.monotonic():
+                    self._drop_held(ident, f"not committed within {SPAN_HOLD_S:.0f}s")
 
     async def _expire(self, r: Reservation) -> None:
         pod = r.grant.pod

@@ -113,7 +113,11 @@ def explain_view(placer: Placer, query: views.ExplainQuery) -> views.ExplainView
         outcome.message() if not outcome.ok else f"{fits}/{len(verdicts)} nodes would take it now"
     )
     return views.ExplainView(
-        pod=query.pod, message=message, unresolvable=outcome.unresolvable, nodes=tuple(verdicts)
+        pod=query.pod,
+        message=message,
+        unresolvable=outcome.unresolvable,
+        nodes=tuple(verdicts),
+        status=None if outcome.ok else outcome,
     )
 
 

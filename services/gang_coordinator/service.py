@@ -72,6 +72,7 @@ class Coordinator(Service):
             split,
         )
         self.table = ResourceTable.build(rt.cfg.devices)
+        self.pools = s.shard_pools()
         self.announced: dict[PodUID, ev.PodPending] = {}
         """Each waiting pod's announcement, forwarded in its GangReady."""
         self.contexts: dict[PodUID, otel_context.Context] = {}
@@ -302,15 +303,28 @@ class Coordinator(Service):
 
     def _gang_ready(self, gang: ReadyGang) -> ev.GangReady:
         key = gang.key
+        members = tuple(self.announced[m.pod.uid] for m in gang.members)
+        # Sharded: the shards its pods may run in, from the one its name hashes to (a
+        # selector no shard allows: every shard, which each say why not).
+        route = (
+            self.pools.route(
+                f"{key.namespace}/{key.name}",
+                (m.spec.node_selector if m.spec is not None else {} for m in members),
+            )
+            or self.pools.names
+        )
         return ev.GangReady(
             gang=ev.GangRef(
                 namespace=key.namespace, name=key.name, queue=gang.queue, lone=key.lone
             ),
             min_member=gang.min_member,
             attempt=gang.attempt,
-            members=tuple(self.announced[m.pod.uid] for m in gang.members),
+            members=members,
             victims=gang.victims,
             hold=gang.hold,
+            shard=route[0] if route else "",
+            route=route[1:],
+            offered=route,
         )
 
     async def dispatch_loop(self) -> None:

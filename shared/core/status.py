@@ -24,7 +24,7 @@ defaults for every field but the code (see the evolution rule in shared/events.p
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -283,19 +283,45 @@ def counted(per_node: Iterable[Status], nodes: int) -> Status:
     for status in per_node:
         every_unresolvable = every_unresolvable and status.unresolvable
         for r in status.reasons:
-            text = r.text()
-            seen = merged.get(text)
-            if seen is None:
-                merged[text] = msgspec.structs.replace(r, nodes=1)
-            else:
-                merged[text] = msgspec.structs.replace(
-                    seen,
-                    nodes=seen.nodes + 1,
-                    free=_larger(seen.free, r.free),
-                    capacity=_larger(seen.capacity, r.capacity),
-                )
+            _merge(merged, r, 1)
     code = Code.UNRESOLVABLE if every_unresolvable else Code.UNSCHEDULABLE
     return Status(code=code, reasons=tuple(merged.values()), nodes=nodes)
+
+
+def combined(statuses: Sequence[Status]) -> Status:
+    """One placement outcome over the nodes of several allocator shards (counted each
+    over its own nodes), as one allocator looking at them all would have said it: node
+    counts add up, reasons merge as in :func:`counted`, unresolvable only if each is;
+    the first context and every note are kept."""
+    if len(statuses) == 1:
+        return statuses[0]
+    merged: dict[str, Reason] = {}
+    for status in statuses:
+        for r in status.reasons:
+            _merge(merged, r, r.nodes)
+    unresolvable = bool(statuses) and all(s.unresolvable for s in statuses)
+    return Status(
+        code=Code.UNRESOLVABLE if unresolvable else Code.UNSCHEDULABLE,
+        reasons=tuple(merged.values()),
+        nodes=sum(s.nodes for s in statuses),
+        context=next((s.context for s in statuses if s.context), ""),
+        note=" ".join(s.note for s in statuses if s.note),
+    )
+
+
+def _merge(merged: dict[str, Reason], r: Reason, nodes: int) -> None:
+    """Count ``r`` on ``nodes`` more nodes among ``merged`` (by text)."""
+    text = r.text()
+    seen = merged.get(text)
+    if seen is None:
+        merged[text] = msgspec.structs.replace(r, nodes=nodes)
+    else:
+        merged[text] = msgspec.structs.replace(
+            seen,
+            nodes=seen.nodes + nodes,
+            free=_larger(seen.free, r.free),
+            capacity=_larger(seen.capacity, r.capacity),
+        )
 
 
 def _larger(a: int | None, b: int | None) -> int | None:

@@ -64,8 +64,10 @@ class Pipeline:
         self.keepers[service] = asyncio.create_task(self._keep(service), name=f"keep:{service}")
 
     async def _spawn(self, service: str) -> None:
-        """``service``: a name, ``name#2`` (a second replica), or ``node-agent@node``."""
-        module, _, node = service.partition("#")[0].partition("@")
+        """``service``: a name, ``name#2`` (a second replica), ``node-agent@node``, or
+        ``device-allocator:SHARD``."""
+        named, _, shard = service.partition("#")[0].partition(":")
+        module, _, node = named.partition("@")
         self.ports[service] = self.ports.get(service) or free_port()
         config = self.simulator if service == "node-agent" else self.config
         args = [sys.executable, "-m", SERVICES[module], "--config", str(config)]
@@ -74,6 +76,8 @@ class Pipeline:
             args += ["--simulate", str(self.inventory)]
         elif node:  # "node-agent@gpu-0": a real node's agent, its devices from gpu-0.yaml
             args += ["--node", node, "--source", f"file:{self.workdir / node}.yaml"]
+        if shard:
+            args += ["--shard", shard]
         log = (self.workdir / f"{service}.log").open("ab")
         self.procs[service] = await asyncio.create_subprocess_exec(
             *args, stdout=log, stderr=asyncio.subprocess.STDOUT
@@ -263,7 +267,8 @@ async def start_pipeline(
 ) -> Pipeline:
     """``settings`` go under ``scheduler:``, ``config`` at the top of tessera.yaml;
     ``replicas`` of each central service (``name``, ``name#2``...: one active, the
-    others standby)."""
+    others standby). With ``shards`` in ``settings``, one allocator per shard
+    (``device-allocator:NAME``)."""
     await reset_stream(nats_admin)
     key = workdir / "grant.key"  # as a Secret would hold it: grants are signed in tests too
     key.write_text(secrets.token_hex(32))
@@ -294,7 +299,12 @@ async def start_pipeline(
     inv.write_text(yaml.safe_dump(inventory))
     api = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
     p = Pipeline(workdir, path, simulator, inv, nats_admin, api)
+    shards = [str(s["name"]) for s in (settings or {}).get("shards", [])]
     for service in SERVICES:
+        if service == "device-allocator" and shards:
+            for shard in shards:
+                await p.start(f"{service}:{shard}")
+            continue
         await p.start(service)
         if service != "node-agent":
             for i in range(2, replicas + 1):

@@ -325,3 +325,30 @@ async def test_a_hostile_pod_name_stays_data_never_markup(
         assert (await client.get(f"/static/{asset}")).status == 200
     for static in (html, (STATIC / "dashboard.css").read_text()):
         assert "http" not in static, "nothing fetched from elsewhere (air-gapped clusters)"
+
+
+async def test_each_allocator_shard_answers_for_its_nodes_and_the_page_shows_them_all(
+    nats_cfg: NatsConfig, dashboard: tuple[Dashboard, TestClient[Any, Any]]
+) -> None:
+    _, client = dashboard
+    shards = ("pool-a", "pool-b")
+
+    def part(shard: str, node: str, instance: str) -> LedgerView:
+        nodes = (msgspec.structs.replace(LEDGER.nodes[0], name=node),)
+        return LedgerView(nodes=nodes, instance=instance, taken_at=2.0, shard=shard, shards=shards)
+
+    async with responder(nats_cfg, VIEW_LEDGER_SUBJECT, lambda: part("pool-b", "gpu-b", "b-1")):
+        # One shard of two answers: the page says which one did not, not half a cluster.
+        half = await client.get("/api/ledger")
+        assert half.status == 503
+        assert (await half.json())["error"] == (
+            f"device-allocator (shards pool-a) did not answer {VIEW_LEDGER_SUBJECT} in 1s"
+        )
+        await asyncio.sleep(0.6)  # past the cached refusal
+        async with responder(nats_cfg, VIEW_LEDGER_SUBJECT, lambda: part("pool-a", "gpu-a", "a-1")):
+            whole = await client.get("/api/ledger")
+            assert whole.status == 200
+            view = msgspec.json.decode(await whole.read(), type=LedgerView)
+    assert [n.name for n in view.nodes] == ["gpu-a", "gpu-b"]
+    assert view.instance == "a-1,b-1"  # in the order of the shards
+    assert (view.shard, view.shards) == ("", ())

@@ -9,6 +9,7 @@ import yaml
 
 from shared import busauth
 from shared import events as ev
+from shared.config import MAX_SHARDS
 from tools.cli import SERVICES
 from tools.deploy import nats_conf
 
@@ -21,7 +22,9 @@ def test_every_event_has_exactly_one_publisher() -> None:
     for user, role in busauth.ROLES.items():
         for event_type in role.publishes:
             owners[event_type].append(user)
-    assert {t.__name__: users for t, users in owners.items() if len(users) != 1} == {}
+    shared = {t.__name__: users for t, users in owners.items() if len(users) != 1}
+    # The one exception: an allocator shard passes on a gang it cannot place.
+    assert shared == {"GangReady": ["gang-coordinator", "device-allocator"]}
     assert owners[ev.AllocationDecided] == ["device-allocator"]
     assert owners[ev.AllocationBound] == ["binder"]
 
@@ -43,6 +46,21 @@ def test_node_agents_never_reach_the_services_consumers() -> None:
     for service in set(busauth.ROLES) - {busauth.NODE_AGENT}:
         assert f"$JS.API.CONSUMER.MSG.NEXT.S.{service}" in perms.deny_publish
         assert f"$JS.ACK.S.{service}.>" in perms.deny_publish
+
+
+def test_allocator_shards_have_their_own_consumers_and_leases_out_of_others_reach() -> None:
+    allocator = busauth.permissions("device-allocator", stream="S", inventory_bucket="I")
+    agent = busauth.permissions(busauth.NODE_AGENT, stream="S", inventory_bucket="I")
+    binder = busauth.permissions("binder", stream="S", inventory_bucket="I")
+    for i in range(MAX_SHARDS):
+        durable = busauth.shard_consumer("device-allocator", i)
+        assert f"$JS.API.CONSUMER.MSG.NEXT.S.{durable}" in allocator.publish
+        assert f"$JS.API.CONSUMER.MSG.NEXT.S.{durable}" in agent.deny_publish
+        assert f"$JS.API.CONSUMER.MSG.NEXT.S.{durable}" not in binder.publish
+    assert f"$KV.{busauth.LEASE_BUCKET}.device-allocator.*" in allocator.publish
+    assert not any(".binder.*" in s or s.endswith("binder.*") for s in binder.publish)
+    assert "tessera.v1.gang.ready.>" in allocator.publish
+    assert "tessera.v1.gang.span" in allocator.publish
 
 
 def test_passwords_survive_nats_servers_parsing_of_environment_values() -> None:

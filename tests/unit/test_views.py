@@ -71,6 +71,34 @@ def test_explain_answers_for_every_node_those_that_fit_first() -> None:
     assert answer.nodes == ()  # refused before any node is tried
 
 
+def test_explain_over_shards_reads_as_one_allocator_over_every_node() -> None:
+    # Two shards, one node each: a full card on one, a small one on the other.
+    one = placer({"a": gpus(1)})
+    place(one, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 70000})
+    other = placer({"b": gpus(1)})
+    place(other, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 60000})
+    asked = views.ExplainQuery(
+        pod=ref("wants"), request=request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 30000})
+    )
+    parts = [explain_view(one, asked), explain_view(other, asked)]
+    assert [p.message for p in parts] == [
+        "0/1 nodes are available: 1 insufficient nvidia.com/gpumem.",
+        "0/1 nodes are available: 1 insufficient nvidia.com/gpumem.",
+    ]
+    both = views.merged(list(parts))
+    assert isinstance(both, views.ExplainView)
+    assert both.message == "0/2 nodes are available: 2 insufficient nvidia.com/gpumem."
+    assert [v.node for v in both.nodes] == ["a", "b"]
+    assert both.status is not None
+    assert both.status.nodes == 2
+    # A node that fits anywhere: the message counts it over both shards.
+    fits = views.merged([parts[0], explain_view(placer({"c": gpus(1)}), asked)])
+    assert isinstance(fits, views.ExplainView)
+    assert fits.message == "1/2 nodes would take it now"
+    assert [v.node for v in fits.nodes] == ["c", "a"]
+    assert fits.status is None
+
+
 def test_the_ledger_view_shows_each_grant_on_its_card_reserved_or_bound() -> None:
     pl = placer({"a": gpus(2)})
     first = place(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 30})
