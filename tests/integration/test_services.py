@@ -208,6 +208,12 @@ async def test_a_resync_reaches_a_consumer_that_missed_the_first_announcement(
         await eventually(default_queues, timeout_s=30, what="the default Queue announced")
         first = await default_queues()
         await nc.request(ev.CONTROL_RESYNC_SUBJECT, b"", timeout=5)
+
+        async def announced_again() -> bool:
+            # The watcher's outbox publishes after answering: wait for it, not a moment.
+            return await default_queues() == first + 1
+
+        await eventually(announced_again, timeout_s=10, what="the default Queue announced again")
         assert await default_queues() == first + 1
     finally:
         await nc.close()
