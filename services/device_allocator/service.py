@@ -86,6 +86,8 @@ ALLOCATOR_CONCURRENCY = 32
 SPAN_HOLD_S = 10.0
 """A shard's uncommitted part of a gang placed across shards is released after this."""
 SHARD_ENV = "TESSERA_SHARD"
+YIELD_EVERY = 256
+"""Nodes read at start between two yields to the event loop (its lease is renewed)."""
 
 
 def shard_of(cfg: Config, args: argparse.Namespace | None) -> tuple[str, int]:
@@ -192,14 +194,18 @@ class Allocator(Service):
             meta = ns["metadata"]
             self.ledger.hosts.set_namespace(meta["name"], meta.get("labels") or {})
         nodes, _ = await kube.list_all(self.api, "/api/v1/nodes")
-        for node in nodes:
+        for i, node in enumerate(nodes):
+            if i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a large cluster: let the lease be renewed
             spec = node_spec(node)
             name = NodeName(spec.name)
             self.cordons[name] = ann.cordoned_devices(node["metadata"].get("annotations") or {})
             self.node_shard[name] = self.pools.of_node(spec.labels)
             if self.mine(name):
                 self.ledger.set_spec(spec)
-        for inventory in (await self.rt.bus.inventories()).values():
+        for i, inventory in enumerate((await self.rt.bus.inventories()).values()):
+            if i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             self.on_inventory_event(inventory)
         bound, forged = await rebuild(self.ledger, self.api, self.managed, self.key, self.mine)
         for grant in forged:

@@ -165,6 +165,23 @@ class Pipeline:
 
         return await eventually(probe, timeout_s=timeout_s, what=f"{ns}/{name} bound")
 
+    async def node_of(self, ns: str, name: str) -> str:
+        """The node the pod is bound to (waiting until it is)."""
+        return str((await self.bound(ns, name))["spec"]["nodeName"])
+
+    async def refused(self, ns: str, name: str) -> str:
+        """The FailedScheduling message of a pod that must stay pending."""
+
+        async def told() -> str | None:
+            for e in await self.events(ns, name):
+                if e["reason"] == "FailedScheduling":
+                    return str(e["message"])
+            return None
+
+        message = await eventually(told, what=f"FailedScheduling on {name}")
+        assert not (await self.get(ns, name))["spec"].get("nodeName")
+        return message
+
     async def events(self, ns: str, name: str) -> list[dict[str, Any]]:
         found = await kube.request(
             self.api,

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 from shared.config import NatsConfig
-from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
 
 pytestmark = pytest.mark.integration
@@ -91,27 +90,9 @@ def spec(
     return obj
 
 
-async def refused(p: Pipeline, ns: str, name: str) -> str:
-    """The FailedScheduling message of a pod that must stay pending."""
-
-    async def told() -> str | None:
-        for e in await p.events(ns, name):
-            if e["reason"] == "FailedScheduling":
-                return str(e["message"])
-        return None
-
-    message = await eventually(told, what=f"FailedScheduling on {name}")
-    assert not (await p.get(ns, name))["spec"].get("nodeName")
-    return message
-
-
-async def node_of(p: Pipeline, ns: str, name: str) -> str:
-    return str((await p.bound(ns, name))["spec"]["nodeName"])
-
-
 async def test_node_selector_and_required_affinity(pipeline: Pipeline, ns: str) -> None:
     await pipeline.create(ns, spec("sel", GPU, selector={"pool": "x"}))
-    assert await node_of(pipeline, ns, "sel") == "nf-a"
+    assert await pipeline.node_of(ns, "sel") == "nf-a"
     affinity = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -122,23 +103,23 @@ async def test_node_selector_and_required_affinity(pipeline: Pipeline, ns: str) 
         }
     }
     await pipeline.create(ns, spec("aff", requests={"cpu": "100m"}, affinity=affinity))
-    assert await node_of(pipeline, ns, "aff") == "nf-cpu"
+    assert await pipeline.node_of(ns, "aff") == "nf-cpu"
     await pipeline.create(ns, spec("nowhere", GPU, selector={"pool": "nope"}))
-    message = await refused(pipeline, ns, "nowhere")
+    message = await pipeline.refused(ns, "nowhere")
     assert "node(s) didn't match Pod's node affinity/selector" in message
 
 
 async def test_taints_keep_pods_off_unless_tolerated(pipeline: Pipeline, ns: str) -> None:
     await pipeline.create(ns, spec("plain", GPU, selector={"pool": "y"}))
-    message = await refused(pipeline, ns, "plain")
+    message = await pipeline.refused(ns, "plain")
     assert "node(s) had untolerated taint(s)" in message  # nf-b (and any foreign node)
     await pipeline.create(ns, spec("tolerant", GPU, selector={"pool": "y"}, tolerations=TOLERATE))
-    assert await node_of(pipeline, ns, "tolerant") == "nf-b"
+    assert await pipeline.node_of(ns, "tolerant") == "nf-b"
 
 
 async def test_a_cordoned_node_is_skipped(pipeline: Pipeline, ns: str) -> None:
     await pipeline.create(ns, spec("cordoned", GPU, selector={"pool": "z"}))
-    message = await refused(pipeline, ns, "cordoned")
+    message = await pipeline.refused(ns, "cordoned")
     assert "1 node(s) were unschedulable" in message
 
 
@@ -147,16 +128,16 @@ async def test_pods_that_ask_for_no_device_are_placed_and_a_full_node_is_skipped
 ) -> None:
     # 6 cpu fit only nf-cpu (8); a second one finds it full and nowhere else to go.
     await pipeline.create(ns, spec("big", requests={"cpu": "6", "memory": "1Gi"}))
-    assert await node_of(pipeline, ns, "big") == "nf-cpu"
+    assert await pipeline.node_of(ns, "big") == "nf-cpu"
     await pipeline.create(ns, spec("bigger", requests={"cpu": "6"}))
-    message = await refused(pipeline, ns, "bigger")
+    message = await pipeline.refused(ns, "bigger")
     assert "Insufficient cpu" in message
     # A GPU pod asking for more cpu than its GPU nodes have free goes nowhere either.
     await pipeline.create(ns, spec("gpu-cpu", GPU, requests={"cpu": "5"}))
-    message = await refused(pipeline, ns, "gpu-cpu")
+    message = await pipeline.refused(ns, "gpu-cpu")
     assert "Insufficient cpu" in message
     await pipeline.delete(ns, "big")
-    assert await node_of(pipeline, ns, "bigger") == "nf-cpu"
+    assert await pipeline.node_of(ns, "bigger") == "nf-cpu"
 
 
 async def test_host_ports_conflict(pipeline: Pipeline, ns: str) -> None:
@@ -164,9 +145,9 @@ async def test_host_ports_conflict(pipeline: Pipeline, ns: str) -> None:
         {"name": "main", "image": "busybox", "ports": [{"containerPort": 80, "hostPort": 8080}]}
     ]
     await pipeline.create(ns, spec("web-1", selector={"pool": "cpu"}, containers=ports))
-    assert await node_of(pipeline, ns, "web-1") == "nf-cpu"
+    assert await pipeline.node_of(ns, "web-1") == "nf-cpu"
     await pipeline.create(ns, spec("web-2", selector={"pool": "cpu"}, containers=ports))
-    message = await refused(pipeline, ns, "web-2")
+    message = await pipeline.refused(ns, "web-2")
     assert "1 node(s) didn't have free ports for the requested pod ports" in message
 
 
@@ -181,27 +162,27 @@ async def test_pod_anti_affinity_and_the_existing_pods_own(pipeline: Pipeline, n
     await pipeline.create(
         ns, spec("db-1", GPU, selector={"pool": "x"}, labels={"app": "db"}, affinity=anti)
     )
-    assert await node_of(pipeline, ns, "db-1") == "nf-a"
+    assert await pipeline.node_of(ns, "db-1") == "nf-a"
     # Zone a is taken by db-1: the next db replica may not go to nf-cpu (zone a) either...
     await pipeline.create(
         ns, spec("db-2", labels={"app": "db"}, affinity=anti, selector={"pool": "cpu"})
     )
-    message = await refused(pipeline, ns, "db-2")
+    message = await pipeline.refused(ns, "db-2")
     assert "node(s) didn't match pod anti-affinity rules" in message
     # ...and a pod db-1's own anti-affinity matches is kept out of zone a (the symmetric rule).
     await pipeline.create(ns, spec("intruder", labels={"app": "db"}, selector={"pool": "cpu"}))
-    message = await refused(pipeline, ns, "intruder")
+    message = await pipeline.refused(ns, "intruder")
     assert "node(s) didn't satisfy existing pods anti-affinity rules" in message
     # It goes to the only other zone it may: b, tolerating the taint.
     await pipeline.create(
         ns, spec("db-3", GPU, labels={"app": "db"}, affinity=anti, tolerations=TOLERATE)
     )
-    assert await node_of(pipeline, ns, "db-3") == "nf-b"
+    assert await pipeline.node_of(ns, "db-3") == "nf-b"
 
 
 async def test_pod_affinity_follows_its_peer(pipeline: Pipeline, ns: str) -> None:
     await pipeline.create(ns, spec("cache", labels={"app": "cache"}, selector={"pool": "cpu"}))
-    assert await node_of(pipeline, ns, "cache") == "nf-cpu"
+    assert await pipeline.node_of(ns, "cache") == "nf-cpu"
     near = {
         "podAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -211,7 +192,7 @@ async def test_pod_affinity_follows_its_peer(pipeline: Pipeline, ns: str) -> Non
     }
     # Zone a holds the cache: of the GPU nodes only nf-a is there.
     await pipeline.create(ns, spec("near", GPU, affinity=near, tolerations=TOLERATE))
-    assert await node_of(pipeline, ns, "near") == "nf-a"
+    assert await pipeline.node_of(ns, "near") == "nf-a"
 
 
 async def test_topology_spread_keeps_the_skew(pipeline: Pipeline, ns: str) -> None:
@@ -225,14 +206,14 @@ async def test_topology_spread_keeps_the_skew(pipeline: Pipeline, ns: str) -> No
     ]
     web = {"labels": {"app": "web"}, "topologySpreadConstraints": spread}
     await pipeline.create(ns, spec("w1", GPU, selector={"pool": "x"}, **web))
-    assert await node_of(pipeline, ns, "w1") == "nf-a"
+    assert await pipeline.node_of(ns, "w1") == "nf-a"
     # Zones a (1 web pod), b and c (none; c's node is cordoned but still a domain): a
     # second web pod may not go to zone a, and b's node needs the toleration.
     await pipeline.create(ns, spec("w2", GPU, **web))
-    message = await refused(pipeline, ns, "w2")
+    message = await pipeline.refused(ns, "w2")
     assert "2 node(s) didn't match pod topology spread constraints" in message
     await pipeline.create(ns, spec("w3", GPU, tolerations=TOLERATE, **web))
-    assert await node_of(pipeline, ns, "w3") == "nf-b"
+    assert await pipeline.node_of(ns, "w3") == "nf-b"
 
 
 async def test_a_gang_may_mix_device_and_cpu_only_members(pipeline: Pipeline, ns: str) -> None:
@@ -246,5 +227,5 @@ async def test_a_gang_may_mix_device_and_cpu_only_members(pipeline: Pipeline, ns
         obj["metadata"]["annotations"] = group
         obj["spec"]["schedulerName"] = "volcano"
         await pipeline.create(ns, obj)
-    assert await node_of(pipeline, ns, "worker") in ("nf-a", "nf-b")
-    assert await node_of(pipeline, ns, "launcher")
+    assert await pipeline.node_of(ns, "worker") in ("nf-a", "nf-b")
+    assert await pipeline.node_of(ns, "launcher")

@@ -69,27 +69,11 @@ def first_offered_to(ns: str, shard: str, prefix: str, count: int) -> list[str]:
     )
 
 
-async def node_of(p: Pipeline, ns: str, name: str) -> str:
-    return str((await p.bound(ns, name))["spec"]["nodeName"])
-
-
-async def refused(p: Pipeline, ns: str, name: str) -> str:
-    async def told() -> str | None:
-        for e in await p.events(ns, name):
-            if e["reason"] == "FailedScheduling":
-                return str(e["message"])
-        return None
-
-    message = await eventually(told, what=f"FailedScheduling on {name}")
-    assert not (await p.get(ns, name))["spec"].get("nodeName")
-    return message
-
-
 async def test_each_shard_places_on_its_own_nodes_only(pipeline: Pipeline, ns: str) -> None:
     await pipeline.create(ns, spec("to-a", selector={"pool": "a"}))
     await pipeline.create(ns, spec("to-b", selector={"pool": "b"}))
-    assert await node_of(pipeline, ns, "to-a") == "sh-a"
-    assert await node_of(pipeline, ns, "to-b") == "sh-b"
+    assert await pipeline.node_of(ns, "to-a") == "sh-a"
+    assert await pipeline.node_of(ns, "to-b") == "sh-b"
     for shard, mine, other in (("pool-a", "sh-a", "sh-b"), ("pool-b", "sh-b", "sh-a")):
         log = pipeline.log(f"device-allocator:{shard}")
         # Its node, known at start or from the Node's labels when it came.
@@ -105,15 +89,15 @@ async def test_a_pod_its_first_shard_cannot_place_goes_on_to_the_next(
 ) -> None:
     for i in range(2):  # sh-a full
         await pipeline.create(ns, spec(f"fill-{i}", selector={"pool": "a"}))
-        assert await node_of(pipeline, ns, f"fill-{i}") == "sh-a"
+        assert await pipeline.node_of(ns, f"fill-{i}") == "sh-a"
     names = first_offered_to(ns, "pool-a", "spill", 2)
     for n in names:
         await pipeline.create(ns, spec(n))
-    assert [await node_of(pipeline, ns, n) for n in names] == ["sh-b", "sh-b"]
+    assert [await pipeline.node_of(ns, n) for n in names] == ["sh-b", "sh-b"]
     assert "passed" in await metric_results(pipeline, "device-allocator:pool-a")
     # Both full now: the pod is told what both shards found, over both nodes.
     await pipeline.create(ns, spec("late"))
-    message = await refused(pipeline, ns, "late")
+    message = await pipeline.refused(ns, "late")
     assert message.startswith("0/2 nodes are available: 2 "), message
 
 
@@ -124,7 +108,7 @@ async def test_a_gang_no_shard_fits_whole_is_placed_across_shards_or_not_at_all(
     wide = [f"wide-{i}" for i in range(4)]
     for n in wide:
         await pipeline.create(ns, spec(n, group="wide"))
-    nodes = [await node_of(pipeline, ns, n) for n in wide]
+    nodes = [await pipeline.node_of(ns, n) for n in wide]
     assert sorted(nodes) == ["sh-a", "sh-a", "sh-b", "sh-b"]
     assert "placed across shards" in (
         pipeline.log("device-allocator:pool-a") + pipeline.log("device-allocator:pool-b")
@@ -155,7 +139,7 @@ async def test_a_gang_no_shard_fits_whole_is_placed_across_shards_or_not_at_all(
     # Three of the wide gang end: the pair is placed (one GPU on each node, or both on one).
     for n in wide[:3]:
         await pipeline.delete(ns, n)
-    placed = [await node_of(pipeline, ns, n) for n in ("pair-0", "pair-1")]
+    placed = [await pipeline.node_of(ns, n) for n in ("pair-0", "pair-1")]
     assert set(placed) <= {"sh-a", "sh-b"}
 
 
@@ -163,7 +147,7 @@ async def test_a_selector_no_shard_allows_is_told_over_every_shards_nodes(
     pipeline: Pipeline, ns: str
 ) -> None:
     await pipeline.create(ns, spec("nowhere", selector={"pool": "c"}))
-    message = await refused(pipeline, ns, "nowhere")
+    message = await pipeline.refused(ns, "nowhere")
     assert message == (
         "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
     ), message

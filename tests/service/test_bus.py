@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from shared import events as ev
-from shared.bus import Bus, Delivery
+from shared.bus import Bus, Delivery, connect
 from shared.config import NatsConfig, TelemetryConfig
 from shared.telemetry import setup_tracing, tracer
 from tests.helpers import eventually
@@ -243,3 +243,42 @@ def test_ping_without_a_server_fails_within_seconds_with_one_line() -> None:
     assert proc.stderr.strip().splitlines() == [
         f"tessera ping: cannot reach NATS at nats://127.0.0.1:{port}: NoServersError()"
     ]
+
+
+async def test_a_leader_keeps_its_lease_through_a_start_longer_than_the_lease(
+    nats_cfg: NatsConfig,
+) -> None:
+    """Regression: the lease was renewed only once ``start`` returned, and an allocator
+    rebuilding 6,250 nodes (22 s) lost a 15 s lease the moment it was ready."""
+    from shared import busauth
+    from shared.config import Config, SchedulerConfig
+    from shared.runtime import Service, run_service
+
+    started = asyncio.Event()
+
+    class SlowStart(Service):
+        NAME = "binder"  # a leading service's user and lease key
+        USES_API = False
+
+        async def start(self) -> None:
+            await asyncio.sleep(2.5)  # 2.5 leases
+            started.set()
+
+    lease_s = 1.0
+    cfg = Config(nats=nats_cfg, scheduler=SchedulerConfig(leader_lease_s=lease_s))
+    stop = asyncio.Event()
+    running = asyncio.create_task(run_service(SlowStart, cfg, stop=stop))
+    try:
+        await asyncio.wait_for(started.wait(), timeout=10)
+        await asyncio.sleep(2 * lease_s)
+        assert not running.done(), running.exception()
+        nc = await connect(nats_cfg, busauth.ADMIN)
+        try:
+            kv = await nc.jetstream().key_value(busauth.LEASE_BUCKET)
+            holder = (await kv.get("binder")).value or b""
+            assert holder.decode().endswith(f"-{os.getpid()}")
+        finally:
+            await nc.close()
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
