@@ -88,10 +88,10 @@ class PlacementConfig:
     (shared/core/policy.py: its cpu and memory counted, the first of equals), and its
     devices there by the same measure unless it names a device policy; a pod with no
     devices is placed by FGD. 0: neither (HAMi's and kube-scheduler's choices). 16 on
-    the openb trace: FGD's own packing (within 0.2 point of ``fgd`` comparing 64
-    nodes, 4.7 to 5.4 points more of the GPUs allocated than best-fit) at under twice
-    the cost per pod of the plain first fit (bench/RESULTS.md); ``fgd`` costs some 40
-    times that."""
+    the openb trace: about FGD's packing (within 0.25 point of ``fgd`` comparing 64
+    nodes, 4.7 to 5.9 points more of the GPUs allocated than best-fit, seeds 1-3) at
+    1.6 to 2.7 times the replay time of the old guard's mostly first fit, half of
+    ``fgd``'s (bench/RESULTS.md)."""
 
 
 @dataclass(frozen=True, slots=True)
