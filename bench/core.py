@@ -12,7 +12,9 @@ Prints, in one run on one core:
 - the device-only pods placed by a naive scan of every node (the baseline the index
   replaces);
 - 64-pod gangs placed per second;
-- the ledger's memory at 10,000 nodes x 8 GPUs holding 80,000 grants.
+- the ledger's memory at 10,000 nodes x 8 GPUs holding 80,000 grants;
+- realistic pods/s on 1,000 nodes with the fragmentation guard's window at its default,
+  at 2 (what the allocator weighs while behind a burst) and off (0): its cost.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from shared.core.model import (
     PodRequest,
     PodUID,
 )
-from shared.core.placement import GangMember, Placement, Placer
+from shared.core.placement import GangMember, Placement, PlacementConfig, Placer
 from shared.core.request import ResourceTable
 from shared.core.spec import DeviceSpecs
 from shared.core.status import Status
@@ -163,9 +165,10 @@ def host_spec(i: int, rng: random.Random) -> PodSpec:
     )
 
 
-def rate(nodes: int, pods: list[Pod], naive: bool = False) -> float:
+def rate(nodes: int, pods: list[Pod], naive: bool = False, guard: int | None = None) -> float:
     ledger = cluster(nodes, specs=pods[0][2] is not None)
-    placer = Placer(ledger)
+    config = PlacementConfig() if guard is None else PlacementConfig(fragmentation_guard=guard)
+    placer = Placer(ledger, config)
     gc.collect()
     gc.disable()
     start = time.perf_counter()
@@ -250,6 +253,12 @@ def main() -> None:
     print(
         f"target >= 10,000 realistic pods/s at 10,000 nodes: "
         f"{'met' if q10k >= 10000 else 'NOT met'} ({q10k:,.0f})"
+    )
+    default = PlacementConfig().fragmentation_guard
+    narrow = {g: rate(1000, real, guard=g) for g in (0, 2)}
+    print(
+        f"realistic pods/s on 1,000 nodes by fragmentationGuard: {default} (default) "
+        f"{q1k:,.0f}, 2 (behind a burst) {narrow[2]:,.0f}, 0 (first fit) {narrow[0]:,.0f}"
     )
     g_rate, g_ok = gangs(1000, args.gangs)
     print(

@@ -92,7 +92,9 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     its cpu and memory counted) it increases least, and its devices there by the same
     measure unless it names a device policy; a pod with no devices is placed by FGD.
     0: HAMi's first fit and kube-scheduler's scores. 16 packs the openb trace as FGD
-    does at under twice the cost per pod of the first fit (bench/RESULTS.md)."""
+    does (bench/RESULTS.md); for pods with cpu and memory it costs some 20 times a first
+    fit, so while the allocator is behind (a gang reaches it more than 1 s after it was
+    sent) it weighs 2 (``tessera_fragmentation_guard_nodes``)."""
     score_window: PosInt = 16
     """Nodes that fit which are scored per pod when scores matter: always for a pod
     that asks for no devices, and for one with soft preferences (preferred node or pod

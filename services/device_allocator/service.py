@@ -88,6 +88,10 @@ SPAN_HOLD_S = 10.0
 SHARD_ENV = "TESSERA_SHARD"
 YIELD_EVERY = 256
 """Nodes read at start between two yields to the event loop (its lease is renewed)."""
+BEHIND_S = 1.0
+"""A gang that reaches the allocator this long after it was sent finds it behind: the
+fragmentation guard's window narrows to ``NARROW_GUARD`` until it catches up."""
+NARROW_GUARD = 2
 
 
 def shard_of(cfg: Config, args: argparse.Namespace | None) -> tuple[str, int]:
@@ -148,6 +152,11 @@ class Allocator(Service):
         self.cordons: dict[NodeName, tuple[str, ...]] = {}
         self.applied: dict[NodeName, ev.NodeInventory] = {}
         self.stats = AllocatorMetrics(rt.metrics, self.ledger)
+        rt.metrics.gauge(
+            "tessera_fragmentation_guard_nodes",
+            "Nodes the fragmentation guard weighs per pod now (fewer while behind).",
+            lambda: [(float(self.placer.config.fragmentation_guard), {})],
+        )
         self.shard, self.shard_index = shard_of(rt.cfg, rt.args)
         self.pools = rt.cfg.scheduler.shard_pools()
         self.node_shard: dict[NodeName, str | None] = {}
@@ -425,6 +434,7 @@ class Allocator(Service):
         (the gang placed without them), why it was not placed (None: it was) and
         whether that is final (no other shard may try: it waits for its victims)."""
         key = gang.gang.key
+        self._keep_up(gang)
         waiting = self.room.waiting(key)
         if waiting:
             return [], [], Status(reasons=(Reason(kind="waiting", detail=waiting),)), True
@@ -443,6 +453,24 @@ class Allocator(Service):
             return grants, extras, None, False
         last = result.failures[-1].status
         return [], [], result.status if gang.min_member > 1 else last, False
+
+    def _keep_up(self, gang: ev.GangReady) -> None:
+        """Behind a burst, pack a little less well and keep up: the fragmentation guard
+        weighs ``scheduler.fragmentationGuard`` nodes per pod (16: some 20 times the
+        cost of a first fit for pods with cpu and memory, bench/RESULTS.md) while gangs
+        come in time, and ``NARROW_GUARD`` while they wait in the stream."""
+        wanted = self.rt.cfg.scheduler.fragmentation_guard
+        if time.time() - gang.emitted_at > BEHIND_S:
+            wanted = min(wanted, NARROW_GUARD)
+        if self.placer.config.fragmentation_guard != wanted:
+            log.debug(
+                "fragmentation guard: %d nodes per pod (%s)",
+                wanted,
+                "behind: gangs wait in the stream" if wanted == NARROW_GUARD else "caught up",
+            )
+            self.placer.config = dataclasses.replace(
+                self.placer.config, fragmentation_guard=wanted
+            )
 
     def _refuse(
         self, gang: ev.GangReady, members: list[GangMember], status: Status

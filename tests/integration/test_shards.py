@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from shared import kube
+from shared import busauth, kube
+from shared.bus import ask, connect
 from shared.config import NatsConfig
 from shared.core.request import GROUP_NAME
 from shared.core.shards import Shard, Shards
+from shared.views import VIEW_LEDGER_SUBJECT, LedgerQuery, LedgerView
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
 
@@ -74,6 +76,17 @@ async def test_each_shard_places_on_its_own_nodes_only(pipeline: Pipeline, ns: s
     await pipeline.create(ns, spec("to-b", selector={"pool": "b"}))
     assert await pipeline.node_of(ns, "to-a") == "sh-a"
     assert await pipeline.node_of(ns, "to-b") == "sh-b"
+    # The ledger view reads as one allocator's: each shard answers for its node.
+    nc = await connect(pipeline.nats_admin, busauth.ADMIN)
+    try:
+        query = LedgerQuery(nodes=("sh-a", "sh-b"))
+        view = await ask(nc, VIEW_LEDGER_SUBJECT, query, LedgerView, service="device-allocator")
+    finally:
+        await nc.close()
+    assert [n.name for n in view.nodes] == ["sh-a", "sh-b"]
+    assert len(view.instance.split(",")) == 2
+    held = {n.name: [g.pod for d in n.devices for g in d.grants] for n in view.nodes}
+    assert held == {"sh-a": ["to-a"], "sh-b": ["to-b"]}
     for shard, mine, other in (("pool-a", "sh-a", "sh-b"), ("pool-b", "sh-b", "sh-a")):
         log = pipeline.log(f"device-allocator:{shard}")
         # Its node, known at start or from the Node's labels when it came.

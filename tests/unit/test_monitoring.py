@@ -281,7 +281,11 @@ def test_the_catalogue_is_complete(exported: Exported) -> None:
         "device-allocator",
         "binder",
     }
-    unlabelled = {"tessera_ledger_nodes", "tessera_ledger_pods"}
+    unlabelled = {
+        "tessera_ledger_nodes",
+        "tessera_ledger_pods",
+        "tessera_fragmentation_guard_nodes",
+    }
     for family, kind in exported.kinds.items():
         if kind == "gauge" and family not in unlabelled:
             assert exported.labels[family], f"{family} reported no labels: fill its state"

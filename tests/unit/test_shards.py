@@ -113,3 +113,29 @@ def test_an_allocator_names_its_shard_or_refuses_to_start() -> None:
     with pytest.raises(config.ConfigError, match="an unsharded cluster has one allocator"):
         shard_of(config.Config(), argparse.Namespace(shard="a"))
     assert shard_of(config.Config(), None) == ("", -1)
+
+
+def test_behind_a_burst_the_allocator_weighs_fewer_nodes_per_pod() -> None:
+    import time
+    from types import SimpleNamespace
+
+    from services.device_allocator.service import NARROW_GUARD, Allocator
+    from shared import events as ev
+    from shared.core.ledger import Ledger
+    from shared.core.placement import Placer
+
+    cfg = config.Config()
+    fake = SimpleNamespace(
+        rt=SimpleNamespace(cfg=cfg),
+        placer=Placer(Ledger(cfg.devices, {})),
+    )
+    ref = ev.GangRef(namespace="ns", name="p", lone=True)
+
+    def arrives(late_s: float) -> int:
+        gang = ev.GangReady(gang=ref, min_member=1, members=(), emitted_at=time.time() - late_s)
+        Allocator._keep_up(fake, gang)  # type: ignore[arg-type]
+        return fake.placer.config.fragmentation_guard
+
+    assert arrives(0.0) == cfg.scheduler.fragmentation_guard == 16
+    assert arrives(3.0) == NARROW_GUARD
+    assert arrives(0.1) == 16  # caught up
