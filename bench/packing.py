@@ -379,6 +379,17 @@ def replay(
     marks = iter(checkpoints)
     mark = next(marks)
     at: dict[int, Mark] = {}
+
+    def note(mark: float, offered: int) -> Mark:
+        """The figures once ``offered`` tasks of the stream were offered."""
+        return Mark(
+            alloc_pct=round(allocated / capacity * 100, 2),
+            unallocated=round(capacity - allocated, 1),
+            gpu_rejected=gpu_rejected,
+            cpu_rejected=cpu_rejected,
+            where=where_free(ledger, stream[:offered]) if round(mark * 100) == 100 else {},
+        )
+
     started = time.perf_counter()
     for i, task in enumerate(stream):
         ref = PodRef(namespace="openb", name=f"{task.name}-{i}", uid=PodUID(f"{i}"))
@@ -395,24 +406,10 @@ def replay(
         else:
             cpu_rejected += 1
         while offered_so_far >= mark * capacity - 1e-9:
-            pct = round(mark * 100)
-            at[pct] = Mark(
-                alloc_pct=round(allocated / capacity * 100, 2),
-                unallocated=round(capacity - allocated, 1),
-                gpu_rejected=gpu_rejected,
-                cpu_rejected=cpu_rejected,
-                where=where_free(ledger, stream[: i + 1]) if pct == 100 else {},
-            )
+            at[round(mark * 100)] = note(mark, i + 1)
             mark = next(marks, math.inf)
     while mark < math.inf:  # the paper's stream ends just short of its last mark
-        pct = round(mark * 100)
-        at[pct] = Mark(
-            alloc_pct=round(allocated / capacity * 100, 2),
-            unallocated=round(capacity - allocated, 1),
-            gpu_rejected=gpu_rejected,
-            cpu_rejected=cpu_rejected,
-            where=where_free(ledger, stream) if pct == 100 else {},
-        )
+        at[round(mark * 100)] = note(mark, len(stream))
         mark = next(marks, math.inf)
     return {
         "policy": name,
