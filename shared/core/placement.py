@@ -454,7 +454,8 @@ class Placer:
         is the pod's gang (nodes held for it stay open to it). A ``trial`` (a preemption
         plan asking "would it fit?") neither learns the workload's shape nor scans every
         node for the reasons of a failure. Given a ``statement``, the grant is made
-        inside it (a gang's transaction).
+        inside it (a gang's transaction). Every other call counts the pod's type in the
+        workload FGD weighs, placed or not: waiting pods are demand too.
         """
         prep: Prepared | None = None
         if spec is not None:
@@ -466,6 +467,11 @@ class Placer:
         primary = self._primary(request)
         if primary is None and prep is None:
             return Failure(pod=pod, status=Status(code=Code.UNRESOLVABLE, reasons=(_NO_DEVICES,)))
+        if not trial:
+            # Before weighing: the pod's own type is part of the demand FGD weighs (the
+            # first pod of a cluster would otherwise be weighed against whole cards only,
+            # and a quarter-card pod take a whole MIG card, which leaves no fragment).
+            self._observe(request, spec)
         ctx = self._context(request, group)
         policy = request.constraints.node_policy or self.config.node_policy
         chosen: tuple[NodeState, tuple[ContainerGrant, ...]] | None
@@ -500,8 +506,6 @@ class Placer:
             statement.grant(grant, admitting=not trial)
         else:
             self.ledger.grant(grant, admitting=not trial)
-        if not trial:
-            self._observe(request, spec)
         return Placement(pod=pod, node=node.name, grants=grants)
 
     def _rotation(self, owner: GangKey | None, prep: Prepared) -> Iterator[NodeState]:
@@ -726,7 +730,7 @@ class Placer:
         free, left = _after(self.ledger, node, grants)
         before = workload.fragmentation(free, model, cpu, memory)
         after = workload.fragmentation(left, model, cpu_after, memory_after)
-        return after - before, sum(left), grants
+        return after - before + _over_granted(node, request, grants), sum(left), grants
 
     def _observe(self, request: PodRequest, spec: PodSpec | None) -> None:
         """Learn the task types FGD weighs (unless a workload was given): the pod's first
@@ -878,6 +882,34 @@ def _after(
         for d in touched:
             left[devs.index(d)] = d.free_fraction()
     return free, left
+
+
+def _over_granted(
+    node: NodeState, request: PodRequest, grants: tuple[ContainerGrant, ...]
+) -> float:
+    """The GPU share granted beyond what was asked, lost to every task: a MIG instance
+    or a vNPU template larger than the request. FGD's measure assumes a grant is the
+    request; without this, a whole-card MIG instance for a quarter-card request adds
+    no fragmentation at all and wins every comparison."""
+    asked = {c.name: c.devices for c in request.containers}
+    lost = 0.0
+    for c in grants:
+        wanted = asked.get(c.container)
+        if not wanted:
+            continue
+        r = wanted[0]
+        for g in c.devices:
+            d = node.by_uuid.get(g.uuid)
+            if d is None or not d.total_mem or not (g.mig_profile or g.vnpu_template):
+                continue  # a slice is granted exactly as asked
+            memory = (
+                r.memory_mib / d.total_mem
+                if r.memory_mib is not None
+                else (r.memory_percent or 0) / 100
+            )
+            want = shape_fraction(memory, r.cores / 100, r.exclusive)
+            lost += max(0.0, min(1.0, g.memory_mib / d.total_mem) - want)
+    return lost
 
 
 def _stamp(node: NodeState) -> tuple[int, ...]:

@@ -286,3 +286,38 @@ def test_the_guard_weighs_only_its_window() -> None:
     pinned(pl, "1", share(50), "tight")
     pinned(pl, "1", share(20), "roomy")
     assert put(pl, "1", share(40)).node == "tight"
+
+
+def test_the_first_pod_is_weighed_against_its_own_type_not_whole_cards_only() -> None:
+    # A fresh allocator knows no task type yet. Weighed against whole cards alone, a
+    # 20 GB / 30 % pod left no fragment on an idle A100-40GB in MIG mode (its smallest
+    # instance of 20,000 MiB is the whole card, 7g.40gb) and took it, core limit lost.
+    mig = gpus(1, model="NVIDIA-A100-SXM4-40GB", memory=40960, mode="mig")
+    pl = Placer(cluster({"a100": ("64", gpus(1)), "mig": ("64", mig)}))
+    placed = put(
+        pl, "1", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 30}
+    )
+    assert placed.node == "a100"
+    [grant] = placed.grants[0].devices
+    assert (grant.memory_mib, grant.cores, grant.mig_profile) == (20000, 30, None)
+
+
+def test_a_mig_instance_larger_than_asked_counts_what_it_wastes() -> None:
+    from shared.core.placement import _over_granted
+
+    mig = gpus(1, model="NVIDIA-A100-SXM4-40GB", memory=40960, mode="mig")
+    pl = Placer(cluster({"mig": ("64", mig), "a100": ("64", gpus(1))}))
+    asked = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000}
+    whole = pinned(pl, "1", asked, "mig")
+    assert whole.grants[0].devices[0].mig_profile == "7g.40gb"
+    request = PARSER.parse(
+        {
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": asked}}]},
+        }
+    )
+    assert isinstance(request, PodRequest)
+    node = pl.ledger.nodes[NodeName("mig")]
+    assert _over_granted(node, request, whole.grants) == pytest.approx(40192 / 40960 - 0.49)
+    sliced = pinned(pl, "1", asked, "a100")
+    assert _over_granted(pl.ledger.nodes[NodeName("a100")], request, sliced.grants) == 0.0
