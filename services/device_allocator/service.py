@@ -91,6 +91,10 @@ YIELD_EVERY = 256
 BEHIND_S = 1.0
 """A gang that reaches the allocator this long after it was sent finds it behind: the
 fragmentation guard's window narrows to ``NARROW_GUARD`` until it catches up."""
+LATE_S = 3.0
+"""So does a gang whose newest pod was created this long before (``creationTimestamp``
+has one-second resolution): pods queue before the allocator too, in the API server,
+the watcher or the coordinator, and CPU spent weighing nodes is taken from them."""
 NARROW_GUARD = 2
 
 
@@ -458,9 +462,14 @@ class Allocator(Service):
         """Behind a burst, pack a little less well and keep up: the fragmentation guard
         weighs ``scheduler.fragmentationGuard`` nodes per pod (16: some 20 times the
         cost of a first fit for pods with cpu and memory, bench/RESULTS.md) while gangs
-        come in time, and ``NARROW_GUARD`` while they wait in the stream."""
+        come in time, and ``NARROW_GUARD`` while they wait in the stream or reach it
+        late after their pods were created (a first attempt: a retried pod is old)."""
         wanted = self.rt.cfg.scheduler.fragmentation_guard
-        if time.time() - gang.emitted_at > BEHIND_S:
+        now = time.time()
+        newest = max((p.created_at for p in gang.members), default=0.0)
+        if now - gang.emitted_at > BEHIND_S or (
+            gang.attempt == 1 and newest and now - newest > LATE_S
+        ):
             wanted = min(wanted, NARROW_GUARD)
         if self.placer.config.fragmentation_guard != wanted:
             log.debug(

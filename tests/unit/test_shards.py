@@ -122,6 +122,7 @@ def test_behind_a_burst_the_allocator_weighs_fewer_nodes_per_pod() -> None:
     from services.device_allocator.service import NARROW_GUARD, Allocator
     from shared import events as ev
     from shared.core.ledger import Ledger
+    from shared.core.model import PodRequest
     from shared.core.placement import Placer
 
     cfg = config.Config()
@@ -139,3 +140,18 @@ def test_behind_a_burst_the_allocator_weighs_fewer_nodes_per_pod() -> None:
     assert arrives(0.0) == cfg.scheduler.fragmentation_guard == 16
     assert arrives(3.0) == NARROW_GUARD
     assert arrives(0.1) == 16  # caught up
+
+    def created(age_s: float, attempt: int = 1) -> int:
+        pending = ev.PodPending(
+            pod=ev.PodRef(namespace="ns", name="p", uid="u"),
+            request=PodRequest(containers=()),
+            scheduler_name="tessera",
+            created_at=time.time() - age_s,
+        )
+        gang = ev.GangReady(gang=ref, min_member=1, members=(pending,), attempt=attempt)
+        Allocator._keep_up(fake, gang)  # type: ignore[arg-type]
+        return fake.placer.config.fragmentation_guard
+
+    assert created(10.0) == NARROW_GUARD  # queued upstream of the allocator
+    assert created(0.5) == 16
+    assert created(60.0, attempt=3) == 16  # a retried pod is old, not late
