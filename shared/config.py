@@ -93,8 +93,9 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     measure unless it names a device policy; a pod with no devices is placed by FGD.
     0: HAMi's first fit and kube-scheduler's scores. 16 packs the openb trace as FGD
     does (bench/RESULTS.md); for pods with cpu and memory it costs some 20 times a first
-    fit, so while the allocator is behind (a gang reaches it more than 1 s after it was
-    sent) it weighs 2 (``tessera_fragmentation_guard_nodes``)."""
+    fit, so while the scheduler is behind (a gang reaches the allocator more than 1 s
+    after it was sent, or 3 s after its newest pod was created) it weighs 2
+    (``tessera_fragmentation_guard_nodes``)."""
     score_window: PosInt = 16
     """Nodes that fit which are scored per pod when scores matter: always for a pod
     that asks for no devices, and for one with soft preferences (preferred node or pod
