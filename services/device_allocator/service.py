@@ -95,7 +95,9 @@ LATE_S = 3.0
 """So does a gang whose newest pod was created this long before (``creationTimestamp``
 has one-second resolution): pods queue before the allocator too, in the API server,
 the watcher or the coordinator, and CPU spent weighing nodes is taken from them."""
-NARROW_GUARD = 2
+NARROW_GUARD = 0
+"""Behind, no window at all: binpack's first fit and HAMi's device choice (a window of 2
+still weighed each node's cards by FGD and cost 4 times a first fit, bench/RESULTS.md)."""
 
 
 def shard_of(cfg: Config, args: argparse.Namespace | None) -> tuple[str, int]:
