@@ -14,7 +14,7 @@ Prints, in one run on one core:
 - 64-pod gangs placed per second;
 - the ledger's memory at 10,000 nodes x 8 GPUs holding 80,000 grants;
 - realistic pods/s on 1,000 nodes with the fragmentation guard's window at its default,
-  at 2 (what the allocator weighs while behind a burst) and off (0): its cost.
+  at 2 and off (0, what the allocator uses while behind a burst): its cost.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def main() -> None:
     narrow = {g: rate(1000, real, guard=g) for g in (0, 2)}
     print(
         f"realistic pods/s on 1,000 nodes by fragmentationGuard: {default} (default) "
-        f"{q1k:,.0f}, 2 (behind a burst) {narrow[2]:,.0f}, 0 (first fit) {narrow[0]:,.0f}"
+        f"{q1k:,.0f}, 2 {narrow[2]:,.0f}, 0 (first fit, as behind a burst) {narrow[0]:,.0f}"
     )
     g_rate, g_ok = gangs(1000, args.gangs)
     print(

@@ -494,7 +494,7 @@ class Allocator(Service):
         if not status.unresolvable:
             room, note = self._make_room(gang, members)
             status = status.with_note(note)
-        return room, self._failed(gang, tuple(p.pod for p in gang.members), status)
+        return room, self._failed(gang, tuple(m.pod for m in members), status)
 
     def _onward(self, gang: ev.GangReady, status: Status) -> ev.GangReady | None:
         """The gang passed on to the next shard of its route; or, past the last one, a
