@@ -95,6 +95,9 @@ LATE_S = 3.0
 """So does a gang whose newest pod was created this long before (``creationTimestamp``
 has one-second resolution): pods queue before the allocator too, in the API server,
 the watcher or the coordinator, and CPU spent weighing nodes is taken from them."""
+OPEN_BEHIND = 256
+"""So does holding more reservations than this that no binder has confirmed: the pods
+wait downstream (the binder, the API server), and the allocator's CPU is theirs."""
 NARROW_GUARD = 0
 """Behind, no window at all: binpack's first fit and HAMi's device choice (a window of 2
 still weighed each node's cards by FGD and cost 4 times a first fit, bench/RESULTS.md)."""
@@ -464,13 +467,16 @@ class Allocator(Service):
         """Behind a burst, pack a little less well and keep up: the fragmentation guard
         weighs ``scheduler.fragmentationGuard`` nodes per pod (16: some 20 times the
         cost of a first fit for pods with cpu and memory, bench/RESULTS.md) while gangs
-        come in time, and ``NARROW_GUARD`` while they wait in the stream or reach it
-        late after their pods were created (a first attempt: a retried pod is old)."""
+        come in time, and ``NARROW_GUARD`` while they wait in the stream, reach it late
+        after their pods were created (a first attempt: a retried pod is old), or wait
+        to be bound (``OPEN_BEHIND``)."""
         wanted = self.rt.cfg.scheduler.fragmentation_guard
         now = time.time()
         newest = max((p.created_at for p in gang.members), default=0.0)
-        if now - gang.emitted_at > BEHIND_S or (
-            gang.attempt == 1 and newest and now - newest > LATE_S
+        if (
+            now - gang.emitted_at > BEHIND_S
+            or (gang.attempt == 1 and newest and now - newest > LATE_S)
+            or len(self.reserved.open) > OPEN_BEHIND
         ):
             wanted = min(wanted, NARROW_GUARD)
         if self.placer.config.fragmentation_guard != wanted:
@@ -479,9 +485,7 @@ class Allocator(Service):
                 wanted,
                 "behind: gangs wait in the stream" if wanted == NARROW_GUARD else "caught up",
             )
-            self.placer.config = dataclasses.replace(
-                self.placer.config, fragmentation_guard=wanted
-            )
+            self.placer.config = dataclasses.replace(self.placer.config, fragmentation_guard=wanted)
 
     def _refuse(
         self, gang: ev.GangReady, members: list[GangMember], status: Status

@@ -119,7 +119,7 @@ def test_behind_a_burst_the_allocator_weighs_fewer_nodes_per_pod() -> None:
     import time
     from types import SimpleNamespace
 
-    from services.device_allocator.service import NARROW_GUARD, Allocator
+    from services.device_allocator.service import NARROW_GUARD, OPEN_BEHIND, Allocator
     from shared import events as ev
     from shared.core.ledger import Ledger
     from shared.core.model import PodRequest
@@ -129,6 +129,7 @@ def test_behind_a_burst_the_allocator_weighs_fewer_nodes_per_pod() -> None:
     fake = SimpleNamespace(
         rt=SimpleNamespace(cfg=cfg),
         placer=Placer(Ledger(cfg.devices, {})),
+        reserved=SimpleNamespace(open={}),
     )
     ref = ev.GangRef(namespace="ns", name="p", lone=True)
 
@@ -155,3 +156,7 @@ def test_behind_a_burst_the_allocator_weighs_fewer_nodes_per_pod() -> None:
     assert created(10.0) == NARROW_GUARD  # queued upstream of the allocator
     assert created(0.5) == 16
     assert created(60.0, attempt=3) == 16  # a retried pod is old, not late
+    fake.reserved.open = dict.fromkeys(range(OPEN_BEHIND + 1))  # the binder is behind
+    assert arrives(0.0) == NARROW_GUARD
+    fake.reserved.open = {}
+    assert arrives(0.0) == 16
