@@ -94,8 +94,9 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     0: HAMi's first fit and kube-scheduler's scores. 16 packs the openb trace as FGD
     does (bench/RESULTS.md); for pods with cpu and memory it costs some 20 times a first
     fit, so while the scheduler is behind (a gang reaches the allocator more than 1 s
-    after it was sent, or 3 s after its newest pod was created) it is off: binpack's
-    first fit, as HAMi places (``tessera_fragmentation_guard_nodes``)."""
+    after it was sent or 3 s after its newest pod was created, or over 256 decisions
+    wait for their bind) it is off: binpack's first fit, as HAMi places
+    (``tessera_fragmentation_guard_nodes``)."""
     score_window: PosInt = 16
     """Nodes that fit which are scored per pod when scores matter: always for a pod
     that asks for no devices, and for one with soft preferences (preferred node or pod
