@@ -30,6 +30,8 @@ new fields get defaults.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 
 from shared.core.hosts import PodSpec
@@ -209,6 +211,25 @@ class ExplainView(_View, frozen=True, kw_only=True):
     shards: tuple[str, ...] = ()
     """As in :class:`LedgerView`."""
 
+    @classmethod
+    def of(
+        cls, pod: PodRef, verdicts: Iterable[NodeVerdict], status: Status | None, error: str = ""
+    ) -> ExplainView:
+        """The view of every node's verdict (those that fit first, then by name) and why
+        no node takes the pod (None: some node does)."""
+        nodes = tuple(sorted(verdicts, key=lambda v: (not v.fits, v.node)))
+        fits = sum(v.fits for v in nodes)
+        return cls(
+            pod=pod,
+            message=status.message()
+            if status is not None
+            else f"{fits}/{len(nodes)} nodes would take it now",
+            unresolvable=status is not None and status.unresolvable,
+            nodes=nodes,
+            error=error,
+            status=status,
+        )
+
 
 Sharded = LedgerView | ExplainView
 
@@ -226,18 +247,9 @@ def merged(parts: list[Sharded]) -> Sharded:
             taken_at=min(p.taken_at for p in ledgers),
         )
     explains = [p for p in parts if isinstance(p, ExplainView)]
-    verdicts = sorted((v for p in explains for v in p.nodes), key=lambda v: (not v.fits, v.node))
+    verdicts = [v for p in explains for v in p.nodes]
     errors = [p.error for p in explains if p.error]
-    fits = sum(v.fits for v in verdicts)
     statuses = [p.status for p in explains if p.status is not None]
+    fits = any(v.fits for v in verdicts)
     status = combined(statuses) if statuses and not fits else None
-    return ExplainView(
-        pod=first.pod,
-        message=status.message()
-        if status is not None
-        else f"{fits}/{len(verdicts)} nodes would take it now",
-        unresolvable=status is not None and status.unresolvable,
-        nodes=tuple(verdicts),
-        error=errors[0] if errors else "",
-        status=status,
-    )
+    return ExplainView.of(first.pod, verdicts, status, errors[0] if errors else "")

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import os
 import time
@@ -483,7 +482,7 @@ class Allocator(Service):
             log.debug(
                 "fragmentation guard: %d nodes per pod (%s)",
                 wanted,
-                "behind: gangs wait in the stream" if wanted == NARROW_GUARD else "caught up",
+                "behind" if wanted == NARROW_GUARD else "caught up",
             )
             self.placer.config = dataclasses.replace(self.placer.config, fragmentation_guard=wanted)
 
@@ -520,15 +519,11 @@ class Allocator(Service):
         route: tuple[str, ...],
         **changes: Any,
     ) -> ev.GangReady:
-        """``gang`` for the first shard of ``route``. Its id follows from the one it
-        came in (a redelivered gang is passed on as the same message: JetStream keeps
-        one)."""
+        """``gang`` for the first shard of ``route``, a new event. Passed on again after
+        a redelivery, it is stored once: its ``dedup_id`` names the gang, attempt,
+        members, shard and parts held (shared/events.py), not its event id."""
         return msgspec.structs.replace(
-            gang,
-            shard=route[0],
-            route=route[1:],
-            event_id=hashlib.sha1(f"{gang.event_id}>{route[0]}".encode()).hexdigest()[:32],
-            **changes,
+            gang, event_id=ev.new_id(), shard=route[0], route=route[1:], **changes
         )
 
     async def _span(self, gang: ev.GangReady) -> None:

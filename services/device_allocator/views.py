@@ -107,18 +107,7 @@ def explain_view(placer: Placer, query: views.ExplainQuery) -> views.ExplainView
     member = GangMember(pod=query.pod, request=query.request, group=group, spec=query.spec)
     outcome, answers = placer.verdicts(member)
     verdicts = [_verdict(node, status) for node, status in answers]
-    verdicts.sort(key=lambda v: (not v.fits, v.node))
-    fits = sum(v.fits for v in verdicts)
-    message = (
-        outcome.message() if not outcome.ok else f"{fits}/{len(verdicts)} nodes would take it now"
-    )
-    return views.ExplainView(
-        pod=query.pod,
-        message=message,
-        unresolvable=outcome.unresolvable,
-        nodes=tuple(verdicts),
-        status=None if outcome.ok else outcome,
-    )
+    return views.ExplainView.of(query.pod, verdicts, None if outcome.ok else outcome)
 
 
 def _verdict(node: str, status: Status | None) -> views.NodeVerdict:

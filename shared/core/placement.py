@@ -740,13 +740,13 @@ class Placer:
         r = self._primary(request)
         if r is None:
             return  # a task with no GPU weighs nothing (shared/core/policy.py)
-        mem = (r.memory_percent or 0) / 100
+        card = 0
         if r.memory_mib is not None and self.ledger.pools:
             if self._largest[0] != len(self.ledger.pools):
                 top = max(ix.max_total for ix in self.ledger.pools.values())
                 self._largest = (len(self.ledger.pools), top or 1)
-            mem = r.memory_mib / self._largest[1]
-        frac = shape_fraction(mem, r.cores / 100, r.exclusive)
+            card = self._largest[1]
+        frac = _share(r, card)
         requests = spec.requests if spec is not None else {}
         c = request.constraints
         self.workload.observe(
@@ -902,14 +902,18 @@ def _over_granted(
             d = node.by_uuid.get(g.uuid)
             if d is None or not d.total_mem or not (g.mig_profile or g.vnpu_template):
                 continue  # a slice is granted exactly as asked
-            memory = (
-                r.memory_mib / d.total_mem
-                if r.memory_mib is not None
-                else (r.memory_percent or 0) / 100
-            )
-            want = shape_fraction(memory, r.cores / 100, r.exclusive)
-            lost += max(0.0, min(1.0, g.memory_mib / d.total_mem) - want)
+            lost += max(0.0, min(1.0, g.memory_mib / d.total_mem) - _share(r, d.total_mem))
     return lost
+
+
+def _share(r: DeviceRequest, card_mib: int) -> float:
+    """The share of one card of ``card_mib`` MiB (0: unknown) a device request asks: its
+    memory (MiB, else percent) or cores, whichever is more; a whole card if exclusive."""
+    if r.memory_mib is not None and card_mib:
+        memory = r.memory_mib / card_mib
+    else:
+        memory = (r.memory_percent or 0) / 100
+    return shape_fraction(memory, r.cores / 100, r.exclusive)
 
 
 def _stamp(node: NodeState) -> tuple[int, ...]:
