@@ -2,17 +2,26 @@
 
 Durable truth is in Kubernetes (the grant annotations of bound pods) and in the
 ``tessera-reservations`` KV bucket: a placement decided but not yet confirmed bound is
-written there before its decision is published, and deleted once the pod is bound (it
+written there before its decision is published, and dropped once the pod is bound (it
 then holds the grant itself) or released. So a restarted allocator rebuilds exactly:
 node inventories (KV) + bound pods' grants + open reservations.
+
+Writes are group-committed: the reservations and drops that handlers ask for while a
+write is on its way go out together as the next write, one KV entry per batch of
+reservations (a burst of 32 decisions is one put, not 32). Each caller still returns
+only once its own change is stored. A batch's entry is rewritten without the pods
+dropped from it, and deleted with its last one; an entry of one reservation keyed by
+its pod (an older release's) is read the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+import uuid
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any
 
 import msgspec
@@ -20,6 +29,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from shared import kube
+from shared.bus import through_failover
 from shared.core import annotations as ann
 from shared.core.hosts import pod_spec
 from shared.core.ledger import Ledger, PodGrant
@@ -73,31 +83,125 @@ def bound_grant(
     return grant, forged
 
 
+class Batch(msgspec.Struct, frozen=True, kw_only=True):
+    """The KV record of reservations written together (``batch-<id>``)."""
+
+    reservations: tuple[Reservation, ...]
+
+
+_batch_decoder = msgspec.json.Decoder(Batch)
+
+BATCH_PREFIX = "batch-"
+
+
+def _read(value: bytes) -> tuple[Reservation, ...]:
+    """The reservations of one KV entry: a batch, or one reservation (older releases)."""
+    try:
+        return _batch_decoder.decode(value).reservations
+    except msgspec.DecodeError:
+        return (_decoder.decode(value),)
+
+
 class Reservations:
-    """The open reservations: in memory and in the KV bucket."""
+    """The open reservations: in memory and, group-committed, in the KV bucket."""
 
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
         self.open: dict[PodUID, Reservation] = {}
+        self.entries: dict[str, dict[PodUID, Reservation]] = {}
+        """What each KV entry holds, as last written."""
+        self._entry_of: dict[PodUID, str] = {}
+        self._puts: list[Reservation] = []
+        self._drops: set[PodUID] = set()
+        self._waiting: list[asyncio.Future[None]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.writes = 0
+        """KV operations so far (a batch put, a rewrite or a delete: one each)."""
 
     async def put(self, grant: PodGrant, attempt: int) -> None:
+        """Reserve ``grant``; returns once it is stored."""
         r = Reservation(grant=grant, attempt=attempt, at=time.time())
         self.open[grant.pod.uid] = r
-        await self.kv.put(grant.pod.uid, msgspec.json.encode(r))
+        self._drops.discard(grant.pod.uid)
+        self._puts.append(r)
+        await self._commit()
 
     async def forget(self, uid: PodUID) -> None:
-        self.open.pop(uid, None)
+        """Drop ``uid``'s reservation; returns once that is stored."""
+        if self.open.pop(uid, None) is None and uid not in self._entry_of:
+            return
+        self._drops.add(uid)
+        await self._commit()
+
+    async def _commit(self) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append(done)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="reservations:write")
+        await done
+
+    async def _write(self) -> None:
+        """Write what was asked meanwhile, batch after batch, until nothing is left."""
+        while self._waiting:
+            waiting, self._waiting = self._waiting, []
+            puts, self._puts = self._puts, []
+            drops, self._drops = self._drops, set()
+            try:
+                await self._store(puts, drops)
+            except BaseException as exc:
+                for done in waiting:
+                    if not done.done():
+                        done.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for done in waiting:
+                if not done.done():
+                    done.set_result(None)
+
+    async def _store(self, puts: list[Reservation], drops: set[PodUID]) -> None:
+        """One KV write per entry touched: the new batch, and each older entry that
+        lost pods (rewritten with those left, or deleted with its last one)."""
+        fresh = {r.grant.pod.uid: r for r in puts if self.open.get(r.grant.pod.uid) is r}
+        touched: set[str] = set()
+        for uid in drops | fresh.keys():  # a reservation replaced is dropped from its entry
+            key = self._entry_of.pop(uid, None)
+            if key is not None:
+                self.entries[key].pop(uid, None)
+                touched.add(key)
+        writes: list[Coroutine[Any, Any, Any]] = []
+        if fresh:
+            key = f"{BATCH_PREFIX}{uuid.uuid4().hex}"
+            self.entries[key] = fresh
+            self._entry_of.update(dict.fromkeys(fresh, key))
+            writes.append(self._put_entry(key))
+        for key in touched:
+            writes.append(self._put_entry(key) if self.entries[key] else self._delete(key))
+        self.writes += len(writes)
+        await asyncio.gather(*writes)
+
+    async def _put_entry(self, key: str) -> None:
+        batch = Batch(reservations=tuple(self.entries[key].values()))
+        data = msgspec.json.encode(batch)
+        await through_failover(f"reservation {key}", lambda: self.kv.put(key, data))
+
+    async def _delete(self, key: str) -> None:
+        del self.entries[key]
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-            await self.kv.delete(uid)
+            await through_failover(f"reservation {key}", lambda: self.kv.delete(key))
 
     async def load(self, ledger: Ledger, mine: Callable[[NodeName], bool]) -> int:
         """Grant every stored reservation on a node of ``mine`` whose pod is not bound
-        yet; forget the rest of those (another shard's are its own)."""
+        yet; a pod in two entries (reserved again before the first was rewritten) keeps
+        its latest. An entry left with none of them open is deleted; another shard's
+        (none of its reservations on a node of ``mine``) is left alone."""
         try:
             keys = await self.kv.keys()
         except nats.js.errors.NoKeysError:
             keys = []
-        loaded = 0
+        latest: dict[PodUID, tuple[str, Reservation]] = {}
+        done: list[str] = []
+        shared_: set[str] = set()
         for key in keys:
             try:
                 entry = await self.kv.get(key)
@@ -106,20 +210,36 @@ class Reservations:
             if not entry.value:
                 continue
             try:
-                r = _decoder.decode(entry.value)
+                stored = _read(entry.value)
             except msgspec.DecodeError as exc:
                 log.warning("reservation %s cannot be read (%s): dropped", key, exc)
-                await self.forget(PodUID(key))
+                done.append(key)
                 continue
-            if not mine(r.grant.node):
-                continue
-            if r.grant.pod.uid in ledger.pods:
-                await self.forget(r.grant.pod.uid)  # bound meanwhile
-                continue
+            found = [r for r in stored if mine(r.grant.node)]
+            if len(found) < len(stored):
+                shared_.add(key)  # a node moved between shards: the other keeps the entry
+            if found:
+                self.entries[key] = {}
+            for r in found:
+                held = latest.get(r.grant.pod.uid)
+                if held is None or (held[1].attempt, held[1].at) < (r.attempt, r.at):
+                    latest[r.grant.pod.uid] = (key, r)
+        for uid, (key, r) in latest.items():
+            if uid in ledger.pods:
+                continue  # bound meanwhile: the pod holds it now
             ledger.grant(r.grant)
-            self.open[r.grant.pod.uid] = r
-            loaded += 1
-        return loaded
+            self.open[uid] = r
+            self.entries[key][uid] = r
+            self._entry_of[uid] = key
+        for key, kept in list(self.entries.items()):
+            if not kept:
+                del self.entries[key]
+                if key not in shared_:
+                    done.append(key)
+        for key in done:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                await self.kv.delete(key)
+        return len(self.open)
 
 
 async def rebuild(
