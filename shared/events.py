@@ -78,23 +78,33 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
 
     SUBJECT: ClassVar[str] = ""
     """``tessera.v1.<tag>`` (set for every event type below the definitions)."""
-    KEY: ClassVar[Callable[[Any], str] | None] = None
+    KEY: ClassVar[Callable[[Any], str | tuple[str, ...]] | None] = None
     """The subject's last token for events keyed per namespace or node (a subscriber
-    filters on it): ``SUBJECT.<token>``; None for events on ``SUBJECT`` itself."""
+    filters on it): ``SUBJECT.<token>``, or several (pods: ``SUBJECT.<namespace>.<owner>``);
+    None for events on ``SUBJECT`` itself."""
+    KEY_TOKENS: ClassVar[int] = 1
+    """How many tokens ``KEY`` gives."""
     event_id: str = msgspec.field(default_factory=new_id)
     emitted_at: float = msgspec.field(default_factory=_now)
 
     def subject(self) -> str:
         """The subject this event is published on."""
         key = type(self).KEY
-        return self.SUBJECT if key is None else f"{self.SUBJECT}.{subject_token(key(self))}"
+        if key is None:
+            return self.SUBJECT
+        value = key(self)
+        if isinstance(value, tuple):
+            return ".".join((self.SUBJECT, *map(subject_token, value)))
+        return f"{self.SUBJECT}.{subject_token(value)}"
 
     @classmethod
     def filter_subject(cls, key: str | None = None) -> str:
         """What a consumer of this event filters on: every key, or only ``key``."""
         if cls.KEY is None:
             return cls.SUBJECT
-        return f"{cls.SUBJECT}.{'>' if key is None else subject_token(key)}"
+        if key is None:
+            return f"{cls.SUBJECT}.>"
+        return f"{cls.SUBJECT}.{subject_token(key)}" + ".*" * (cls.KEY_TOKENS - 1)
 
     DEDUP: ClassVar[tuple[str, ...]] = ()
     """The fields (dotted paths) that identify a repeat of this event, e.g. the pod and
@@ -158,11 +168,22 @@ class PodPending(Event, frozen=True, kw_only=True, tag="pod.pending"):
     ports, spread); None from a watcher older than node fit (devices only then)."""
 
 
+VOLCANO_JOB = "vcjob"
+"""The owner token of a pod event whose pod a Volcano Job controls (``NO_OWNER``
+otherwise): the job-controller reads only those (``SUBJECT.*.vcjob``), not every pod's."""
+NO_OWNER = "-"
+
+
+def _pod_key(event: PodUpdated | PodDeleted) -> tuple[str, str]:
+    return (event.pod.namespace, VOLCANO_JOB if event.job else NO_OWNER)
+
+
 class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
     """A pod is on a node (any scheduler's: its requests and labels count there), or a
     pod on a node changed (labels, deletion started, grant annotations seen)."""
 
-    KEY = _key("pod.namespace")
+    KEY = _pod_key
+    KEY_TOKENS = 2
     pod: PodRef
     node: NodeName | None = None
     phase: str = "Pending"
@@ -173,17 +194,22 @@ class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
     signature: str = ""
     """The grant's ``tessera.io/grant-signature``: a grant without a valid one is not
     Tessera's and holds no device (shared/core/annotations.py)."""
+    job: str = ""
+    """The Volcano Job that controls the pod (its controller ``ownerReference``), if any."""
 
 
 class PodDeleted(Event, frozen=True, kw_only=True, tag="pod.deleted"):
     """A pod is gone (or finished): whatever it held can be released."""
 
-    KEY = _key("pod.namespace")
+    KEY = _pod_key
+    KEY_TOKENS = 2
     pod: PodRef
     node: NodeName | None = None
     grants: tuple[ContainerGrant, ...] = ()
     phase: str = ""
     """``Succeeded`` or ``Failed`` when the pod finished rather than was deleted."""
+    job: str = ""
+    """The Volcano Job that controlled the pod, if any."""
 
 
 class PodRejected(Event, frozen=True, kw_only=True, tag="pod.rejected"):

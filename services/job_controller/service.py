@@ -71,6 +71,15 @@ class JobController(Service):
         """(namespace, pod name) -> its Job: every pod event is looked up here, so it
         must not cost a walk over every Job."""
 
+    def subjects(self) -> list[str]:
+        """Job events, and the events of pods a Volcano Job controls: the bus leaves out
+        every other pod's (most of a cluster's, and most of a burst's)."""
+        pods = [f"{t.SUBJECT}.*.{ev.VOLCANO_JOB}" for t in (ev.PodUpdated, ev.PodDeleted)]
+        others = [
+            t.filter_subject() for t in self.handled() if t not in (ev.PodUpdated, ev.PodDeleted)
+        ]
+        return sorted({*others, *pods})
+
     def ours(self, job: ev.JobUpdated) -> bool:
         return (job.spec.get("schedulerName") or "volcano") in self.names
 

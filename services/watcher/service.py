@@ -74,6 +74,21 @@ def _timestamp(text: str | None) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+VOLCANO_JOBS = "batch.volcano.sh/"
+
+
+def volcano_job(meta: dict[str, Any]) -> str:
+    """The Volcano Job that controls a pod (its controller ``ownerReference``), or ''."""
+    for owner in meta.get("ownerReferences") or ():
+        if (
+            owner.get("controller")
+            and owner.get("kind") == "Job"
+            and str(owner.get("apiVersion", "")).startswith(VOLCANO_JOBS)
+        ):
+            return str(owner.get("name", ""))
+    return ""
+
+
 def updated_event(
     obj: dict[str, Any], ref: PodRef, node: NodeName, phase: str, host: PodSpec
 ) -> ev.PodUpdated:
@@ -89,6 +104,7 @@ def updated_event(
         spec=host,
         scheduler_name=spec.get("schedulerName", ""),
         signature=annotations.get(ann.SIGNATURE, ""),
+        job=volcano_job(meta),
     )
 
 
@@ -247,6 +263,8 @@ class Watcher(Service):
         self.rejected: dict[PodUID, str] = {}
         self.refs: dict[PodUID, PodRef] = {}
         """Every pod announced (pending or on a node): a relist that lacks one deletes it."""
+        self.job_of: dict[PodUID, str] = {}
+        """The Volcano Job of each announced pod that has one (its deletion names it)."""
         self.nodes: dict[str, ev.NodeUpdated] = {}
         self.out = Outbox(rt.bus)
         """Everything it announces, in the order seen, pipelined (shared/bus.py)."""
@@ -324,8 +342,11 @@ class Watcher(Service):
         node = spec.get("nodeName") or None
         if kind == "DELETED" or phase in TERMINAL:
             grants = ann.read_grants(meta.get("annotations") or {}) or ()
-            await self._gone(ref, node, grants, phase if phase in TERMINAL else "", kind)
+            finished = phase if phase in TERMINAL else ""
+            await self._gone(ref, node, grants, finished, kind, volcano_job(meta))
             return
+        if job := volcano_job(meta):
+            self.job_of[ref.uid] = job
         ours = spec.get("schedulerName", "default-scheduler") in self.names
         if node:
             self.refs[ref.uid] = ref
@@ -368,11 +389,13 @@ class Watcher(Service):
         grants: tuple[Any, ...],
         phase: str = "",
         kind: str = "DELETED",
+        job: str = "",
     ) -> None:
         known = ref.uid in self.refs or ref.uid in self.pending or ref.uid in self.bound
         self.pending.pop(ref.uid, None)
         self.rejected.pop(ref.uid, None)
         self.refs.pop(ref.uid, None)
+        job = self.job_of.pop(ref.uid, "") or job
         was = self.bound.pop(ref.uid, None)
         # A finished pod seen for the first time (a relist) held nothing here.
         if known or (node and kind == "DELETED"):
@@ -382,6 +405,7 @@ class Watcher(Service):
                     node=NodeName(node) if node else (was[0] if was else None),
                     grants=grants,
                     phase=phase,
+                    job=job,
                 )
             )
 

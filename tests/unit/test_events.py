@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from shared import events as ev
+from shared.core.model import PodRef, PodUID
 from tests.samples import sample_events
 from tools.cli import DEFAULT_SCHEMA, _schema_text
 
@@ -42,6 +43,38 @@ def test_subject_token_escapes_dots_and_wildcards_reversibly() -> None:
     assert ev.subject_token("gpu-node.rack-1") == "gpu-node%2Erack-1"
     assert ev.subject_token("a*b>c d%") == "a%2Ab%3Ec%20d%25"
     assert ev.subject_token("") == "%00"
+
+
+def test_a_pod_event_names_its_namespace_and_whether_a_volcano_job_controls_it() -> None:
+    pod = PodRef(namespace="ml", name="train-worker-0", uid=PodUID("u1"))
+    assert ev.PodUpdated(pod=pod, job="train").subject() == "tessera.v1.pod.updated.ml.vcjob"
+    assert ev.PodDeleted(pod=pod).subject() == "tessera.v1.pod.deleted.ml.-"
+    # Filters: every pod's, or one namespace's (either owner).
+    assert ev.PodUpdated.filter_subject() == "tessera.v1.pod.updated.>"
+    assert ev.PodUpdated.filter_subject("ml") == "tessera.v1.pod.updated.ml.*"
+    assert ev.NodeInventory.filter_subject("n.1") == "tessera.v1.node.inventory.n%2E1"
+
+
+def test_the_job_controller_reads_job_events_and_its_jobs_pods_only() -> None:
+    from services.job_controller.service import JobController
+
+    assert JobController.subjects(JobController.__new__(JobController)) == [
+        "tessera.v1.job.deleted.>",
+        "tessera.v1.job.updated.>",
+        "tessera.v1.pod.deleted.*.vcjob",
+        "tessera.v1.pod.updated.*.vcjob",
+    ]
+
+
+def test_the_watcher_names_the_volcano_job_that_controls_a_pod() -> None:
+    from services.watcher.service import volcano_job
+
+    owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "train"}
+    assert volcano_job({"ownerReferences": [{**owner, "controller": True}]}) == "train"
+    assert volcano_job({"ownerReferences": [owner]}) == ""  # not its controller
+    batch = {**owner, "apiVersion": "batch/v1", "controller": True}
+    assert volcano_job({"ownerReferences": [batch]}) == ""  # a Kubernetes Job
+    assert volcano_job({}) == ""
 
 
 def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
