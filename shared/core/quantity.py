@@ -114,11 +114,21 @@ def parse_whole(value: object) -> int:
     return num // den
 
 
+_NANO: dict[str, int] = {}
+"""Quantities already read (a cluster's pods repeat a few: ``500m``, ``1Gi``)."""
+_NANO_KEPT = 4096
+
+
 def parse_nano(value: object) -> int:
     """A quantity in billionths, rounded away from zero as Kubernetes' ``ParseQuantity``
     rounds to its nine decimals (``inf.RoundUp``, in the apimachinery release
     tools/go.mod pins: ``-1.5n`` reads as ``-2n``, and so does the JSON number
     ``-1.5e-9``). Raises ValueError on anything else."""
+    if type(value) is str and (kept := _NANO.get(value)) is not None:
+        return kept
     num, den = _fraction(value)
     nano = -(-abs(num) * 10**9 // den)
-    return nano if num >= 0 else -nano
+    nano = nano if num >= 0 else -nano
+    if type(value) is str and len(_NANO) < _NANO_KEPT:
+        _NANO[value] = nano
+    return nano
