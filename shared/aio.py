@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def raise_if_cancelling() -> None:
@@ -29,3 +33,46 @@ def stop_on_signals() -> asyncio.Event:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+class GroupCommit(Generic[T]):
+    """Writes made together: what callers ask for while a write is on its way goes out
+    as the next one, in the order asked, through ``write`` (which gets every item of
+    that turn). Each caller returns once the write holding its items is done, or raises
+    what that write raised; a write that fails does not stop the next.
+
+    For a service whose handlers run at once and each wait for their own write (the
+    allocator's reservations, every publish on the bus): one write per turn of the
+    event loop, not a round trip per handler."""
+
+    def __init__(self, write: Callable[[list[T]], Awaitable[None]], name: str) -> None:
+        self._write = write
+        self._name = name
+        self._asked: list[tuple[list[T], asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def __call__(self, items: list[T]) -> None:
+        """Have ``items`` written; returns once they are."""
+        done = asyncio.get_running_loop().create_future()
+        self._asked.append((items, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._run(), name=self._name)
+        await done
+
+    async def _run(self) -> None:
+        while self._asked:
+            asked, self._asked = self._asked, []
+            try:
+                await self._write([item for items, _ in asked for item in items])
+            except asyncio.CancelledError:
+                for _, done in asked:
+                    done.cancel()
+                raise
+            except Exception as exc:
+                for _, done in asked:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for _, done in asked:
+                if not done.done():
+                    done.set_result(None)

@@ -29,6 +29,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from shared import kube
+from shared.aio import GroupCommit
 from shared.bus import through_failover
 from shared.core import annotations as ann
 from shared.core.hosts import pod_spec
@@ -111,10 +112,7 @@ class Reservations:
         self.entries: dict[str, dict[PodUID, Reservation]] = {}
         """What each KV entry holds, as last written."""
         self._entry_of: dict[PodUID, str] = {}
-        self._puts: list[Reservation] = []
-        self._drops: set[PodUID] = set()
-        self._waiting: list[asyncio.Future[None]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._commit = GroupCommit(self._store, "reservations:write")
         self.writes = 0
         """KV operations so far (a batch put, a rewrite or a delete: one each)."""
 
@@ -122,47 +120,25 @@ class Reservations:
         """Reserve ``grant``; returns once it is stored."""
         r = Reservation(grant=grant, attempt=attempt, at=time.time())
         self.open[grant.pod.uid] = r
-        self._drops.discard(grant.pod.uid)
-        self._puts.append(r)
-        await self._commit()
+        await self._commit([r])
 
     async def forget(self, uid: PodUID) -> None:
         """Drop ``uid``'s reservation; returns once that is stored."""
         if self.open.pop(uid, None) is None and uid not in self._entry_of:
             return
-        self._drops.add(uid)
-        await self._commit()
+        await self._commit([uid])
 
-    async def _commit(self) -> None:
-        done = asyncio.get_running_loop().create_future()
-        self._waiting.append(done)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write(), name="reservations:write")
-        await done
-
-    async def _write(self) -> None:
-        """Write what was asked meanwhile, batch after batch, until nothing is left."""
-        while self._waiting:
-            waiting, self._waiting = self._waiting, []
-            puts, self._puts = self._puts, []
-            drops, self._drops = self._drops, set()
-            try:
-                await self._store(puts, drops)
-            except BaseException as exc:
-                for done in waiting:
-                    if not done.done():
-                        done.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            for done in waiting:
-                if not done.done():
-                    done.set_result(None)
-
-    async def _store(self, puts: list[Reservation], drops: set[PodUID]) -> None:
+    async def _store(self, asked: list[Reservation | PodUID]) -> None:
         """One KV write per entry touched: the new batch, and each older entry that
-        lost pods (rewritten with those left, or deleted with its last one)."""
-        fresh = {r.grant.pod.uid: r for r in puts if self.open.get(r.grant.pod.uid) is r}
+        lost pods (rewritten with those left, or deleted with its last one). What was
+        asked is weighed against ``open`` now: a reservation dropped (or made again)
+        since it was asked for is not written."""
+        fresh = {
+            r.grant.pod.uid: r
+            for r in asked
+            if isinstance(r, Reservation) and self.open.get(r.grant.pod.uid) is r
+        }
+        drops = {uid for uid in asked if isinstance(uid, str)}
         touched: set[str] = set()
         for uid in drops | fresh.keys():  # a reservation replaced is dropped from its entry
             key = self._entry_of.pop(uid, None)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -19,6 +20,7 @@ from opentelemetry.trace import SpanKind
 from shared import events as ev
 from shared.bus import Bus, Delivery, connect
 from shared.config import NatsConfig, TelemetryConfig
+from shared.core.model import PodRef, PodUID
 from shared.telemetry import setup_tracing, tracer
 from tests.helpers import eventually
 from tests.samples import sample_events
@@ -219,6 +221,57 @@ async def test_concurrent_handlers_run_together_and_all_are_acked(nats_cfg: Nats
 
     assert sorted(e.event_id for e in got) == sorted(e.event_id for e in sent)
     assert peak == 8
+
+
+async def test_publishes_made_at_once_go_out_together_in_the_order_asked(
+    nats_cfg: NatsConfig,
+) -> None:
+    pods = [PodRef(namespace="default", name=f"p{i}", uid=PodUID(f"u{i}")) for i in range(64)]
+    sent = [ev.PodDeleted(pod=pod) for pod in pods]
+    async with Bus(nats_cfg, name="test") as bus:
+        writes = []
+        store = bus._publish_many
+
+        async def counted(batch: Any, contexts: Any) -> None:
+            writes.append(len(batch))
+            await store(batch, contexts)
+
+        bus._publish_many = counted  # type: ignore[method-assign]
+        await asyncio.gather(*(bus.publish(e) for e in sent))
+        # Asked for in one turn of the loop: one pipelined write (not a round trip each).
+        assert writes == [64]
+        got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+        async def keep(e: ev.AnyEvent, d: Delivery) -> None:
+            await got.put((e, d))
+
+        bus.consume("order", [ev.STREAM_SUBJECTS], keep)
+        stored = await _collect(64, got)
+    assert [e.event_id for e, _ in stored] == [e.event_id for e in sent]
+
+
+async def test_every_caller_of_a_write_that_failed_is_told_and_the_next_write_goes_out(
+    nats_cfg: NatsConfig,
+) -> None:
+    pods = [PodRef(namespace="default", name=f"p{i}", uid=PodUID(f"u{i}")) for i in range(3)]
+    async with Bus(nats_cfg, name="test") as bus:
+        store = bus._publish_many
+        failing = True
+
+        async def once(batch: Any, contexts: Any) -> None:
+            if failing:
+                raise RuntimeError("refused")
+            await store(batch, contexts)
+
+        bus._publish_many = once  # type: ignore[method-assign]
+        results = await asyncio.gather(
+            *(bus.publish(ev.PodDeleted(pod=p)) for p in pods), return_exceptions=True
+        )
+        assert [str(r) for r in results] == ["refused"] * 3
+        failing = False
+        await bus.publish(ev.PodDeleted(pod=pods[0]))
+        info = await bus.js.stream_info(nats_cfg.stream)
+        assert info.state.messages == 1
 
 
 def test_ping_without_a_server_fails_within_seconds_with_one_line() -> None:
