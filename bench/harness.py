@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -78,8 +79,13 @@ class Services:
     def stop(self) -> None:
         for p in self.procs.values():
             p.terminate()
-        for p in self.procs.values():
-            p.wait(timeout=30)
+        for name, p in self.procs.items():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # never left running into the next benchmark
+                print(f"{name} did not stop within 30 s of SIGTERM: killed", file=sys.stderr)
+                p.kill()
+                p.wait()
 
 
 @contextlib.contextmanager

@@ -63,6 +63,8 @@ IDLE_WAIT_S = 1.0
 noticed between fetches)."""
 BURST_WAIT_S = 0.02
 """How long a fetch in a burst waits for more messages before going back to idle."""
+PUBLISH_ACK_S = 5.0
+"""How long a pipelined publish waits for JetStream's ack (nats-py's own default for one)."""
 RETRY_WAIT_S = 0.25
 """How long a consumer waits after the bus failed a fetch (a server lost, reconnecting)."""
 
@@ -392,11 +394,22 @@ class Bus:
             finally:
                 if token is not None:
                     otel_context.detach(token)
+        if not futures:
+            return
         # Every ack is awaited (none left unretrieved), then the first failure raised.
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+        # nats-py gives these futures no deadline: an ack lost with a server (or never
+        # coming, the server gone at shutdown) would hang the publisher for ever. Past
+        # PUBLISH_ACK_S they are given up, which frees their slots, and the batch is a
+        # timeout that ``through_failover`` sends again (message ids drop what was
+        # stored).
+        done, late = await asyncio.wait(futures, timeout=PUBLISH_ACK_S)
+        for future in late:
+            future.cancel()
+        for future in futures:
+            if future in done and not future.cancelled() and (exc := future.exception()):
+                raise exc
+        if late:
+            raise nats.errors.TimeoutError
 
     # --- consuming -------------------------------------------------------------------
 

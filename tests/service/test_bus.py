@@ -335,3 +335,30 @@ async def test_a_leader_keeps_its_lease_through_a_start_longer_than_the_lease(
     finally:
         stop.set()
         await asyncio.wait_for(running, timeout=10)
+
+
+async def test_a_publish_whose_ack_never_comes_is_given_up_not_waited_for_ever(
+    nats_cfg: NatsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nats.errors
+
+    from shared import bus as bus_module
+
+    monkeypatch.setattr(bus_module, "PUBLISH_ACK_S", 0.2)
+    monkeypatch.setattr(bus_module, "FAILOVER_S", 0.5)
+    lost: list[asyncio.Future[Any]] = []
+
+    async def no_ack(*_args: Any, **_kwargs: Any) -> asyncio.Future[Any]:
+        lost.append(asyncio.get_running_loop().create_future())
+        return lost[-1]
+
+    async with Bus(nats_cfg, name="test") as bus:
+        monkeypatch.setattr(bus.js, "publish_async", no_ack)
+        pod = PodRef(namespace="default", name="p", uid=PodUID("u"))
+        started = time.monotonic()
+        with pytest.raises(nats.errors.TimeoutError):
+            async with asyncio.timeout(5):  # (it waited for ever: a plain TimeoutError here)
+                await bus.publish(ev.PodDeleted(pod=pod))
+        assert time.monotonic() - started < 5
+        assert len(lost) >= 2  # tried again within the failover window
+        assert all(f.cancelled() for f in lost)  # nats-py's slots are given back
