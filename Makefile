@@ -54,6 +54,7 @@ down: install
 # Benchmarks; figures go to bench/RESULTS.md with the command that printed them.
 bench: controlplane
 	$(BIN)/python bench/core.py
+	$(BIN)/python bench/bus.py
 	$(BIN)/python bench/packing.py
 	$(BIN)/python bench/e2e.py
 	$(BIN)/python bench/gangs.py

@@ -340,7 +340,7 @@ class Bus:
 
     async def publish(self, event: events.Event) -> None:
         """Publish one event and wait until JetStream has stored it."""
-        await self._commit([(event, otel_context.get_current())])
+        await self._commit([(event, _trace())])
 
     async def publish_many(
         self,
@@ -354,13 +354,13 @@ class Bus:
         events_ = list(batch)
         if not events_:
             return
-        current = otel_context.get_current()
+        current = _trace()
         given = contexts if contexts is not None else [None] * len(events_)
         await self._commit(
             [(e, c if c is not None else current) for e, c in zip(events_, given, strict=True)]
         )
 
-    async def _store(self, items: list[tuple[events.Event, otel_context.Context]]) -> None:
+    async def _store(self, items: list[tuple[events.Event, otel_context.Context | None]]) -> None:
         """One group-committed write (``_commit``, shared/aio.py): what callers publish
         while a write is on its way goes out together as the next one, in the order
         asked (handlers running at once, a binder's 64 binds: one pipelined write, not a
@@ -683,6 +683,13 @@ class Bus:
             await watcher.stop()  # type: ignore[no-untyped-call]
 
 
+def _trace() -> otel_context.Context | None:
+    """The caller's trace, for an event published on its behalf by the group commit's
+    task (None outside any trace: nothing to carry on, and nothing to attach per event)."""
+    current = otel_context.get_current()
+    return current if trace.get_current_span(current).get_span_context().is_valid else None
+
+
 async def _settle(reply: Awaitable[None]) -> None:
     """Ack, nak or term a message; if the bus fails it (a server lost mid-reply), the
     message comes again after ``ack_wait`` and the idempotent handler sees it twice."""
@@ -756,7 +763,7 @@ class Outbox:
     def __init__(self, bus: Bus, limit: int = 4096) -> None:
         self.bus = bus
         self.limit = limit
-        self._queue: list[tuple[events.Event, otel_context.Context]] = []
+        self._queue: list[tuple[events.Event, otel_context.Context | None]] = []
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -770,7 +777,7 @@ class Outbox:
         while len(self._queue) >= self.limit:
             self._room.clear()
             await self._room.wait()
-        self._queue.append((event, otel_context.get_current()))
+        self._queue.append((event, _trace()))
         self._wake.set()
 
     async def flush(self) -> None:

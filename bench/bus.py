@@ -1,0 +1,145 @@
+"""What the bus costs per message: publishing and consuming on a real nats-server (TLS and
+one user per service, as in a cluster), CPU of this process and of the server.
+
+Side by side in one run, each row with its ratio to the first of its group:
+- ``--callers`` handlers each awaiting their own publish, as the binder's binds and the
+  allocator's handlers do: one JetStream request each (nats-py's ``publish``, what the
+  bus did before) against the bus's group commit (``Bus.publish``, shared/aio.py);
+- the same events in pipelined batches (``Bus.publish_many``);
+- a consumer handling each event with a handler that does nothing (``Bus.consume``);
+- the allocator's reservations made by ``--callers`` handlers at once: one KV put each
+  against ``Reservations.put`` (group-committed, one entry per batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from harness import options
+
+from services.device_allocator.reservations import Reservations
+from shared import events as ev
+from shared.bus import Bus, Delivery
+from shared.core.ledger import PodGrant
+from shared.core.model import NodeName, PodRef, PodUID
+from tools.localcluster import LocalCluster
+
+GROUPS = (0, 0, 0, 3, 4, 4)
+"""Each row's first of its group (publishing, consuming, reservations)."""
+
+
+def server_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pod(tag: str, i: int) -> PodRef:
+    return PodRef(namespace="bench", name=f"{tag}-{i}", uid=PodUID(f"{tag}-{i}"))
+
+
+class Meter:
+    def __init__(self, server: int) -> None:
+        self.server = server
+        self.rows: list[tuple[str, float, float]] = []
+
+    async def run(self, label: str, n: int, work: Callable[[], Awaitable[None]]) -> None:
+        """Microseconds of CPU per message here and in nats-server while ``work`` runs."""
+        here, there = time.process_time(), server_cpu(self.server)
+        await work()
+        self.rows.append(
+            (
+                label,
+                1e6 * (time.process_time() - here) / n,
+                1e6 * (server_cpu(self.server) - there) / n,
+            )
+        )
+        print(f"{label}: {self.rows[-1][1]:.0f} us here, {self.rows[-1][2]:.0f} us nats-server")
+
+
+async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, float, float]]:
+    server = next(p.popen.pid for p in cluster.procs if p.name.startswith("nats"))
+    meter = Meter(server)
+    async with Bus(cluster.nats_config(), name="bench") as bus:
+        await bus.ensure_consumer("bench", [ev.PodDeleted.filter_subject()], deliver="new")
+        slots = asyncio.Semaphore(callers)
+
+        async def each(tag: str, publish: Callable[[ev.Event], Awaitable[object]]) -> None:
+            async def one(i: int) -> None:
+                async with slots:
+                    await publish(ev.PodDeleted(pod=pod(tag, i)))
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+
+        async def request(event: ev.Event) -> object:
+            headers = {"Nats-Msg-Id": event.dedup_id()}
+            return await bus.js.publish(event.subject(), ev.encode(event), headers=headers)
+
+        await meter.run(f"{callers} handlers, a request each", n, lambda: each("a", request))
+        await meter.run(f"{callers} handlers, group commit", n, lambda: each("b", bus.publish))
+
+        async def batches() -> None:
+            for start in range(0, n, 64):
+                await bus.publish_many(
+                    ev.PodDeleted(pod=pod("c", i)) for i in range(start, start + 64)
+                )
+
+        await meter.run("batches of 64, pipelined", n, batches)
+
+        got = 0
+        done = asyncio.Event()
+
+        async def nothing(_event: ev.AnyEvent, _delivery: Delivery) -> None:
+            nonlocal got
+            got += 1
+            if got == 3 * n:
+                done.set()
+
+        async def consume() -> None:
+            bus.consume("bench", [ev.PodDeleted.filter_subject()], nothing, deliver="new")
+            await asyncio.wait_for(done.wait(), 120)
+
+        await meter.run("consumed, a handler that does nothing", 3 * n, consume)
+
+        kv = await bus.bucket("bench-reservations")
+
+        async def puts() -> None:
+            async def one(i: int) -> None:
+                async with slots:
+                    await kv.put(f"d-{i}", b"x" * 300)
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+
+        reserved = Reservations(kv)
+
+        async def grouped() -> None:
+            async def one(i: int) -> None:
+                async with slots:
+                    await reserved.put(
+                        PodGrant(pod=pod("e", i), node=NodeName("n"), containers=()), 1
+                    )
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+
+        await meter.run(f"{callers} reservations at once, a KV put each", n, puts)
+        await meter.run(f"{callers} reservations at once, group commit", n, grouped)
+        print(f"(the group commit wrote {reserved.writes} KV entries for {n} reservations)")
+    return meter.rows
+
+
+def main() -> None:
+    args = options(__doc__, messages=5000, callers=32)
+    with LocalCluster(with_kube=False) as cluster:
+        rows = asyncio.run(bench(cluster, args.messages, args.callers))
+    print(f"\nCPU per message, {args.messages} messages, {os.cpu_count()} cores")
+    print("| what | us here | us nats-server | here vs the first of its group |")
+    print("|---|---:|---:|---:|")
+    for (label, here, there), first in zip(rows, GROUPS, strict=True):
+        print(f"| {label} | {here:.0f} | {there:.0f} | {here / rows[first][1]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
