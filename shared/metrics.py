@@ -19,14 +19,18 @@ carries its unit (``..._seconds``, ``..._milliseconds``), as Volcano's do.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from aiohttp import web
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Histogram, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 Labels = dict[str, str]
 Reading = Callable[[], Iterable[tuple[float, Labels]]]
@@ -58,6 +62,57 @@ class Tally:
         return [Observation(v, dict(k)) for k, v in list(self.counts.items())]
 
 
+class Buckets:
+    """A histogram's bucket counts and sums by label set, in plain numbers read at each
+    scrape (see :meth:`Metrics.histogram`)."""
+
+    __slots__ = ("bounds", "series")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(sorted(bounds))
+        self.series: dict[tuple[tuple[str, str], ...], list[float]] = {}
+        """Per label set: a count per bucket (the last is above every bound), then the sum."""
+
+    def record(self, value: float, labels: Labels | None = None) -> None:
+        """Count ``value`` (labels given in the same order each time)."""
+        key = tuple(labels.items()) if labels else ()
+        counts = self.series.get(key)
+        if counts is None:
+            counts = self.series[key] = [0.0] * (len(self.bounds) + 2)
+        counts[bisect.bisect_left(self.bounds, value)] += 1  # the first bound >= value
+        counts[-1] += value
+
+    def family(self, name: str, description: str) -> Metric:
+        """The histogram as Prometheus reads it: cumulative ``_bucket`` per ``le``."""
+        family = Metric(name, description, "histogram")
+        for key, counts in list(self.series.items()):
+            labels = dict(key)
+            seen = 0.0
+            for bound, count in zip((*self.bounds, math.inf), counts, strict=False):
+                seen += count
+                family.add_sample(f"{name}_bucket", {**labels, "le": _le(bound)}, seen)
+            family.add_sample(f"{name}_count", labels, seen)
+            family.add_sample(f"{name}_sum", labels, counts[-1])
+        return family
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == math.inf else repr(float(bound))
+
+
+class _Histograms(Collector):
+    """The registry's view of every :class:`Buckets` of one :class:`Metrics`."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, str, Buckets]] = []
+
+    def collect(self) -> Iterable[Metric]:
+        return [buckets.family(name, text) for name, text, buckets in self.made]
+
+    def describe(self) -> Iterable[Metric]:
+        return [Metric(name, text, "histogram") for name, text, _ in self.made]
+
+
 class Metrics:
     """One process's registry: instruments in, Prometheus text out."""
 
@@ -73,6 +128,8 @@ class Metrics:
         self.prepare: list[Callable[[], None]] = []
         """Run before each scrape (one reading that several gauges then report)."""
         self._scrape = threading.Lock()
+        self._histograms = _Histograms()
+        self.registry.register(self._histograms)
 
     def gauge(self, name: str, description: str, read: Reading) -> None:
         """A gauge whose values ``read`` gives at each scrape."""
@@ -92,13 +149,13 @@ class Metrics:
         )
         return tally
 
-    def histogram(
-        self, name: str, description: str, buckets: Sequence[float] = SECONDS
-    ) -> Histogram:
-        """A histogram with explicit bucket bounds, in the unit its name says."""
-        return self.meter.create_histogram(
-            name, description=description, explicit_bucket_boundaries_advisory=list(buckets)
-        )
+    def histogram(self, name: str, description: str, buckets: Sequence[float] = SECONDS) -> Buckets:
+        """A histogram with explicit bucket bounds, in the unit its name says, counted in
+        plain numbers and read at each scrape: an OpenTelemetry ``Histogram.record``
+        costs 12-21 µs, and services record several latencies per pod."""
+        made = Buckets(buckets)
+        self._histograms.made.append((name, description, made))
+        return made
 
     def text(self) -> bytes:
         """One scrape: every instrument, as Prometheus text."""
@@ -115,7 +172,7 @@ class Metrics:
     def route(self) -> web.RouteDef:
         return web.get("/metrics", self.scrape)
 
-    def stages(self) -> Histogram:
+    def stages(self) -> Buckets:
         """``tessera_stage_latency_seconds``: each service records the stages it ends
         (``stage``: pending, the watcher's announcement after the pod's creation; ready,
         the gang sent to the allocator; decided; bound)."""

@@ -258,8 +258,16 @@ async def test_views_show_the_ledger_the_queues_and_why_a_pod_waits(
         for d in node.devices:
             assert d.used_memory_mib == sum(g.memory_mib for g in d.grants)
 
-        queues = await ask(nc, VIEW_QUEUES_SUBJECT, None, QueuesView, service="gang-coordinator")
-        mine = {q.name: q for q in queues.queues}[f"{ns}-q"]
+        async def running() -> Any:
+            # The coordinator counts a PodGroup running once it has read its pods' binds,
+            # which may be a moment after the API server shows them.
+            queues = await ask(
+                nc, VIEW_QUEUES_SUBJECT, None, QueuesView, service="gang-coordinator"
+            )
+            mine = {q.name: q for q in queues.queues}[f"{ns}-q"]
+            return mine if mine.podgroups == {"Running": 1} else None
+
+        mine = await eventually(running, timeout_s=10, what="the PodGroup counted running")
         assert mine.weight == 2
         assert mine.allocated["nvidia.memory"] == 16000
         assert mine.podgroups == {"Running": 1}
