@@ -119,4 +119,5 @@ async def test_an_entry_of_an_older_release_is_read_and_another_shards_left_alon
     await fresh.forget(PodUID("uid-7"))
     remaining = await keys(kv)
     assert "uid-7" not in remaining
-    assert len(remaining) == 1 and remaining[0].startswith(BATCH_PREFIX)
+    assert len(remaining) == 1
+    assert remaining[0].startswith(BATCH_PREFIX)
