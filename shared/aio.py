@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -56,7 +57,11 @@ class GroupCommit(Generic[T]):
         done = asyncio.get_running_loop().create_future()
         self._asked.append((items, done))
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._run(), name=self._name)
+            # In a context of its own: not the first caller's (its trace would become
+            # that of every write after it).
+            self._writer = asyncio.create_task(
+                self._run(), name=self._name, context=contextvars.Context()
+            )
         await done
 
     async def _run(self) -> None:

@@ -378,22 +378,29 @@ class Bus:
         batch: Sequence[events.Event],
         contexts: Sequence[otel_context.Context | None] | None,
     ) -> None:
-        futures = []
-        for i, event in enumerate(batch):
-            given = contexts[i] if contexts is not None else None
-            token = otel_context.attach(given) if given is not None else None
-            try:
-                with span(
-                    f"send {event.SUBJECT}", kind=SpanKind.PRODUCER, attributes=self._attributes
-                ):
-                    futures.append(
-                        await self.js.publish_async(
-                            event.subject(), events.encode(event), headers=self._headers(event)
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            for i, event in enumerate(batch):
+                given = contexts[i] if contexts is not None else None
+                token = otel_context.attach(given) if given is not None else None
+                try:
+                    with span(
+                        f"send {event.SUBJECT}",
+                        kind=SpanKind.PRODUCER,
+                        attributes=self._attributes,
+                    ):
+                        futures.append(
+                            await self.js.publish_async(
+                                event.subject(), events.encode(event), headers=self._headers(event)
+                            )
                         )
-                    )
-            finally:
-                if token is not None:
-                    otel_context.detach(token)
+                finally:
+                    if token is not None:
+                        otel_context.detach(token)
+        except BaseException:
+            for future in futures:  # sent, but nobody will wait: give their slots back
+                future.cancel()
+            raise
         if not futures:
             return
         # Every ack is awaited (none left unretrieved), then the first failure raised.
@@ -405,8 +412,10 @@ class Bus:
         done, late = await asyncio.wait(futures, timeout=PUBLISH_ACK_S)
         for future in late:
             future.cancel()
-        for future in futures:
-            if future in done and not future.cancelled() and (exc := future.exception()):
+        # Every exception is read (none is left "never retrieved"), the first raised.
+        errors = [f.exception() for f in futures if f in done and not f.cancelled()]
+        for exc in errors:
+            if exc is not None:
                 raise exc
         if late:
             raise nats.errors.TimeoutError

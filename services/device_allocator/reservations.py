@@ -103,6 +103,26 @@ def _read(value: bytes) -> tuple[Reservation, ...]:
         return (_decoder.decode(value),)
 
 
+ENTRY_BYTES = 256 * 1024
+"""An entry's size at most (NATS refuses a message over 1 MiB by default; a reservation
+of 8 devices is about 1.7 KB, so 32 gangs of 32 such pods would be too big for one)."""
+
+
+def _parts(fresh: dict[PodUID, Reservation]) -> list[dict[PodUID, Reservation]]:
+    """``fresh`` in entries of at most :data:`ENTRY_BYTES`."""
+    parts: list[dict[PodUID, Reservation]] = []
+    empty = len(msgspec.json.encode(Batch(reservations=())))
+    size = ENTRY_BYTES
+    for uid, r in fresh.items():
+        one = len(msgspec.json.encode(r)) + 1  # and its comma
+        if size + one > ENTRY_BYTES:
+            parts.append({})
+            size = empty
+        parts[-1][uid] = r
+        size += one
+    return parts
+
+
 class Reservations:
     """The open reservations: in memory and, group-committed, in the KV bucket."""
 
@@ -146,10 +166,10 @@ class Reservations:
                 self.entries[key].pop(uid, None)
                 touched.add(key)
         writes: list[Coroutine[Any, Any, Any]] = []
-        if fresh:
+        for part in _parts(fresh):
             key = f"{BATCH_PREFIX}{uuid.uuid4().hex}"
-            self.entries[key] = fresh
-            self._entry_of.update(dict.fromkeys(fresh, key))
+            self.entries[key] = part
+            self._entry_of.update(dict.fromkeys(part, key))
             writes.append(self._put_entry(key))
         for key in touched:
             writes.append(self._put_entry(key) if self.entries[key] else self._delete(key))
@@ -169,15 +189,18 @@ class Reservations:
     async def load(self, ledger: Ledger, mine: Callable[[NodeName], bool]) -> int:
         """Grant every stored reservation on a node of ``mine`` whose pod is not bound
         yet; a pod in two entries (reserved again before the first was rewritten) keeps
-        its latest. An entry left with none of them open is deleted; another shard's
-        (none of its reservations on a node of ``mine``) is left alone."""
+        its latest. Each entry is rewritten with only what is still open (a record of a
+        pod bound since must not come back once that pod is gone), or deleted when
+        nothing is. Another shard's records (a node that moved between shards) are kept
+        as they are; an entry with only those is left alone."""
         try:
             keys = await self.kv.keys()
         except nats.js.errors.NoKeysError:
             keys = []
         latest: dict[PodUID, tuple[str, Reservation]] = {}
+        foreign: dict[str, dict[PodUID, Reservation]] = {}
+        stored_mine: dict[str, int] = {}
         done: list[str] = []
-        shared_: set[str] = set()
         for key in keys:
             try:
                 entry = await self.kv.get(key)
@@ -192,10 +215,11 @@ class Reservations:
                 done.append(key)
                 continue
             found = [r for r in stored if mine(r.grant.node)]
-            if len(found) < len(stored):
-                shared_.add(key)  # a node moved between shards: the other keeps the entry
-            if found:
-                self.entries[key] = {}
+            if not found:
+                continue  # another shard's
+            self.entries[key] = {}
+            stored_mine[key] = len(found)
+            foreign[key] = {r.grant.pod.uid: r for r in stored if not mine(r.grant.node)}
             for r in found:
                 held = latest.get(r.grant.pod.uid)
                 if held is None or (held[1].attempt, held[1].at) < (r.attempt, r.at):
@@ -207,11 +231,18 @@ class Reservations:
             self.open[uid] = r
             self.entries[key][uid] = r
             self._entry_of[uid] = key
+        rewrite: list[str] = []
         for key, kept in list(self.entries.items()):
-            if not kept:
+            if len(kept) == stored_mine[key]:
+                self.entries[key] = {**foreign[key], **kept}
+            elif kept or foreign[key]:
+                self.entries[key] = {**foreign[key], **kept}
+                rewrite.append(key)
+            else:
                 del self.entries[key]
-                if key not in shared_:
-                    done.append(key)
+                done.append(key)
+        for key in rewrite:
+            await self._put_entry(key)
         for key in done:
             with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 await self.kv.delete(key)

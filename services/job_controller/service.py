@@ -74,7 +74,13 @@ class JobController(Service):
     def subjects(self) -> list[str]:
         """Job events, and the events of pods a Volcano Job controls: the bus leaves out
         every other pod's (most of a cluster's, and most of a burst's)."""
-        pods = [f"{t.SUBJECT}.*.{ev.VOLCANO_JOB}" for t in (ev.PodUpdated, ev.PodDeleted)]
+        pods = [
+            subject
+            for t in (ev.PodUpdated, ev.PodDeleted)
+            # ``SUBJECT.*``: a watcher older than the owner token (during a rollout, or
+            # its backlog) keys pod events by namespace alone.
+            for subject in (f"{t.SUBJECT}.*.{ev.VOLCANO_JOB}", f"{t.SUBJECT}.*")
+        ]
         others = [
             t.filter_subject() for t in self.handled() if t not in (ev.PodUpdated, ev.PodDeleted)
         ]

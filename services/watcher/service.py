@@ -345,11 +345,12 @@ class Watcher(Service):
             finished = phase if phase in TERMINAL else ""
             await self._gone(ref, node, grants, finished, kind, volcano_job(meta))
             return
-        if job := volcano_job(meta):
-            self.job_of[ref.uid] = job
         ours = spec.get("schedulerName", "default-scheduler") in self.names
+        job = volcano_job(meta)
         if node:
             self.refs[ref.uid] = ref
+            if job:
+                self.job_of[ref.uid] = job
             self.pending.pop(ref.uid, None)
             host = pod_spec(obj, self.managed)
             if self.bound.get(ref.uid) != (node, host):
@@ -359,6 +360,8 @@ class Watcher(Service):
         if not ours or meta.get("deletionTimestamp"):
             return
         self.refs[ref.uid] = ref
+        if job:
+            self.job_of[ref.uid] = job
         parsed = self.parser.parse(obj)
         if not isinstance(parsed, PodRequest):
             await self._reject(ref, parsed)

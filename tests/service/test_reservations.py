@@ -13,7 +13,12 @@ import nats.js.errors
 import pytest
 from nats.js.kv import KeyValue
 
-from services.device_allocator.reservations import BATCH_PREFIX, Reservation, Reservations
+from services.device_allocator.reservations import (
+    BATCH_PREFIX,
+    ENTRY_BYTES,
+    Reservation,
+    Reservations,
+)
 from shared.bus import Bus
 from shared.config import NatsConfig
 from shared.core.ledger import Ledger, PodGrant
@@ -121,3 +126,28 @@ async def test_an_entry_of_an_older_release_is_read_and_another_shards_left_alon
     assert "uid-7" not in remaining
     assert len(remaining) == 1
     assert remaining[0].startswith(BATCH_PREFIX)
+
+
+async def test_a_record_of_a_pod_bound_before_a_restart_never_comes_back(kv: KeyValue) -> None:
+    reserved = Reservations(kv)
+    await asyncio.gather(reserved.put(grant(1), 1), reserved.put(grant(2), 1))
+    # Restart 1: pod 1 is bound (the API server says so), pod 2 still waits.
+    first, _ = await reloaded(kv, bound=(1,))
+    assert list(first.open) == [PodUID("uid-2")]
+    # Pod 1 is deleted meanwhile; restart 2 must not reserve its devices again.
+    second, ledger = await reloaded(kv)
+    assert list(second.open) == [PodUID("uid-2")]
+    assert PodUID("uid-1") not in ledger.pods
+
+
+async def test_a_burst_too_big_for_one_message_is_written_in_several_entries(
+    kv: KeyValue,
+) -> None:
+    reserved = Reservations(kv)
+    await asyncio.gather(*(reserved.put(grant(i), 1) for i in range(2000)))
+    stored = await keys(kv)
+    assert len(stored) >= 2
+    for key in stored:  # NATS takes 1 MiB at most
+        assert len((await kv.get(key)).value or b"") <= ENTRY_BYTES
+    fresh, _ = await reloaded(kv)
+    assert len(fresh.open) == 2000

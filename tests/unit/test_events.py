@@ -61,7 +61,9 @@ def test_the_job_controller_reads_job_events_and_its_jobs_pods_only() -> None:
     assert JobController.subjects(JobController.__new__(JobController)) == [
         "tessera.v1.job.deleted.>",
         "tessera.v1.job.updated.>",
+        "tessera.v1.pod.deleted.*",  # an older watcher's: the namespace alone
         "tessera.v1.pod.deleted.*.vcjob",
+        "tessera.v1.pod.updated.*",
         "tessera.v1.pod.updated.*.vcjob",
     ]
 
