@@ -376,12 +376,11 @@ class Bus:
     async def _publish_many(
         self,
         batch: Sequence[events.Event],
-        contexts: Sequence[otel_context.Context | None] | None,
+        contexts: Sequence[otel_context.Context | None],
     ) -> None:
         futures: list[asyncio.Future[Any]] = []
         try:
-            for i, event in enumerate(batch):
-                given = contexts[i] if contexts is not None else None
+            for event, given in zip(batch, contexts, strict=True):
                 token = otel_context.attach(given) if given is not None else None
                 try:
                     with span(

@@ -233,14 +233,13 @@ class Reservations:
             self._entry_of[uid] = key
         rewrite: list[str] = []
         for key, kept in list(self.entries.items()):
-            if len(kept) == stored_mine[key]:
-                self.entries[key] = {**foreign[key], **kept}
-            elif kept or foreign[key]:
-                self.entries[key] = {**foreign[key], **kept}
-                rewrite.append(key)
-            else:
+            if not kept and not foreign[key]:
                 del self.entries[key]
                 done.append(key)
+                continue
+            self.entries[key] = {**foreign[key], **kept}
+            if len(kept) < stored_mine[key]:
+                rewrite.append(key)
         for key in rewrite:
             await self._put_entry(key)
         for key in done:

@@ -348,9 +348,7 @@ class Watcher(Service):
         ours = spec.get("schedulerName", "default-scheduler") in self.names
         job = volcano_job(meta)
         if node:
-            self.refs[ref.uid] = ref
-            if job:
-                self.job_of[ref.uid] = job
+            self._track(ref, job)
             self.pending.pop(ref.uid, None)
             host = pod_spec(obj, self.managed)
             if self.bound.get(ref.uid) != (node, host):
@@ -359,9 +357,7 @@ class Watcher(Service):
             return
         if not ours or meta.get("deletionTimestamp"):
             return
-        self.refs[ref.uid] = ref
-        if job:
-            self.job_of[ref.uid] = job
+        self._track(ref, job)
         parsed = self.parser.parse(obj)
         if not isinstance(parsed, PodRequest):
             await self._reject(ref, parsed)
@@ -376,6 +372,12 @@ class Watcher(Service):
             pending.spec,
         ):
             await self._announce(pending)
+
+    def _track(self, ref: PodRef, job: str) -> None:
+        """Remember an announced pod (and its Job: its deletion names it)."""
+        self.refs[ref.uid] = ref
+        if job:
+            self.job_of[ref.uid] = job
 
     async def _announce(self, pending: ev.PodPending) -> None:
         with span(f"schedule {pending.pod}") as current:
