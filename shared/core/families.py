@@ -185,14 +185,21 @@ def _numa_group(devs: list[Dev], count: int) -> list[Dev] | None:
 def _fgd_pick(
     devs: list[Dev], node: NodeState, share: Callable[[Dev], float], workload: Workload
 ) -> Dev:
-    """The device whose use increases the node's expected fragmentation least."""
+    """The device whose use increases the node's expected fragmentation least (the
+    first of equals). The measure reads the free shares as a multiset, so devices left
+    with the same share from the same share are weighed once."""
     free = {d.uuid: d.free_fraction() for d in node.devices}
     base = workload.fragmentation(free.values())
     best, best_delta = devs[0], float("inf")
+    weighed: dict[tuple[float, float], float] = {}
     for d in devs:
-        after = dict(free)
-        after[d.uuid] = max(0.0, free[d.uuid] - share(d))
-        delta = workload.fragmentation(after.values()) - base
+        was = free[d.uuid]
+        left = max(0.0, was - share(d))
+        delta = weighed.get((was, left))
+        if delta is None:
+            after = dict(free)
+            after[d.uuid] = left
+            delta = weighed[(was, left)] = workload.fragmentation(after.values()) - base
         if delta < best_delta - 1e-12:
             best, best_delta = d, delta
     return best

@@ -83,15 +83,15 @@ class PlacementConfig:
     own weights are 1 to 3 per plugin; see docs/architecture.md)."""
     fragmentation_guard: int = 16
     """With binpack or spread nodes (pods that name no node policy and have no soft
-    preferences): a pod with devices takes, of the first this many nodes that fit in
-    the policy's order, the one whose expected fragmentation it increases least
-    (shared/core/policy.py: its cpu and memory counted, the first of equals), and its
-    devices there by the same measure unless it names a device policy; a pod with no
-    devices is placed by FGD. 0: neither (HAMi's and kube-scheduler's choices). 16 on
-    the openb trace: about FGD's packing (within 0.25 point of ``fgd`` comparing 64
-    nodes, 4.7 to 5.9 points more of the GPUs allocated than best-fit, seeds 1-3) at
-    1.6 to 2.7 times the replay time of the old guard's mostly first fit, half of
-    ``fgd``'s (bench/RESULTS.md)."""
+    preferences): a pod with devices takes, of the first this many nodes that fit, the
+    one whose expected fragmentation it increases least (shared/core/policy.py: its cpu
+    and memory counted, the first of equals), and its devices there by the same measure
+    unless it names a device policy; a pod with no devices is placed by FGD. The nodes
+    are drawn in the policy's order, for binpack from both ends of the index in turn
+    (the tightest cards and the emptiest, as ``fgd`` draws them: on a cluster of several
+    card sizes the tight end alone sees only the smallest). 0: neither (HAMi's and
+    kube-scheduler's choices). 16 on the openb trace, ten seeds: at or above the FGD
+    paper's allocation on its four variants (bench/RESULTS.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,13 +484,18 @@ class Placer:
             else:
                 chosen = self._choose(rotation, request, ctx, prep, policy, rotate=True)
         elif policy == "fgd":
-            chosen = self._best_fgd(self._fgd_walk(request, primary, owner), request, ctx, prep)
+            walk = self._fgd_walk(request, primary, owner, self.config.fgd_candidates)
+            chosen = self._best_fgd(walk, request, ctx, prep)
         else:
-            nodes = self._candidates(request, primary, policy, owner)
             guard = 0 if request.constraints.node_policy else self.config.fragmentation_guard
             if guard and prep is not None and not prep.soft():
+                if policy == "binpack":
+                    nodes = self._fgd_walk(request, primary, owner, guard)
+                else:
+                    nodes = self._candidates(request, primary, policy, owner)
                 chosen = self._guarded(nodes, request, ctx, prep, guard)
             else:
+                nodes = self._candidates(request, primary, policy, owner)
                 chosen = self._choose(nodes, request, ctx, prep, policy)
         if chosen is None:
             if trial:
@@ -571,29 +576,29 @@ class Placer:
         guard: int,
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
         """The ``fragmentation_guard`` (see PlacementConfig): of the first ``guard`` nodes
-        that fit in the policy's order, the one that adds least fragmentation, the
-        first of equals; its devices chosen by the same measure unless the pod names a
-        device policy. The window is short and walked from the policy's end of the
-        index, so it costs a few fits (most of them kept from the last pod of the same
-        size: ``_best_fgd``), not FGD's wide search. Binpack's order alone fills the
-        tightest card whatever share it leaves, and spread's device choice puts a
-        sharing pod on an idle card of the node binpack found for its tight one: on
-        the openb trace the weighed window packs as FGD does (bench/RESULTS.md)."""
+        of ``candidates`` that fit, the one that adds least fragmentation, the first of
+        equals; its devices chosen by the same measure unless the pod names a device
+        policy. The window is short, so it costs a few fits (most of them kept from the
+        last pod of the same size: ``_best_fgd``), not FGD's wide search. Binpack's
+        order alone fills the tightest card whatever share it leaves, and spread's
+        device choice puts a sharing pod on an idle card of the node binpack found for
+        its tight one (bench/RESULTS.md)."""
         if not request.constraints.device_policy:
             ctx = replace(ctx, device_policy="fgd")
         return self._best_fgd(candidates, request, ctx, prep, limit=guard)
 
     def _fgd_walk(
-        self, request: PodRequest, primary: DeviceRequest, owner: GangKey | None
+        self, request: PodRequest, primary: DeviceRequest, owner: GangKey | None, limit: int
     ) -> Iterator[NodeState]:
-        """Nodes that could take the primary request for FGD to weigh, from both ends of
-        the index in turn: the tightest devices (where a task fills what others left)
-        and the emptiest (idle cards, usually with cpu to spare). On the openb trace a
-        window drawn from both ends finds placements that fragment less than one twice
-        as long from the tightest end alone (bench/RESULTS.md); with every node in the
-        window (``fgd_candidates: 0``) the order does not matter and one walk serves."""
+        """Nodes that could take the primary request for FGD (or the binpack guard) to
+        weigh, from both ends of the index in turn: the tightest devices (where a task
+        fills what others left) and the emptiest (idle cards, usually with cpu to spare;
+        on a cluster of several card sizes, the larger cards, which the tight end reaches
+        only once every smaller card is taken). On the openb trace a window drawn from
+        both ends finds placements that fragment less than one twice as long from the
+        tightest end alone (bench/RESULTS.md); with every node in the window (``limit``
+        0) the order does not matter and one walk serves."""
         tight = self._candidates(request, primary, "binpack", owner)
-        limit = self.config.fgd_candidates
         if not limit or limit >= len(self.ledger.nodes):
             yield from tight
             return
@@ -724,8 +729,9 @@ class Placer:
             return None
         if not grants and isinstance(model, str):
             tables = workload.tables()
-            if not tables.crosses(model, cpu, cpu_after, memory, memory_after):
-                # no device taken and no type pushed off the host: nothing changes
+            devices = len(node.devices)
+            if not tables.crosses(model, devices, cpu, cpu_after, memory, memory_after):
+                # no device taken and the host holds as many tasks of each type: no change
                 return 0.0, sum(d.free_fraction() for d in node.devices), grants
         free, left = _after(self.ledger, node, grants)
         before = workload.fragmentation(free, model, cpu, memory)

@@ -3,6 +3,7 @@ FGD's choices that follow from it (cpu and memory counted, GPU types, pods with 
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -51,10 +52,26 @@ def test_a_node_whose_cpu_is_exhausted_counts_all_its_free_gpus() -> None:
     w = Workload.of([(Shape(1, 1.0, cpu_milli=4000), 1.0), (Shape(1, 0.5, cpu_milli=8000), 1.0)])
     free = [1.0, 1.0, 1.0, 0.25]
     assert both(w, free, cpu_milli=64000, memory=64 * GIB) == pytest.approx(0.25)
-    # 6 cores left: the half-card type no longer fits the host, all 3.25 GPUs count for it
-    assert both(w, free, cpu_milli=6000, memory=64 * GIB) == pytest.approx(0.5 * 0.25 + 0.5 * 3.25)
+    # 6 cores left: the half-card type no longer fits the host, all 3.25 GPUs count for
+    # it; the whole-card type fits once, so one idle card is all it can use
+    assert both(w, free, cpu_milli=6000, memory=64 * GIB) == pytest.approx(0.5 * 2.25 + 0.5 * 3.25)
     # 2 cores left: no GPU task fits, every free share is a fragment
     assert both(w, free, cpu_milli=2000, memory=64 * GIB) == pytest.approx(3.25)
+
+
+def test_a_type_uses_only_the_devices_its_tasks_the_host_holds_can_take() -> None:
+    w = Workload.of([(Shape(1, 1.0, cpu_milli=8000), 1.0)])
+    eight = [1.0] * 8
+    assert both(w, eight, cpu_milli=64000) == 0.0  # cores for 8 tasks: every card usable
+    assert both(w, eight, cpu_milli=16000) == pytest.approx(6.0)  # 2 tasks, 2 cards
+    assert both(w, eight, cpu_milli=16000, memory=10 * GIB) == pytest.approx(6.0)
+    pairs = Workload.of([(Shape(2, 1.0, memory=4 * GIB), 1.0)])
+    assert both(pairs, eight, memory=12 * GIB) == pytest.approx(2.0)  # 3 pairs: 6 cards
+    # a share of a card: the roomiest devices, one per task
+    half = Workload.of([(Shape(1, 0.5, cpu_milli=8000), 1.0)])
+    assert both(half, [1.0, 0.5, 0.3], cpu_milli=8000) == pytest.approx(0.8)
+    assert both(half, [1.0, 0.5, 0.3], cpu_milli=16000) == pytest.approx(0.3)
+    assert usable([1.0, 0.5, 0.3], 1, 0.5) == usable([1.0, 0.5, 0.3], 1, 0.5, tasks=3) == 1.5
 
 
 def test_memory_counts_as_cpu_does() -> None:
@@ -78,6 +95,29 @@ def test_on_a_node_of_two_models_each_type_uses_only_its_own() -> None:
     models = ("tesla-t4", "tesla-v100")
     assert w.fragmentation([1.0, 1.0], models) == pytest.approx(1.0)  # the idle T4
     assert w.fragmentation([1.0, 0.5], models) == pytest.approx(1.5)  # no idle V100
+
+
+def test_the_memoised_measure_is_the_definition_on_random_nodes() -> None:
+    rng = random.Random(7)
+    shapes = [
+        (Shape(rng.choice((1, 1, 2, 4)), 1.0, rng.choice((0, 2000, 8000)), 0), 1.0)
+        for _ in range(4)
+    ] + [
+        (Shape(1, rng.choice((0.25, 0.5, 0.81)), rng.choice((1000, 6000)), GIB), 1.0)
+        for _ in range(4)
+    ]
+    w = Workload.of(shapes)
+    for _ in range(300):
+        free = [rng.choice((0.0, 0.19, 0.5, 0.75, 1.0)) for _ in range(rng.randint(1, 8))]
+        cpu = rng.choice((None, 0, 1000, 6000, 13000, 40000))
+        memory = rng.choice((None, 2 * GIB, 64 * GIB))
+        before = both(w, free, cpu_milli=cpu, memory=memory)
+        # a pod taking no device changes the measure only where ``crosses`` says so
+        if cpu is not None:
+            after_cpu = max(0, cpu - rng.choice((500, 2000, 7000)))
+            after = both(w, free, cpu_milli=after_cpu, memory=memory)
+            crosses = w.tables().crosses("", len(free), cpu, after_cpu, memory, memory)
+            assert crosses or after == pytest.approx(before)
 
 
 def test_no_type_known_yet_means_whole_cards() -> None:
@@ -168,6 +208,17 @@ def test_the_default_guard_looks_past_a_first_fit_that_strands_gpus() -> None:
     assert put(pl, "3", slice_, annotations=binpack).node == "tight"
 
 
+def test_a_cpu_only_pod_leaves_the_cores_a_node_s_idle_cards_need() -> None:
+    # each GPU task needs 12 cores. "lean" has 2 idle cards and 30 cores, "rich" 4 and
+    # 200. 8 cores taken on "lean" leave the cores for one task: a card stranded there,
+    # though one task still fits (the paper's measure saw no change, and least free GPU
+    # share left took "lean"); "rich" still holds a task for each of its cards
+    workload = Workload.of([(Shape(1, 1.0, cpu_milli=12000), 1.0)])
+    nodes = {"lean": ("30", gpus(2)), "rich": ("200", gpus(4))}
+    assert put(Placer(cluster(nodes), FGD, workload), "8").node == "rich"
+    assert put(Placer(cluster(nodes), None, workload), "8").node == "rich"  # the default
+
+
 def test_a_gpu_pod_keeps_cpu_for_the_cards_it_leaves() -> None:
     # the same free cards everywhere; "lean" has just the cores for this pod, so the card
     # it leaves would be stranded: FGD takes "rich", whose remaining cores still serve it
@@ -188,6 +239,18 @@ def test_a_constrained_type_keeps_its_model_free() -> None:
     )
     pl = Placer(ledger, FGD, workload)
     assert put(pl, "1", ONE_GPU).node == "t4"
+
+
+def test_the_default_window_reaches_the_larger_cards_too() -> None:
+    # half the work may use T4s only. Twenty T4 nodes come first in binpack's order
+    # (the tightest cards); a window from that end alone would give an unconstrained pod
+    # a T4 and leave the A100 idle. The window also draws from the emptiest end.
+    workload = Workload.of([(Shape(1, 1.0, use_types=("t4",)), 1.0), (WHOLE, 1.0)])
+    nodes = {f"t4-{i:02}": ("64", gpus(1, model="Tesla-T4", memory=16384)) for i in range(20)}
+    nodes["a100"] = ("64", gpus(1, model="A100-SXM4-40GB", memory=40960))
+    assert put(Placer(cluster(nodes), None, workload), "1", ONE_GPU).node == "a100"
+    binpack = PlacementConfig(fragmentation_guard=0)
+    assert put(Placer(cluster(nodes), binpack, workload), "1", ONE_GPU).node.startswith("t4-")
 
 
 def test_the_placer_learns_cpu_memory_and_gpu_types() -> None:
