@@ -319,15 +319,8 @@ def usable(free: Sequence[float], count: int, fraction: float, tasks: int | None
     ``count`` have (a whole-card task can use idle cards only). ``tasks``: how many of
     them the host can hold (None: no limit); they use at most ``tasks x count`` idle
     cards, or the ``tasks`` roomiest devices for a share of one."""
-    if fraction >= 1.0 - EPS:
-        whole = sum(1 for f in free if f >= 1.0 - EPS)
-        if whole < count:
-            return 0.0
-        return float(whole if tasks is None else min(whole, tasks * count))
-    room = sorted((f for f in free if f >= fraction - EPS), reverse=True)
-    if len(room) < count:
-        return 0.0
-    return sum(room if tasks is None else room[:tasks])
+    steps = usable_by_tasks(free, count, fraction)
+    return steps[len(free) if tasks is None else min(tasks, len(free))]
 
 
 def usable_by_tasks(free: Sequence[float], count: int, fraction: float) -> list[float]:
