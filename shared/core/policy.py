@@ -234,7 +234,7 @@ class _Tables:
         """``P_(s,n)`` on a node of ``model`` with this cpu and memory free and this many
         devices, laid out as :meth:`usable` lays out ``U_s(n)``. It changes only where
         cpu or memory passes some type's cpu or memory times 1 to ``devices``, so it is
-        memoised by where they fall among those figures (:meth:`limits`), not by the
+        memoised by where they fall among those figures (:meth:`limits_of`), not by the
         figures themselves: a window of nodes with all their different free cores then
         shares a few entries."""
         cpu_limits, memory_limits = self.limits_of(model, devices)
