@@ -695,13 +695,18 @@ class Bus:
             await watcher.stop()  # type: ignore[no-untyped-call]
 
 
+_DELIVERED_AT = {9: 4, 11: 6, 12: 6}
+"""Where the delivery count sits in an ack subject of so many tokens (see ``delivery_of``;
+the stream sequence follows it)."""
+
+
 def delivery_of(msg: Msg) -> Delivery:
     """Where a JetStream message came from, read from its ack subject
     (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``,
     or with a domain and an account hash before the stream and a token after): nats-py's
     ``Msg.metadata`` builds a dataclass of every field, a fifth of a delivery's cost."""
     tokens = (msg.reply or "").split(".")
-    at = {9: 4, 11: 6, 12: 6}.get(len(tokens))
+    at = _DELIVERED_AT.get(len(tokens))
     if tokens[:2] != ["$JS", "ACK"] or at is None:
         meta = msg.metadata  # any other form: nats-py knows it
         return Delivery(
