@@ -6,7 +6,8 @@ Side by side in one run, each row with its ratio to the first of its group:
   allocator's handlers do: one JetStream request each (nats-py's ``publish``, what the
   bus did before) against the bus's group commit (``Bus.publish``, shared/aio.py);
 - the same events in pipelined batches (``Bus.publish_many``);
-- a consumer handling each event with a handler that does nothing (``Bus.consume``);
+- a consumer handling each event with a handler that does nothing: nats-py's ``fetch``
+  (what the bus did before) against ``Bus.consume``'s own pull requests;
 - the allocator's reservations made by ``--callers`` handlers at once: one KV put each
   against ``Reservations.put`` (group-committed, one entry per batch).
 """
@@ -19,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import nats.errors
 from harness import options
 
 from services.device_allocator.reservations import Reservations
@@ -28,7 +30,7 @@ from shared.core.ledger import PodGrant
 from shared.core.model import NodeName, PodRef, PodUID
 from tools.localcluster import LocalCluster
 
-GROUPS = (0, 0, 0, 3, 4, 4)
+GROUPS = (0, 0, 0, 3, 3, 5, 5)
 """Each row's first of its group (publishing, consuming, reservations)."""
 
 
@@ -64,7 +66,8 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
     server = next(p.popen.pid for p in cluster.procs if p.name.startswith("nats"))
     meter = Meter(server)
     async with Bus(cluster.nats_config(), name="bench") as bus:
-        await bus.ensure_consumer("bench", [ev.PodDeleted.filter_subject()], deliver="new")
+        for durable in ("bench", "bench-fetch"):
+            await bus.ensure_consumer(durable, [ev.PodDeleted.filter_subject()], deliver="new")
         slots = asyncio.Semaphore(callers)
 
         async def each(tag: str, publish: Callable[[ev.Event], Awaitable[object]]) -> None:
@@ -89,20 +92,41 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
 
         await meter.run("batches of 64, pipelined", n, batches)
 
-        got = 0
+        got = {"bench": 0, "bench-fetch": 0}
         done = asyncio.Event()
 
         async def nothing(_event: ev.AnyEvent, _delivery: Delivery) -> None:
-            nonlocal got
-            got += 1
-            if got == 3 * n:
+            got["bench"] += 1
+            if got["bench"] == 3 * n:
                 done.set()
+
+        async def fetched() -> None:
+            """The bus's consumer before: nats-py's fetch, one message while idle, up to
+            64 in a burst (each delivered as ``Bus.consume`` delivers it)."""
+            sub = await bus.js.pull_subscribe_bind(durable="bench-fetch", stream=bus.cfg.stream)
+            idle, count = True, 0
+
+            async def counted(_event: ev.AnyEvent, _delivery: Delivery) -> None:
+                got["bench-fetch"] += 1
+
+            while count < 3 * n:
+                try:
+                    msgs = await sub.fetch(1 if idle else 64, timeout=1.0 if idle else 0.02)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    idle = True
+                    continue
+                idle = False
+                for msg in msgs:
+                    await bus._deliver(msg, counted)
+                    count += 1
+            await sub.unsubscribe()
 
         async def consume() -> None:
             bus.consume("bench", [ev.PodDeleted.filter_subject()], nothing, deliver="new")
             await asyncio.wait_for(done.wait(), 120)
 
-        await meter.run("consumed, a handler that does nothing", 3 * n, consume)
+        await meter.run("consumed with nats-py's fetch (the bus before)", 3 * n, fetched)
+        await meter.run("consumed with the bus's pull requests (Bus.consume)", 3 * n, consume)
 
         kv = await bus.bucket("bench-reservations")
 
