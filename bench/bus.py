@@ -117,7 +117,8 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
                     continue
                 idle = False
                 for msg in msgs:
-                    await bus._deliver(msg, counted)
+                    if await bus._deliver(msg, counted):
+                        await msg.ack()
                     count += 1
             await sub.unsubscribe()
 

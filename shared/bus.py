@@ -64,6 +64,10 @@ PULL_EXPIRES_S = 1.0
 PULL_GRACE_S = 0.5
 """How long past a pull request's expiry a consumer waits for the server's answer before
 asking again (the request was lost with a server, or in a reconnect)."""
+ACK_DELAY_S = 0.05
+"""How long a consumer gathers the acks of handled messages before sending them in one
+write (see ``_Pull``)."""
+ACK = b"+ACK"
 PUBLISH_ACK_S = 5.0
 """How long a pipelined publish waits for JetStream's ack (nats-py's own default for one)."""
 RETRY_WAIT_S = 0.25
@@ -549,7 +553,10 @@ class Bus:
                 await asyncio.sleep(RETRY_WAIT_S)
         await _Pull(self, durable, handler, batch, concurrency).run()
 
-    async def _deliver(self, msg: Msg, handler: Handler) -> None:
+    async def _deliver(self, msg: Msg, handler: Handler) -> bool:
+        """Decode ``msg`` and run ``handler`` on it: True when it is to be acked (the
+        caller acks), False when it was nak'ed (the handler failed: delivered again
+        later) or terminated (undecodable)."""
         delivery = delivery_of(msg)
         try:
             event = events.decode(msg.data)
@@ -561,7 +568,7 @@ class Bus:
                 exc,
             )
             await _settle(msg.term())
-            return
+            return False
         log.debug("got %s (seq %d, attempt %d)", msg.subject, delivery.stream_seq, delivery.attempt)
         headers = msg.headers or {}
         # Only a message that carries a trace has one to continue (most carry none while
@@ -592,8 +599,8 @@ class Bus:
                     delay,
                 )
                 await _settle(msg.nak(delay=delay))
-                return
-        await _settle(msg.ack())
+                return False
+        return True
 
     # --- inventory KV ----------------------------------------------------------------
 
@@ -660,7 +667,13 @@ class _Pull:
     ``PULL_GRACE_S`` more. With ``concurrency`` 1 the callback runs the handler itself,
     one message at a time in stream order; above it, up to that many handlers run at
     once and the callback waits for a free one (unread messages wait in the inbox,
-    at most about a request's worth)."""
+    at most about a request's worth).
+
+    A handled message's ack waits up to ``ACK_DELAY_S`` for others, and they go out in
+    one write (every ack was a socket write of its own, a tenth of a service's CPU). A
+    process that dies meanwhile gets those messages again after ``ack_wait``: handlers
+    are idempotent, as for any delivery the bus repeats. The acks waiting when the
+    consumer stops are sent before it lets go."""
 
     def __init__(
         self, bus: Bus, durable: str, handler: Handler, batch: int, concurrency: int
@@ -681,12 +694,16 @@ class _Pull:
         """When to ask again if the server has not answered (monotonic seconds)."""
         self.slots = asyncio.Semaphore(concurrency)
         self.running: set[asyncio.Task[None]] = set()
+        self.acks: list[str] = []
+        """Reply subjects of handled messages whose ack is not sent yet."""
+        self.ack_due = asyncio.Event()
 
     async def run(self) -> None:
         nc = self.bus.nc
         sub = await nc.subscribe(
             self.inbox, cb=self.on_message, pending_msgs_limit=max(1024, 16 * self.batch)
         )
+        acker = asyncio.create_task(self.acker(), name=f"{self.bus.name}:{self.durable}:acks")
         try:
             while True:
                 if time.monotonic() >= self.renew_at:
@@ -703,9 +720,40 @@ class _Pull:
                 await sub.unsubscribe()
             for task in list(self.running):
                 task.cancel()
-            for task in list(self.running):
+            for task in [*self.running, acker]:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            await self.send_acks()
+
+    async def acker(self) -> None:
+        """Send the acks gathered, ``ACK_DELAY_S`` after the first of them."""
+        while True:
+            await self.ack_due.wait()
+            await asyncio.sleep(ACK_DELAY_S)
+            self.ack_due.clear()
+            await self.send_acks()
+
+    async def send_acks(self) -> None:
+        """Every ack gathered, in one burst: nats-py writes what is queued in the same
+        turn of the loop as one write."""
+        replies, self.acks = self.acks, []
+        try:
+            for reply in replies:
+                await self.bus.nc.publish(reply, ACK)
+        except nats.errors.Error as exc:
+            log.warning(
+                "could not ack %d messages on %s (%r); they will be delivered again",
+                len(replies),
+                self.durable,
+                exc,
+            )
+
+    async def handled(self, msg: Msg) -> None:
+        """Deliver ``msg``; ack it with the next burst if the handler took it."""
+        if await self.bus._deliver(msg, self.handler) and msg.reply:
+            self.acks.append(msg.reply)
+            self.ack_due.set()
 
     async def ask(self) -> None:
         """A new pull request (the last one is spent, ended or lost)."""
@@ -736,7 +784,7 @@ class _Pull:
         if self.left <= 0:
             await self.renew()
         if self.concurrency == 1:
-            await self.bus._deliver(msg, self.handler)
+            await self.handled(msg)
             return
         await self.slots.acquire()
         task = asyncio.create_task(self.one(msg), name=f"{self.bus.name}:{self.durable}:handler")
@@ -745,7 +793,7 @@ class _Pull:
 
     async def one(self, msg: Msg) -> None:
         try:
-            await self.bus._deliver(msg, self.handler)
+            await self.handled(msg)
         finally:
             self.slots.release()
 

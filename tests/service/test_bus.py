@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from shared import bus as bus_module
 from shared import events as ev
 from shared.bus import Bus, Delivery, connect
 from shared.config import NatsConfig, TelemetryConfig
@@ -123,6 +124,58 @@ async def test_handler_error_naks_and_the_event_is_redelivered(nats_cfg: NatsCon
         async with asyncio.timeout(10):
             await done.wait()
     assert attempts == [1, 2, 3]
+
+
+async def test_acks_gathered_when_the_consumer_stops_are_sent_before_it_lets_go(
+    nats_cfg: NatsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acks wait for others (``ACK_DELAY_S``, made long here); a consumer stopped
+    meanwhile sends them, so nothing it handled comes again."""
+    monkeypatch.setattr(bus_module, "ACK_DELAY_S", 30.0)
+    sent = sample_events()[:3]
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def handler(e: ev.AnyEvent, d: Delivery) -> None:
+        await got.put((e, d))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish_many(sent)
+        bus.consume("gathered", [ev.STREAM_SUBJECTS], handler)
+        assert [e for e, _ in await _collect(3, got)] == sent
+        info = await bus.js.consumer_info(nats_cfg.stream, "gathered")
+        assert info.num_ack_pending == 3  # handled, the acks still gathered
+    async with Bus(nats_cfg, name="restarted") as bus:
+        bus.consume("gathered", [ev.STREAM_SUBJECTS], handler)  # same durable
+        await asyncio.sleep(1.5)  # past ack_wait: an acked message must not come back
+        assert got.empty()
+        info = await bus.js.consumer_info(nats_cfg.stream, "gathered")
+        assert info.num_ack_pending == 0
+
+
+async def test_a_pull_request_whose_renewal_is_lost_is_asked_again(
+    nats_cfg: NatsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One message per request, and the renewal after it lost (a server gone, a
+    reconnect): the consumer asks again once the request's answer is overdue, and the
+    next event still arrives."""
+
+    async def lost(_self: object) -> None:
+        return None
+
+    monkeypatch.setattr(bus_module._Pull, "renew", lost)
+    first, second = sample_events()[:2]
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def handler(e: ev.AnyEvent, d: Delivery) -> None:
+        await got.put((e, d))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish(first)
+        bus.consume("renewed", [ev.STREAM_SUBJECTS], handler, batch=1)
+        assert [e for e, _ in await _collect(1, got)] == [first]
+        await bus.publish(second)  # no request is waiting for it now
+        overdue = bus_module.PULL_EXPIRES_S + bus_module.PULL_GRACE_S
+        assert [e for e, _ in await _collect(1, got, timeout_s=overdue + 3)] == [second]
 
 
 async def test_consumer_filters_by_subject(nats_cfg: NatsConfig) -> None:
