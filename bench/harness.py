@@ -65,16 +65,29 @@ class Services:
     def pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in self.procs.items()}
 
-    def start(self, names: Sequence[str] = tuple(SERVICES)) -> None:
-        """Start those of ``names`` not running yet; return once each answers a ping."""
+    def start(self, names: Sequence[str] = tuple(SERVICES), cfg: Path | None = None) -> None:
+        """Start those of ``names`` not running yet (with ``cfg``, else the benchmark's
+        config); return once each answers a ping."""
         wanted = [n for n in names if n not in self.procs]
-        started = spawn_services(self.workdir, self.cfg, self.inventory, only=wanted)
+        started = spawn_services(self.workdir, cfg or self.cfg, self.inventory, only=wanted)
         self.procs.update(zip([n for n in SERVICES if n in wanted], started, strict=True))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             hellos = asyncio.run(_ping(self.cluster.nats_config(), 0.5))
             if {h["service"] for h in hellos} >= set(self.procs):
                 return
+
+    def restart(self, name: str, scheduler: dict[str, Any]) -> None:
+        """Stop service ``name`` and start it again with these ``scheduler:`` settings
+        over the benchmark's config (a run that changes one setting)."""
+        document = yaml.safe_load(self.cfg.read_text())
+        document["scheduler"] = {**document.get("scheduler", {}), **scheduler}
+        cfg = self.workdir / f"tessera-{name}.yaml"
+        cfg.write_text(yaml.safe_dump(document))
+        proc = self.procs.pop(name)
+        proc.terminate()
+        proc.wait(timeout=30)
+        self.start([name], cfg)
 
     def stop(self) -> None:
         for p in self.procs.values():

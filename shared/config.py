@@ -111,6 +111,13 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     first, 0 lets only the node scores choose."""
     bind_concurrency: PosInt = 64
     """Binding writes in flight at once (no per-node lock)."""
+    scheduled_events: bool = True
+    """Write a ``Scheduled`` Event on each pod bound (``Successfully assigned NS/NAME to
+    NODE``), as kube-scheduler does. Off, a bind is one API write (the Binding) instead
+    of two, for clusters where the Event volume weighs on the API server; the pod's
+    ``PodScheduled`` condition, the grant annotations and the ``allocation.bound``
+    event say the same. Events for pods that wait, are refused or preempted are written
+    either way."""
     resync_s: Annotated[float, msgspec.Meta(gt=0.0)] = 30.0
     """The watcher re-announces still-pending pods this often, so no pod is forgotten."""
     leader_lease_s: Annotated[float, msgspec.Meta(ge=1.0)] = 2.0

@@ -7,7 +7,8 @@ lock. Transient API errors (429, 5xx, timeouts) are retried with backoff; a conf
 checked against the pod (already bound this way by an earlier try: success); anything
 else is ``BindFailed`` and the allocator releases the reservation.
 
-Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's.
+Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's
+(unless ``scheduler.scheduledEvents`` is off: then a bind is the Binding alone).
 ``AllocationFailed`` (and the coordinator's ``PodWaiting``) becomes a ``FailedScheduling``
 Event and ``PodScheduled=False`` condition on each pod, with the per-node reasons; a
 message is not repeated to a pod.
@@ -142,12 +143,13 @@ class Binder(Service):
                     attempt=decided.attempt,
                 )
             )
-            devices = ", ".join(
-                f"{d.model or d.uuid}[{d.index}]" for c in decided.grants for d in c.devices
-            )
-            assigned = f"Successfully assigned {decided.pod} to {decided.node}"
-            assigned += f" with {devices}" if devices else ""
-            await self._tell(decided.pod, "Scheduled", assigned, "Normal")
+            if self.rt.cfg.scheduler.scheduled_events:
+                devices = ", ".join(
+                    f"{d.model or d.uuid}[{d.index}]" for c in decided.grants for d in c.devices
+                )
+                assigned = f"Successfully assigned {decided.pod} to {decided.node}"
+                assigned += f" with {devices}" if devices else ""
+                await self._tell(decided.pod, "Scheduled", assigned, "Normal")
             return
         log.warning("bind of %s to %s failed: %s", decided.pod, decided.node, error)
         self.bind_failures.add(1)

@@ -67,7 +67,15 @@ TOLERATE = [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": 
 async def pipeline(
     kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
-    p = await start_pipeline(tmp_path_factory.mktemp("nodefit"), kubeconfig, nats_admin, INVENTORY)
+    # Scheduled Events off here (test_pipeline.py checks them with the default): what a
+    # pod is told when it does not fit, this module's subject, is written either way.
+    p = await start_pipeline(
+        tmp_path_factory.mktemp("nodefit"),
+        kubeconfig,
+        nats_admin,
+        INVENTORY,
+        settings={"scheduledEvents": False},
+    )
     yield p
     await p.close()
 
@@ -107,6 +115,17 @@ async def test_node_selector_and_required_affinity(pipeline: Pipeline, ns: str) 
     await pipeline.create(ns, spec("nowhere", GPU, selector={"pool": "nope"}))
     message = await pipeline.refused(ns, "nowhere")
     assert "node(s) didn't match Pod's node affinity/selector" in message
+
+
+async def test_with_scheduled_events_off_a_bind_writes_no_event_a_refusal_still_does(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await pipeline.create(ns, spec("quiet", GPU, selector={"pool": "x"}))
+    assert await pipeline.node_of(ns, "quiet") == "nf-a"
+    await pipeline.create(ns, spec("told", GPU, selector={"pool": "nope"}))
+    message = await pipeline.refused(ns, "told")  # written after "quiet"'s bind
+    assert "node(s) didn't match Pod's node affinity/selector" in message
+    assert [e["reason"] for e in await pipeline.events(ns, "quiet")] == []
 
 
 async def test_taints_keep_pods_off_unless_tolerated(pipeline: Pipeline, ns: str) -> None:
