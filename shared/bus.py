@@ -663,7 +663,7 @@ class _Pull:
     for each, to wait on its queue with a timeout) and, asked for several, waits for all
     of them or its timeout; here the server sends each message the moment it is stored,
     and a request is renewed when its last message arrives, when the server says it
-    ended (408: expired; 404: nothing there) or, if the answer was lost, after
+    ended (408: expired; after any other status, a pause) or, if the answer was lost, after
     ``PULL_GRACE_S`` more. With ``concurrency`` 1 the callback runs the handler itself,
     one message at a time in stream order; above it, up to that many handlers run at
     once and the callback waits for a free one (unread messages wait in the inbox,
@@ -696,6 +696,8 @@ class _Pull:
         self.running: set[asyncio.Task[None]] = set()
         self.acks: list[str] = []
         """Reply subjects of handled messages whose ack is not sent yet."""
+        self.troubled = False
+        """The server answered a request with an error since the last message."""
         self.ack_due = asyncio.Event()
 
     async def run(self) -> None:
@@ -773,13 +775,23 @@ class _Pull:
         if status is not None:
             if status == "100":  # an idle heartbeat
                 return
-            if status not in ("404", "408"):
-                # 409 (a leader moved, too many waiting requests), 503 (JetStream not
-                # answering yet): the request is gone; ask again after a pause.
-                log.debug("pull on %s ended: %s", self.durable, status)
+            if status != "408":  # 408: the request expired, the usual end while idle
+                # 409 (a leader moved, the consumer deleted), 503 (no JetStream answering
+                # yet), or anything else: the request is gone; ask again after a pause,
+                # saying so once until a message comes again.
+                if not self.troubled:
+                    self.troubled = True
+                    log.warning(
+                        "pull on %s answered %s %s; asking again every %.2f s",
+                        self.durable,
+                        status,
+                        msg.headers.get(Header.DESCRIPTION, "") if msg.headers else "",
+                        RETRY_WAIT_S,
+                    )
                 await asyncio.sleep(RETRY_WAIT_S)
             await self.renew()
             return
+        self.troubled = False
         self.left -= 1
         if self.left <= 0:
             await self.renew()

@@ -178,6 +178,43 @@ async def test_a_pull_request_whose_renewal_is_lost_is_asked_again(
         assert [e for e, _ in await _collect(1, got, timeout_s=overdue + 3)] == [second]
 
 
+async def test_a_consumer_deleted_under_it_is_asked_again_calmly_until_it_is_back(
+    nats_cfg: NatsConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server ends a pull with an error (the durable deleted by hand: 409, then no
+    one answering): the consumer says so once, asks again at a calm pace, and takes
+    events again once the durable is back."""
+    first, second = sample_events()[:2]
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def handler(e: ev.AnyEvent, d: Delivery) -> None:
+        await got.put((e, d))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        bus.consume("deleted", [ev.STREAM_SUBJECTS], handler, deliver="new")
+        await eventually(lambda: _exists(bus, "deleted"), what="the durable")
+        await bus.publish(first)
+        assert [e for e, _ in await _collect(1, got)] == [first]
+        published = bus.nc.stats["out_msgs"]
+        await bus.js.delete_consumer(nats_cfg.stream, "deleted")
+        await asyncio.sleep(2.0)
+        asked = bus.nc.stats["out_msgs"] - published
+        assert asked <= 2.0 / bus_module.RETRY_WAIT_S + 2  # no request a turn of the loop
+        warned = [r for r in caplog.records if "pull on deleted answered" in r.getMessage()]
+        assert len(warned) == 1
+        await bus.ensure_consumer("deleted", [ev.STREAM_SUBJECTS], deliver="new")
+        await bus.publish(second)
+        assert [e for e, _ in await _collect(1, got, timeout_s=5)] == [second]
+
+
+async def _exists(bus: Bus, durable: str) -> bool:
+    try:
+        await bus.js.consumer_info(bus.cfg.stream, durable)
+    except Exception:
+        return False
+    return True
+
+
 async def test_consumer_filters_by_subject(nats_cfg: NatsConfig) -> None:
     got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
 
