@@ -664,10 +664,15 @@ class _Pull:
     of them or its timeout; here the server sends each message the moment it is stored,
     and a request is renewed when its last message arrives, when the server says it
     ended (408: expired; after any other status, a pause) or, if the answer was lost, after
-    ``PULL_GRACE_S`` more. With ``concurrency`` 1 the callback runs the handler itself,
-    one message at a time in stream order; above it, up to that many handlers run at
-    once and the callback waits for a free one (unread messages wait in the inbox,
-    at most about a request's worth).
+    ``PULL_GRACE_S`` more. Each request has its own reply subject under the inbox, where
+    the server says it ended: the end of an earlier request, read late (a handler
+    busy past its expiry, when the current one was made meanwhile), is ignored, so it
+    never renews a second request beside the current one.
+
+    With ``concurrency`` 1 the callback runs the handler itself, one message at a time
+    in stream order; above it, up to that many handlers run at once and the callback
+    waits for a free one (unread messages wait in the inbox, at most about a request's
+    worth).
 
     A handled message's ack waits up to ``ACK_DELAY_S`` for others, and they go out in
     one write (every ack was a socket write of its own, a tenth of a service's CPU). A
@@ -688,6 +693,9 @@ class _Pull:
             {"batch": batch, "expires": int(PULL_EXPIRES_S * 1_000_000_000)}
         )
         self.inbox = bus.nc.new_inbox()
+        self.asked = 0
+        """Requests made: the current one is answered on ``inbox.<asked>``."""
+        self.reply = ""
         self.left = 0
         """Messages the last request may still bring."""
         self.renew_at = 0.0
@@ -703,7 +711,7 @@ class _Pull:
     async def run(self) -> None:
         nc = self.bus.nc
         sub = await nc.subscribe(
-            self.inbox, cb=self.on_message, pending_msgs_limit=max(1024, 16 * self.batch)
+            f"{self.inbox}.*", cb=self.on_message, pending_msgs_limit=max(1024, 16 * self.batch)
         )
         acker = asyncio.create_task(self.acker(), name=f"{self.bus.name}:{self.durable}:acks")
         try:
@@ -759,9 +767,11 @@ class _Pull:
 
     async def ask(self) -> None:
         """A new pull request (the last one is spent, ended or lost)."""
+        self.asked += 1
+        self.reply = f"{self.inbox}.{self.asked}"
         self.left = self.batch
         self.renew_at = time.monotonic() + PULL_EXPIRES_S + PULL_GRACE_S
-        await self.bus.nc.publish(self.subject, self.request, reply=self.inbox)
+        await self.bus.nc.publish(self.subject, self.request, reply=self.reply)
 
     async def renew(self) -> None:
         """``ask`` from the callback: a failure is left to ``run``'s deadline."""
@@ -773,7 +783,9 @@ class _Pull:
     async def on_message(self, msg: Msg) -> None:
         status = msg.headers.get(Header.STATUS) if msg.headers else None
         if status is not None:
-            if status == "100":  # an idle heartbeat
+            # A status comes on the request's own reply subject (a message, on its
+            # stream subject: any message counts against the current request).
+            if status == "100" or msg.subject != self.reply:  # a heartbeat, an old end
                 return
             if status != "408":  # 408: the request expired, the usual end while idle
                 # 409 (a leader moved, the consumer deleted), 503 (no JetStream answering

@@ -178,6 +178,54 @@ async def test_a_pull_request_whose_renewal_is_lost_is_asked_again(
         assert [e for e, _ in await _collect(1, got, timeout_s=overdue + 3)] == [second]
 
 
+async def test_a_burst_of_many_requests_worth_flows_without_waiting_on_renewals(
+    nats_cfg: NatsConfig,
+) -> None:
+    """Fifteen requests' worth of events at once: each request is renewed as its last
+    event arrives, none waits for the overdue check (fifteen of those would take 22 s)."""
+    pods = [
+        ev.PodDeleted(pod=PodRef(namespace="burst", name=f"p{i}", uid=PodUID(f"burst-{i}")))
+        for i in range(120)
+    ]
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def handler(e: ev.AnyEvent, d: Delivery) -> None:
+        await got.put((e, d))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish_many(pods)
+        bus.consume("burst", [ev.PodDeleted.filter_subject()], handler, batch=8)
+        overdue = bus_module.PULL_EXPIRES_S + bus_module.PULL_GRACE_S
+        received = await _collect(len(pods), got, timeout_s=overdue)
+    assert [e for e, _ in received] == pods
+
+
+async def test_a_handler_slower_than_a_request_leaves_one_request_waiting(
+    nats_cfg: NatsConfig,
+) -> None:
+    """A handler busy past the request's expiry: the consumer asks again meanwhile, and
+    the first request's end, read late, must not renew it beside the second (requests
+    would pile up on the server, one more per slow handler)."""
+    first, second = sample_events()[:2]
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+    overdue = bus_module.PULL_EXPIRES_S + bus_module.PULL_GRACE_S
+
+    async def slow_once(e: ev.AnyEvent, d: Delivery) -> None:
+        if e == first:
+            await asyncio.sleep(overdue + 0.7)
+        await got.put((e, d))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish(first)
+        bus.consume("slow", [ev.STREAM_SUBJECTS], slow_once, ack_wait_s=30)
+        assert [e for e, _ in await _collect(1, got, timeout_s=10)] == [first]
+        await asyncio.sleep(2 * bus_module.PULL_EXPIRES_S + 0.5)  # a few renewals
+        info = await bus.js.consumer_info(nats_cfg.stream, "slow")
+        assert info.num_waiting == 1
+        await bus.publish(second)
+        assert [e for e, _ in await _collect(1, got)] == [second]
+
+
 async def test_a_consumer_deleted_under_it_is_asked_again_calmly_until_it_is_back(
     nats_cfg: NatsConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
