@@ -442,8 +442,10 @@ class Bus:
         The durable consumer remembers its position across restarts. With
         ``concurrency=1`` events are handled one at a time in stream order; above it, up
         to that many handlers run at once (order is not kept). A message is acked after
-        its handler returns and nak'ed (redelivered later) when it raises. Undecodable
-        messages are terminated with a log line: no retry can fix them.
+        its handler returns (with the others handled within ``ACK_DELAY_S``: see
+        ``_Pull``) and nak'ed (redelivered later) when it raises. Undecodable messages
+        are terminated with a log line: no retry can fix them. ``batch``: the messages
+        one pull request asks for.
         """
         task = asyncio.create_task(
             self._consume(
