@@ -67,7 +67,6 @@ asking again (the request was lost with a server, or in a reconnect)."""
 ACK_DELAY_S = 0.05
 """How long a consumer gathers the acks of handled messages before sending them in one
 write (see ``_Pull``)."""
-ACK = b"+ACK"
 PUBLISH_ACK_S = 5.0
 """How long a pipelined publish waits for JetStream's ack (nats-py's own default for one)."""
 RETRY_WAIT_S = 0.25
@@ -730,10 +729,10 @@ class _Pull:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-            for task in list(self.running):
+            stopping = [*self.running, acker]
+            for task in stopping:
                 task.cancel()
-            for task in [*self.running, acker]:
-                task.cancel()
+            for task in stopping:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await self.send_acks()
@@ -752,7 +751,7 @@ class _Pull:
         replies, self.acks = self.acks, []
         try:
             for reply in replies:
-                await self.bus.nc.publish(reply, ACK)
+                await self.bus.nc.publish(reply, Msg.Ack.Ack)
         except nats.errors.Error as exc:
             log.warning(
                 "could not ack %d messages on %s (%r); they will be delivered again",
