@@ -592,11 +592,8 @@ class Pods:
                     "resourceVersion": version,
                     "timeoutSeconds": "120",
                 }
-                async with self.api.session.get(
-                    self.api.host + path,
-                    params=params,
-                    headers=await self.api.headers(),
-                    timeout=aiohttp.ClientTimeout(total=150),
+                async with self.api.pool.stream(
+                    "GET", self.api.pool.target(path, params), await self.api.headers(), 150
                 ) as response:
                     if response.status == 410:
                         version = ""
@@ -604,7 +601,7 @@ class Pods:
                     if response.status != 200:
                         raise ApiException(status=response.status, reason=response.reason)
                     buffer = bytearray()
-                    async for chunk in response.content.iter_any():
+                    async for chunk in response.chunks():
                         buffer += chunk
                         while (end := buffer.find(b"\n")) >= 0:
                             line = bytes(buffer[:end])
@@ -671,7 +668,7 @@ async def write(api: kube.Client, path: str, body: dict[str, Any], method: str =
                 return None
             if exc.status in (400, 422) or time.monotonic() > deadline:
                 raise
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, OSError):
             if time.monotonic() > deadline:
                 raise
         await asyncio.sleep(0.25)

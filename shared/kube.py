@@ -2,11 +2,12 @@
 
 kubernetes-asyncio loads the credentials (a kubeconfig, an exec plugin, the pod's
 service account with its rotating token); the calls themselves go through ``Client``,
-one pooled aiohttp session with JSON in and out and no generated models. The generated
-client's request path cost the binder about 3.7 ms of CPU per bind at 1,000 nodes
-(py-spy): model sanitising, and, with ``trust_env``, a thread-pool hop per request to
-look up proxies and ``.netrc``. Hot reads (every pod, every node) decode with msgspec
-into small Structs (see the watcher).
+shared/http1.py's pool of keep-alive connections, with JSON in and out and no generated
+models. The generated client's request path cost the binder about 3.7 ms of CPU per bind
+at 1,000 nodes (py-spy): model sanitising, and, with ``trust_env``, a thread-pool hop per
+request to look up proxies and ``.netrc``; aiohttp's own client about 0.45 ms per
+request, http1's 0.13 ms (bench/RESULTS.md). Hot reads (every pod, every node) decode
+with msgspec into small Structs (see the watcher).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-import aiohttp
 import msgspec
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiException
@@ -27,6 +27,7 @@ from kubernetes_asyncio.client import ApiException
 from shared.aio import raise_if_cancelling
 from shared.config import KubernetesConfig
 from shared.core.model import NodeName, PodRef, PodUID
+from shared.http1 import Pool, ProtocolError
 
 REPORTING_COMPONENT = "tessera"
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 class Client:
-    """One API server: its address, credentials and a pooled HTTP session."""
+    """One API server: its address, credentials and a pool of connections."""
 
     def __init__(self, configuration: client.Configuration, pool: int) -> None:
         self.configuration = configuration
@@ -45,10 +46,7 @@ class Client:
         if not configuration.verify_ssl:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-        self.proxy: str | None = configuration.proxy or None
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=pool, ssl=context), trust_env=False
-        )
+        self.pool = Pool(self.host, context, limit=pool, proxy=configuration.proxy or None)
 
     async def headers(self, content_type: str | None = None) -> dict[str, str]:
         """Accept, Content-Type and the bearer token (re-read when it rotates)."""
@@ -61,7 +59,7 @@ class Client:
         return out
 
     async def close(self) -> None:
-        await self.session.close()
+        await self.pool.close()
 
     async def __aenter__(self) -> Client:
         return self
@@ -90,7 +88,7 @@ async def unreachable(api: Client) -> str | None:
         await request(api, "GET", "/version")
     except ApiException as exc:
         return f"the API server answered {exc.status} {exc.reason}"
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (OSError, TimeoutError) as exc:
         return f"the API server is unreachable: {exc!r}"
     return None
 
@@ -301,7 +299,7 @@ class _ObjectList(msgspec.Struct):
 
 _watch_decoder = msgspec.json.Decoder(WatchEvent)
 _encoder = msgspec.json.Encoder()
-REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=60)
+REQUEST_TIMEOUT_S = 60.0
 """A write or a list page; the API server's own limit is 60 s."""
 _list_decoder = msgspec.json.Decoder(_ObjectList)
 
@@ -339,23 +337,20 @@ async def _raw(
     content_type: str = "application/json",
 ) -> bytes:
     """The one place a (non-watch) API call is made and its status checked."""
-    async with api.session.request(
+    response = await api.pool.request(
         method,
-        api.host + path,
-        params=query or None,
-        data=None if body is None else _encoder.encode(body),
-        headers=await api.headers(content_type if body is not None else None),
-        proxy=api.proxy,
-        timeout=REQUEST_TIMEOUT,
-    ) as response:
-        raw = await response.read()
-        if response.status == 410:
-            raise GoneError(path)
-        if not 200 <= response.status <= 299:
-            error = ApiException(status=response.status, reason=response.reason)
-            error.body = raw
-            raise error
-        return raw
+        api.pool.target(path, query),
+        await api.headers(content_type if body is not None else None),
+        None if body is None else _encoder.encode(body),
+        timeout_s=REQUEST_TIMEOUT_S,
+    )
+    if response.status == 410:
+        raise GoneError(path)
+    if not 200 <= response.status <= 299:
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = response.body
+        raise error
+    return response.body
 
 
 MAX_EVENT_BYTES = 64 * 2**20
@@ -363,11 +358,11 @@ MAX_EVENT_BYTES = 64 * 2**20
 accepts requests up to 3 MiB; a watch event is one object with a little framing)."""
 
 
-async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The non-empty lines of a watch stream, however long (aiohttp's own line reader
-    stops at 512 KiB: one pod with a large env var would stop every watch)."""
+    stopped at 512 KiB: one pod with a large env var stopped every watch)."""
     buffer = bytearray()
-    async for chunk in content.iter_any():
+    async for chunk in chunks:
         buffer += chunk
         while (end := buffer.find(b"\n")) >= 0:
             line = bytes(buffer[:end])
@@ -375,7 +370,7 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
             if line.strip():
                 yield line
         if len(buffer) > MAX_EVENT_BYTES:
-            raise aiohttp.ClientPayloadError(f"a watch event over {MAX_EVENT_BYTES} bytes")
+            raise ProtocolError(f"a watch event over {MAX_EVENT_BYTES} bytes")
     if buffer.strip():
         yield bytes(buffer)
 
@@ -414,18 +409,14 @@ async def list_watch(
                     "timeoutSeconds": str(timeout_s),
                 }
             )
-            async with api.session.get(
-                api.host + path,
-                params=params,
-                headers=await api.headers(),
-                proxy=api.proxy,
-                timeout=aiohttp.ClientTimeout(total=timeout_s + 30),
+            async with api.pool.stream(
+                "GET", api.pool.target(path, params), await api.headers(), timeout_s + 30
             ) as response:
                 if response.status == 410:
                     raise GoneError(path)
                 if response.status != 200:
                     raise ApiException(status=response.status, reason=response.reason)
-                async for line in _lines(response.content):
+                async for line in _lines(response.chunks()):
                     try:
                         event = _watch_decoder.decode(line)
                     except msgspec.DecodeError as exc:  # a broken line: this one is lost
@@ -444,7 +435,7 @@ async def list_watch(
         except GoneError:
             log.info("watch of %s expired (410 Gone); listing again", path)
             version = ""
-        except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, ApiException, OSError) as exc:
             raise_if_cancelling()
             log.warning("watch of %s failed (%s); retrying in %.1fs", path, exc, backoff)
             await asyncio.sleep(backoff)

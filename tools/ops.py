@@ -190,7 +190,6 @@ async def api_get(
     """One GET (or a paged list: ``listing``) within :data:`API_TIMEOUT_S`; None when the
     object or the API does not exist (404); :class:`Failed` when the server cannot be
     reached or refuses."""
-    import aiohttp
     from kubernetes_asyncio.client import ApiException
 
     from shared import kube
@@ -210,7 +209,7 @@ async def api_get(
         raise Failed(
             f"the API server at {api.host} did not answer GET {path} in {API_TIMEOUT_S:.0f}s"
         ) from None
-    except (aiohttp.ClientError, OSError) as exc:
+    except OSError as exc:
         raise Failed(f"cannot reach the API server at {api.host}: {exc!r}") from None
 
 

@@ -26,7 +26,6 @@ import logging
 import time
 from typing import Literal
 
-import aiohttp
 from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
@@ -176,7 +175,7 @@ class Binder(Service):
                     return await self._conflict(decided)
                 if exc.status not in TRANSIENT or attempt == RETRIES - 1:
                     return f"API error {exc.status}: {exc.reason}"
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except (TimeoutError, OSError) as exc:
                 if attempt == RETRIES - 1:
                     return f"API unreachable: {exc}"
             await asyncio.sleep(delay)

@@ -1,0 +1,328 @@
+"""The API server's HTTP client: HTTP/1.1 over a keep-alive pool of TLS connections.
+
+Every API call of every service goes through it (shared/kube.py). It does what those
+calls need and nothing more, so each request costs little CPU: the binder makes two per
+pod. bench/RESULTS.md has the measure: about a third of aiohttp's client CPU per request
+on the same loop.
+
+What it speaks:
+- requests with a body (``Content-Length``) or without;
+- answers with ``Content-Length``, ``chunked`` or (``Connection: close``) up to EOF;
+- streamed chunked answers for watches (:meth:`Pool.stream`);
+- an ``http://`` proxy through ``CONNECT`` (kubeconfig's ``proxy-url``).
+
+Not redirects, cookies, compression (no ``Accept-Encoding`` is sent) or ``Expect:
+100-continue``. A connection idle for ``idle_s`` is dropped before the server's own idle
+timeout can close it under a request; one that broke while reused, before any byte of
+the answer came, is replaced and the request sent once more (the server closed it idle,
+so it never read the request). Transport failures raise :class:`ProtocolError` or
+another ``OSError``; a timeout raises ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import quote, urlencode, urlsplit
+
+IDLE_S = 30.0
+"""How long an unused connection is kept (Go's API server closes idle ones at 90 s)."""
+STREAM_LIMIT = 2**20
+"""The reader's buffer limit: an answer's head or a chunk-size line longer fails (the API
+server's are a few hundred bytes)."""
+
+
+class ProtocolError(ConnectionError):
+    """The server closed the connection, or answered with something that is not HTTP/1.1
+    as this client reads it."""
+
+
+@dataclass
+class Response:
+    status: int
+    reason: str
+    body: bytes
+
+
+@dataclass
+class _Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    used_at: float = 0.0
+    reused: bool = False
+
+    def close(self) -> None:
+        self.writer.transport.abort()
+
+
+@dataclass
+class _Head:
+    status: int
+    reason: str
+    length: int | None
+    chunked: bool
+    keep_alive: bool
+
+
+def _parse_head(raw: bytes) -> _Head:
+    try:
+        status_line, *lines = raw[:-4].split(b"\r\n")
+        version, code, *reason = status_line.split(b" ", 2)
+        if not version.startswith(b"HTTP/1."):
+            raise ValueError(version)
+        length: int | None = None
+        chunked = False
+        keep_alive = version == b"HTTP/1.1"
+        for line in lines:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = value.strip().lower().endswith(b"chunked")
+            elif name == b"connection":
+                keep_alive = value.strip().lower() == b"keep-alive" or (
+                    keep_alive and value.strip().lower() != b"close"
+                )
+        return _Head(
+            int(code), reason[0].decode("latin-1") if reason else "", length, chunked, keep_alive
+        )
+    except (ValueError, IndexError) as exc:
+        raise ProtocolError(f"not an HTTP/1.1 answer: {raw[:200]!r}") from exc
+
+
+@dataclass
+class Stream:
+    """An answer being read (:meth:`Pool.stream`): its status, then its body in chunks
+    as they come, or whole."""
+
+    status: int
+    reason: str
+    _conn: _Conn
+    _head: _Head
+    _done: bool = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body, each piece as soon as it arrives."""
+        try:
+            async for chunk in self._chunks():
+                yield chunk
+        except asyncio.IncompleteReadError:
+            raise ProtocolError("the server closed the connection mid-answer") from None
+        except asyncio.LimitOverrunError:
+            raise ProtocolError(f"a chunk-size line over {STREAM_LIMIT} bytes") from None
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        reader = self._conn.reader
+        if self._head.chunked:
+            while True:
+                size_line = await reader.readuntil(b"\r\n")
+                try:
+                    size = int(size_line.split(b";", 1)[0], 16)
+                except ValueError:
+                    raise ProtocolError(f"a bad chunk size: {size_line[:80]!r}") from None
+                if size == 0:
+                    while await reader.readuntil(b"\r\n") != b"\r\n":
+                        pass  # trailers
+                    break
+                data = await reader.readexactly(size + 2)
+                yield data[:-2]
+        elif self._head.length is not None:
+            if self._head.length:
+                yield await reader.readexactly(self._head.length)
+        else:
+            while data := await reader.read(2**16):
+                yield data
+            self._head.keep_alive = False
+        self._done = True
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        head = self._head
+        if head.length is not None and not head.chunked:  # most answers: one read
+            try:
+                body = await self._conn.reader.readexactly(head.length) if head.length else b""
+            except asyncio.IncompleteReadError:
+                raise ProtocolError("the server closed the connection mid-answer") from None
+            self._done = True
+            return body
+        return b"".join([chunk async for chunk in self.chunks()])
+
+
+class Pool:
+    """Connections to one server (``url``: ``https://host[:port][/prefix]``), at most
+    ``limit`` at once; a request beyond waits for one to come back. ``tls`` is ignored for
+    an ``http://`` URL."""
+
+    def __init__(
+        self,
+        url: str,
+        tls: ssl.SSLContext | None,
+        limit: int,
+        proxy: str | None = None,
+        idle_s: float = IDLE_S,
+    ) -> None:
+        split = urlsplit(url)
+        if split.scheme not in ("https", "http") or not split.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        if proxy and urlsplit(proxy).scheme != "http":
+            raise ValueError(f"only http:// proxies are supported, not {proxy!r}")
+        self.tls = tls if split.scheme == "https" else None
+        self.host = split.hostname
+        self.port = split.port or (443 if self.tls else 80)
+        self.prefix = split.path.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.authority = f"{host}:{self.port}"
+        self.proxy = proxy
+        self.idle_s = idle_s
+        self._slots = asyncio.Semaphore(limit)
+        self._free: list[_Conn] = []
+        self._closed = False
+
+    def target(self, path: str, query: Mapping[str, str] | None = None) -> str:
+        """The request target of ``path`` under the server's URL, with ``query``."""
+        target = self.prefix + quote(path, safe="/:@!$&'()*+,;=-._~")
+        return f"{target}?{urlencode(query)}" if query else target
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: bytes | None = None,
+        timeout_s: float = 60.0,
+    ) -> Response:
+        """One request and its whole answer."""
+        async with asyncio.timeout(timeout_s), self._slots:
+            conn, head = await self._begin(self._message(method, target, headers, body), method)
+            answer = Stream(head.status, head.reason, conn, head)
+            try:
+                data = await answer.read()
+            except BaseException:
+                conn.close()
+                raise
+            self._release(answer)
+            return Response(head.status, head.reason, data)
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, method: str, target: str, headers: Mapping[str, str], timeout_s: float
+    ) -> AsyncIterator[Stream]:
+        """One request whose answer is read as it comes (a watch), for at most
+        ``timeout_s``."""
+        async with asyncio.timeout(timeout_s), self._stream(method, target, headers, None) as s:
+            yield s
+
+    @contextlib.asynccontextmanager
+    async def _stream(
+        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None
+    ) -> AsyncIterator[Stream]:
+        async with self._slots:
+            conn, head = await self._begin(self._message(method, target, headers, body), method)
+            answer = Stream(head.status, head.reason, conn, head)
+            try:
+                yield answer
+            except BaseException:
+                conn.close()
+                raise
+            self._release(answer)
+
+    def _message(
+        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None
+    ) -> bytes:
+        if self._closed:
+            raise ProtocolError("the client is closed")
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.authority}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+
+    def _release(self, answer: Stream) -> None:
+        """Keep the connection of an answer read to its end, if the server keeps it."""
+        conn = answer._conn
+        if answer._done and answer._head.keep_alive and not self._closed:
+            conn.used_at = time.monotonic()
+            self._free.append(conn)
+        else:
+            conn.close()
+
+    async def _begin(self, message: bytes, method: str) -> tuple[_Conn, _Head]:
+        """``message`` sent and its answer's head read: on a kept connection, or a new
+        one when the kept ones turn out closed."""
+        conn, head = await self._send(message)
+        if method == "HEAD" or head.status in (204, 304):
+            head.length, head.chunked = 0, False
+        return conn, head
+
+    async def _send(self, message: bytes) -> tuple[_Conn, _Head]:
+        while self._free:
+            conn = self._free.pop()
+            if time.monotonic() - conn.used_at > self.idle_s or conn.reader.at_eof():
+                conn.close()
+                continue
+            try:
+                return conn, await _head(conn, message)
+            except asyncio.IncompleteReadError as exc:
+                conn.close()
+                if exc.partial:
+                    raise ProtocolError("the server closed the connection mid-answer") from None
+            except ConnectionError:
+                conn.close()  # closed while idle: it never read the request
+            except BaseException:
+                conn.close()
+                raise
+        conn = await self._connect()
+        try:
+            return conn, await _head(conn, message)
+        except asyncio.IncompleteReadError:
+            conn.close()
+            raise ProtocolError("the server closed the connection without an answer") from None
+        except BaseException:
+            conn.close()
+            raise
+
+    async def _connect(self) -> _Conn:
+        if not self.proxy:
+            reader, writer = await asyncio.open_connection(
+                self.host,
+                self.port,
+                ssl=self.tls,
+                server_hostname=self.host if self.tls else None,
+                limit=STREAM_LIMIT,
+            )
+            return _Conn(reader, writer)
+        proxy = urlsplit(self.proxy)
+        reader, writer = await asyncio.open_connection(
+            proxy.hostname, proxy.port or 80, limit=STREAM_LIMIT
+        )
+        conn = _Conn(reader, writer)
+        try:
+            connect = f"CONNECT {self.authority} HTTP/1.1\r\nHost: {self.authority}\r\n\r\n"
+            writer.write(connect.encode("latin-1"))
+            head = _parse_head(await reader.readuntil(b"\r\n\r\n"))
+            if head.status != 200:
+                raise ProtocolError(f"the proxy refused CONNECT: {head.status} {head.reason}")
+            if self.tls is not None:
+                await writer.start_tls(self.tls, server_hostname=self.host)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def close(self) -> None:
+        self._closed = True
+        while self._free:
+            self._free.pop().close()
+
+
+async def _head(conn: _Conn, message: bytes) -> _Head:
+    conn.writer.write(message)
+    try:
+        return _parse_head(await conn.reader.readuntil(b"\r\n\r\n"))
+    except asyncio.LimitOverrunError:
+        raise ProtocolError(f"an answer's head over {STREAM_LIMIT} bytes") from None
