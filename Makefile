@@ -55,6 +55,7 @@ down: install
 bench: controlplane
 	$(BIN)/python bench/core.py
 	$(BIN)/python bench/bus.py
+	$(BIN)/python bench/apiclient.py
 	$(BIN)/python bench/packing.py
 	$(BIN)/python bench/e2e.py
 	$(BIN)/python bench/gangs.py

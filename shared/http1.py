@@ -2,8 +2,8 @@
 
 Every API call of every service goes through it (shared/kube.py). It does what those
 calls need and nothing more, so each request costs little CPU: the binder makes two per
-pod. bench/RESULTS.md has the measure: about a third of aiohttp's client CPU per request
-on the same loop.
+pod. bench/apiclient.py measures it: about half of aiohttp's client CPU per request on
+the same event loop (bench/RESULTS.md).
 
 What it speaks:
 - requests with a body (``Content-Length``) or without;
@@ -53,7 +53,6 @@ class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     used_at: float = 0.0
-    reused: bool = False
 
     def close(self) -> None:
         self.writer.transport.abort()

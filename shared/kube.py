@@ -5,9 +5,9 @@ service account with its rotating token); the calls themselves go through ``Clie
 shared/http1.py's pool of keep-alive connections, with JSON in and out and no generated
 models. The generated client's request path cost the binder about 3.7 ms of CPU per bind
 at 1,000 nodes (py-spy): model sanitising, and, with ``trust_env``, a thread-pool hop per
-request to look up proxies and ``.netrc``; aiohttp's own client about 0.45 ms per
-request, http1's 0.13 ms (bench/RESULTS.md). Hot reads (every pod, every node) decode
-with msgspec into small Structs (see the watcher).
+request to look up proxies and ``.netrc``; aiohttp's own client 0.47 ms per request,
+http1's 0.20 ms on uvloop (bench/apiclient.py, bench/RESULTS.md). Hot reads (every
+pod, every node) decode with msgspec into small Structs (see the watcher).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ssl
 import subprocess
 import urllib.error
@@ -9,6 +11,7 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiException
@@ -146,3 +149,57 @@ def test_kubectl_works_and_anonymous_requests_are_refused(kube: LocalCluster) ->
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(f"{kube.server}/api/v1/nodes", context=ctx, timeout=5)
     assert info.value.code in (401, 403)
+
+
+def test_calls_and_watches_go_on_across_an_api_server_restart(tmp_path: Path) -> None:
+    """shared/http1.py against the real thing: the API server killed and started again
+    (its connections gone under the client's pool and its watch) costs nothing but a
+    reconnect: the next write succeeds, once, and the watch resumes where it was."""
+    path = "/api/v1/namespaces/default/configmaps"
+
+    def configmap(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
+
+    async def scenario(cluster: LocalCluster) -> None:
+        api = await kube.connect(KubernetesConfig(kubeconfig=str(cluster.kubeconfig)))
+        seen: list[tuple[str, str]] = []
+        changed = asyncio.Event()
+
+        async def on_event(kind: str, obj: dict[str, Any]) -> None:
+            seen.append((kind, obj["metadata"]["name"]))
+            changed.set()
+
+        async def on_relist(items: list[dict[str, Any]]) -> None:
+            seen.extend(("LISTED", obj["metadata"]["name"]) for obj in items)
+            changed.set()
+
+        async def until(what: tuple[str, str]) -> None:
+            async with asyncio.timeout(30):
+                while what not in seen:
+                    changed.clear()
+                    await changed.wait()
+
+        async with api:
+            watch = asyncio.create_task(
+                kube.list_watch(api, path, on_event, on_relist=on_relist, max_backoff_s=0.5)
+            )
+            for i in range(8):  # several kept connections
+                await kube.request(api, "POST", path, configmap(f"before-{i}"))
+            await until(("ADDED", "before-7"))
+            kept = len(api.pool._free)
+            assert kept >= 1
+            await asyncio.to_thread(cluster.restart_apiserver)
+            await kube.request(api, "POST", path, configmap("after"))
+            await until(("ADDED", "after"))
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            names = [n for _, n in seen]
+            assert names.count("after") == 1  # the write went once, and was seen once
+            listed, _ = await kube.list_all(api, path)
+            assert sorted(o["metadata"]["name"] for o in listed) == sorted(
+                [f"before-{i}" for i in range(8)] + ["after"]
+            )
+
+    with LocalCluster(workdir=tmp_path / "cluster", with_nats=False, with_crds=False) as cluster:
+        asyncio.run(scenario(cluster))
