@@ -81,12 +81,16 @@ def _parse_head(raw: bytes) -> _Head:
             name = name.strip().lower()
             if name == b"content-length":
                 length = int(value)
+                if length < 0:
+                    raise ValueError(length)
             elif name == b"transfer-encoding":
                 chunked = value.strip().lower().endswith(b"chunked")
             elif name == b"connection":
-                keep_alive = value.strip().lower() == b"keep-alive" or (
-                    keep_alive and value.strip().lower() != b"close"
-                )
+                token = value.strip().lower()
+                if token == b"close":
+                    keep_alive = False
+                elif token == b"keep-alive":
+                    keep_alive = True
         return _Head(
             int(code), reason[0].decode("latin-1") if reason else "", length, chunked, keep_alive
         )
@@ -122,6 +126,8 @@ class Stream:
                 size_line = await reader.readuntil(b"\r\n")
                 try:
                     size = int(size_line.split(b";", 1)[0], 16)
+                    if size < 0:
+                        raise ValueError(size)
                 except ValueError:
                     raise ProtocolError(f"a bad chunk size: {size_line[:80]!r}") from None
                 if size == 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -78,6 +79,20 @@ def keep_answering(*answers: bytes) -> Callable[[Server], Handler]:
     return handler
 
 
+def answer_then_close(answer: bytes) -> Callable[[Server], Handler]:
+    """Each connection: one request, ``answer``, then the connection closed."""
+
+    def handler(server: Server) -> Handler:
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+            await server.read_request(r)
+            w.write(answer)
+            await w.drain()
+
+        return serve
+
+    return handler
+
+
 async def test_content_length_and_keep_alive() -> None:
     async with serving(keep_answering(ok(b'{"a":1}'), ok(b"two"))) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=4)
@@ -108,15 +123,8 @@ async def test_chunked_body_and_trailers() -> None:
 
 
 async def test_connection_close_reads_to_eof_and_does_not_reuse() -> None:
-    def handler(server: Server) -> Handler:
-        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
-            await server.read_request(r)
-            w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end")
-            await w.drain()
-
-        return serve
-
-    async with serving(handler) as server:
+    close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end"
+    async with serving(answer_then_close(close)) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=1)
         assert (await pool.request("GET", "/", {})).body == b"to the end"
         assert (await pool.request("GET", "/", {})).body == b"to the end"
@@ -152,15 +160,8 @@ async def test_kept_connection_closed_while_idle_is_replaced_and_the_request_sen
 
 
 async def test_answer_cut_short_is_an_error_not_a_retry() -> None:
-    def handler(server: Server) -> Handler:
-        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
-            await server.read_request(r)
-            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-            await w.drain()
-
-        return serve
-
-    async with serving(handler) as server:
+    short = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
+    async with serving(answer_then_close(short)) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=1)
         with pytest.raises(ProtocolError):
             await pool.request("POST", "/", {}, b"x")
@@ -185,11 +186,23 @@ async def test_answer_cut_short_is_an_error_not_a_retry() -> None:
     assert len(server.requests) == 2
 
 
-async def test_not_http_is_a_protocol_error() -> None:
-    async with serving(keep_answering(b"SSH-2.0-OpenSSH\r\n\r\n")) as server:
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.1 answer"),
+        (b"HTTP/1.1 OK 200\r\n\r\n", "not an HTTP/1.1 answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n", "not an HTTP/1.1 answer"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-3\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+    ],
+    ids=["not-http", "no-status", "negative-length", "negative-chunk", "bad-chunk"],
+)
+async def test_what_is_not_http_is_a_protocol_error(answer: bytes, says: str) -> None:
+    async with serving(keep_answering(answer)) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=1)
-        with pytest.raises(ProtocolError, match=r"not an HTTP/1\.1 answer"):
+        with pytest.raises(ProtocolError, match=re.escape(says)):
             await pool.request("GET", "/", {})
+        assert not pool._free  # never kept
 
 
 async def test_idle_connections_are_dropped_before_the_server_would() -> None:
