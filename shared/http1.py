@@ -160,8 +160,9 @@ class Stream:
 
 class Pool:
     """Connections to one server (``url``: ``https://host[:port][/prefix]``), at most
-    ``limit`` at once; a request beyond waits for one to come back. ``tls`` is ignored for
-    an ``http://`` URL."""
+    ``limit`` at once; a request beyond waits for one to come back. ``tls`` is the TLS
+    context of an ``https://`` URL (the system's defaults when None), ignored for
+    ``http://``."""
 
     def __init__(
         self,
@@ -176,9 +177,10 @@ class Pool:
             raise ValueError(f"not an http(s) URL: {url!r}")
         if proxy and urlsplit(proxy).scheme != "http":
             raise ValueError(f"only http:// proxies are supported, not {proxy!r}")
-        self.tls = tls if split.scheme == "https" else None
+        https = split.scheme == "https"
+        self.tls = (tls or ssl.create_default_context()) if https else None
         self.host = split.hostname
-        self.port = split.port or (443 if self.tls else 80)
+        self.port = split.port or (443 if https else 80)
         self.prefix = split.path.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.authority = f"{host}:{self.port}"

@@ -331,3 +331,17 @@ def test_refuses_what_it_cannot_speak() -> None:
         Pool("ftp://x", None, limit=1)
     with pytest.raises(ValueError, match="proxies"):
         Pool("https://x", None, limit=1, proxy="socks5://p:1080")
+
+
+def test_a_server_url_with_a_path_prefix_or_an_ipv6_host() -> None:
+    """A kubeconfig's server may sit behind a prefix (a proxy of many clusters) or be an
+    IPv6 address."""
+    prefixed = Pool("https://rancher.example/k8s/clusters/c-1/", None, limit=1)
+    assert prefixed.target("/api/v1/pods", {"limit": "1"}) == (
+        "/k8s/clusters/c-1/api/v1/pods?limit=1"
+    )
+    assert prefixed.authority == "rancher.example:443"
+    assert prefixed.tls is not None  # https: TLS, with the system's defaults if none given
+    ipv6 = Pool("https://[::1]:6443", None, limit=1)
+    assert (ipv6.host, ipv6.authority) == ("::1", "[::1]:6443")
+    assert ipv6.target("/api") == "/api"
