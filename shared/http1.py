@@ -9,27 +9,36 @@ What it speaks:
 - requests with a body (``Content-Length``) or without;
 - answers with ``Content-Length``, ``chunked`` or (``Connection: close``) up to EOF;
 - streamed chunked answers for watches (:meth:`Pool.stream`);
-- an ``http://`` proxy through ``CONNECT`` (kubeconfig's ``proxy-url``).
+- an ``http://`` proxy through ``CONNECT`` (kubeconfig's ``proxy-url``, with its user
+  and password as ``Proxy-Authorization: Basic``; an ``https://`` proxy is refused at
+  start).
 
 Not redirects, cookies, compression (no ``Accept-Encoding`` is sent) or ``Expect:
 100-continue``. A connection idle for ``idle_s`` is dropped before the server's own idle
-timeout can close it under a request; one that broke while reused, before any byte of
-the answer came, is replaced and the request sent once more (the server closed it idle,
-so it never read the request). Transport failures raise :class:`ProtocolError` or
-another ``OSError``; a timeout raises ``TimeoutError``.
+timeout can close it under a request, and one found closed is replaced. A kept
+connection that breaks after the request went out, before any byte of the answer came,
+costs an idempotent request one more try on a new connection, and any other request a
+:class:`ProtocolError` (its caller decides: the binder's retries read the pod first).
+Transport failures raise :class:`ProtocolError` or another ``OSError``; a timeout
+raises ``TimeoutError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
-from urllib.parse import quote, urlencode, urlsplit
+from typing import Any
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 IDLE_S = 30.0
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+"""Methods whose request may be sent again when a kept connection failed without an
+answer (RFC 9110 section 9.2.2)."""
 """How long an unused connection is kept (Go's API server closes idle ones at 90 s)."""
 STREAM_LIMIT = 2**20
 """The reader's buffer limit: an answer's head or a chunk-size line longer fails (the API
@@ -107,6 +116,9 @@ class Stream:
     reason: str
     _conn: _Conn
     _head: _Head
+    _deadline: float | None = None
+    """The loop time by which every read must be done (:meth:`Pool.stream`); it bounds
+    the reads only, never what the caller does between them."""
     _done: bool = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -123,7 +135,7 @@ class Stream:
         reader = self._conn.reader
         if self._head.chunked:
             while True:
-                size_line = await reader.readuntil(b"\r\n")
+                size_line = await self._within(reader.readuntil(b"\r\n"))
                 try:
                     size = int(size_line.split(b";", 1)[0], 16)
                     if size < 0:
@@ -131,19 +143,25 @@ class Stream:
                 except ValueError:
                     raise ProtocolError(f"a bad chunk size: {size_line[:80]!r}") from None
                 if size == 0:
-                    while await reader.readuntil(b"\r\n") != b"\r\n":
+                    while await self._within(reader.readuntil(b"\r\n")) != b"\r\n":
                         pass  # trailers
                     break
-                data = await reader.readexactly(size + 2)
+                data = await self._within(reader.readexactly(size + 2))
                 yield data[:-2]
         elif self._head.length is not None:
             if self._head.length:
-                yield await reader.readexactly(self._head.length)
+                yield await self._within(reader.readexactly(self._head.length))
         else:
-            while data := await reader.read(2**16):
+            while data := await self._within(reader.read(2**16)):
                 yield data
             self._head.keep_alive = False
         self._done = True
+
+    async def _within(self, read: Coroutine[Any, Any, bytes]) -> bytes:
+        if self._deadline is None:
+            return await read
+        async with asyncio.timeout_at(self._deadline):
+            return await read
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -219,18 +237,14 @@ class Pool:
     async def stream(
         self, method: str, target: str, headers: Mapping[str, str], timeout_s: float
     ) -> AsyncIterator[Stream]:
-        """One request whose answer is read as it comes (a watch), for at most
-        ``timeout_s``."""
-        async with asyncio.timeout(timeout_s), self._stream(method, target, headers, None) as s:
-            yield s
-
-    @contextlib.asynccontextmanager
-    async def _stream(
-        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None
-    ) -> AsyncIterator[Stream]:
+        """One request whose answer is read as it comes (a watch): every read of it done
+        within ``timeout_s`` of the start, else ``TimeoutError``. What the caller does
+        with a chunk is not timed: a handler is never cancelled half-way by it."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
         async with self._slots:
-            conn, head = await self._begin(self._message(method, target, headers, body), method)
-            answer = Stream(head.status, head.reason, conn, head)
+            async with asyncio.timeout_at(deadline):
+                conn, head = await self._begin(self._message(method, target, headers, None), method)
+            answer = Stream(head.status, head.reason, conn, head, deadline)
             try:
                 yield answer
             except BaseException:
@@ -259,27 +273,50 @@ class Pool:
             conn.close()
 
     async def _begin(self, message: bytes, method: str) -> tuple[_Conn, _Head]:
-        """``message`` sent and its answer's head read: on a kept connection, or a new
-        one when the kept ones turn out closed."""
-        conn, head = await self._send(message)
+        """``message`` sent and its answer's head read, on a kept connection if one is
+        open, else on a new one."""
+        conn, head = await self._send(message, replayable=method in IDEMPOTENT)
         if method == "HEAD" or head.status in (204, 304):
             head.length, head.chunked = 0, False
         return conn, head
 
-    async def _send(self, message: bytes) -> tuple[_Conn, _Head]:
+    def _kept(self) -> _Conn | None:
+        """The most recently used kept connection still open, the stale ones closed."""
         while self._free:
             conn = self._free.pop()
-            if time.monotonic() - conn.used_at > self.idle_s or conn.reader.at_eof():
+            if (
+                time.monotonic() - conn.used_at > self.idle_s
+                or conn.reader.at_eof()
+                or conn.reader.exception() is not None
+                or conn.writer.transport.is_closing()
+            ):
                 conn.close()
                 continue
+            return conn
+        return None
+
+    async def _send(self, message: bytes, *, replayable: bool) -> tuple[_Conn, _Head]:
+        """Sent once more, on a new connection, only when a kept one failed before any
+        byte of the answer came, and then only if nothing was written (the connection
+        was found closed) or the method is idempotent: the server may have read a
+        request and died before answering, and a POST is never repeated (as Go's and
+        aiohttp's clients do)."""
+        conn = self._kept()
+        if conn is not None:
             try:
                 return conn, await _head(conn, message)
-            except asyncio.IncompleteReadError as exc:
+            except _UnsentError:
+                conn.close()  # closed under us: nothing went out
+            except ProtocolError:
                 conn.close()
-                if exc.partial:
-                    raise ProtocolError("the server closed the connection mid-answer") from None
-            except ConnectionError:
-                conn.close()  # closed while idle: it never read the request
+                raise
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                conn.close()
+                partial = isinstance(exc, asyncio.IncompleteReadError) and exc.partial
+                if partial or not replayable:
+                    raise ProtocolError(
+                        "the server closed the connection before answering in full"
+                    ) from None
             except BaseException:
                 conn.close()
                 raise
@@ -308,10 +345,16 @@ class Pool:
             proxy.hostname, proxy.port or 80, limit=STREAM_LIMIT
         )
         conn = _Conn(reader, writer)
+        lines = [f"CONNECT {self.authority} HTTP/1.1", f"Host: {self.authority}"]
+        if proxy.username is not None:
+            user = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"
+            lines.append(f"Proxy-Authorization: Basic {base64.b64encode(user.encode()).decode()}")
         try:
-            connect = f"CONNECT {self.authority} HTTP/1.1\r\nHost: {self.authority}\r\n\r\n"
-            writer.write(connect.encode("latin-1"))
-            head = _parse_head(await reader.readuntil(b"\r\n\r\n"))
+            try:
+                writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+                head = _parse_head(await reader.readuntil(b"\r\n\r\n"))
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                raise ProtocolError("the proxy closed the connection or sent no answer") from None
             if head.status != 200:
                 raise ProtocolError(f"the proxy refused CONNECT: {head.status} {head.reason}")
             if self.tls is not None:
@@ -327,8 +370,15 @@ class Pool:
             self._free.pop().close()
 
 
+class _UnsentError(ProtocolError):
+    """The request could not be written: the connection was closed under us."""
+
+
 async def _head(conn: _Conn, message: bytes) -> _Head:
-    conn.writer.write(message)
+    try:
+        conn.writer.write(message)
+    except RuntimeError as exc:  # uvloop, on a transport it has closed already
+        raise _UnsentError(str(exc)) from None
     try:
         return _parse_head(await conn.reader.readuntil(b"\r\n\r\n"))
     except asyncio.LimitOverrunError:

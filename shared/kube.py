@@ -37,8 +37,12 @@ log = logging.getLogger(__name__)
 class Client:
     """One API server: its address, credentials and a pool of connections."""
 
-    def __init__(self, configuration: client.Configuration, pool: int) -> None:
+    def __init__(
+        self, configuration: client.Configuration, pool: int, agent: str = "tessera"
+    ) -> None:
         self.configuration = configuration
+        self.agent = agent
+        """``User-Agent``: who asks, in the API server's audit log and metrics."""
         self.host = str(configuration.host).rstrip("/")
         context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
         if configuration.cert_file:
@@ -49,8 +53,8 @@ class Client:
         self.pool = Pool(self.host, context, limit=pool, proxy=configuration.proxy or None)
 
     async def headers(self, content_type: str | None = None) -> dict[str, str]:
-        """Accept, Content-Type and the bearer token (re-read when it rotates)."""
-        out = {"Accept": "application/json"}
+        """Accept, User-Agent, Content-Type and the bearer token (re-read when it rotates)."""
+        out = {"Accept": "application/json", "User-Agent": self.agent}
         if content_type is not None:
             out["Content-Type"] = content_type
         bearer = (await self.configuration.auth_settings()).get("BearerToken")
@@ -78,7 +82,11 @@ async def connect(cfg: KubernetesConfig, service: str = "") -> Client:
     else:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     # One connection pool sized for the binder's concurrency.
-    return Client(configuration, pool=max(cfg.burst // 4, 16))
+    return Client(
+        configuration,
+        pool=max(cfg.burst // 4, 16),
+        agent=f"tessera-{service}" if service else "tessera",
+    )
 
 
 async def unreachable(api: Client) -> str | None:
@@ -427,9 +435,10 @@ async def list_watch(
                         if obj.get("code") == 410:
                             raise GoneError(path)
                         raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                    version = obj.get("metadata", {}).get("resourceVersion", version)
                     if event.type != "BOOKMARK":
                         await on_event(event.type, obj)
+                    # only once handled: a watch that breaks meanwhile resumes before it
+                    version = obj.get("metadata", {}).get("resourceVersion", version)
 
             backoff = 0.2
         except GoneError:

@@ -7,6 +7,7 @@ server."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import re
 import socket
@@ -345,3 +346,101 @@ def test_a_server_url_with_a_path_prefix_or_an_ipv6_host() -> None:
     ipv6 = Pool("https://[::1]:6443", None, limit=1)
     assert (ipv6.host, ipv6.authority) == ("::1", "[::1]:6443")
     assert ipv6.target("/api") == "/api"
+
+
+@pytest.mark.parametrize(("method", "replayed"), [("GET", True), ("POST", False)])
+async def test_a_request_the_server_may_have_read_is_sent_again_only_if_idempotent(
+    method: str, replayed: bool
+) -> None:
+    """A kept connection that closes after the request went out, before any answer: the
+    server may have acted on it (and died), so only an idempotent request goes again."""
+
+    def handler(server: Server) -> Handler:
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+            await server.read_request(r)
+            w.write(ok(b"first"))
+            await w.drain()
+            if n == 0:
+                await server.read_request(r)  # read, then gone without an answer
+                return
+            await r.read()
+
+        return serve
+
+    async with serving(handler) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=1)
+        await pool.request(method, "/", {}, b"1")
+        if replayed:
+            assert (await pool.request(method, "/", {}, b"2")).body == b"first"
+        else:
+            with pytest.raises(ProtocolError):
+                await pool.request(method, "/", {}, b"2")
+        await pool.close()
+    assert [r.endswith(b"2") for r in server.requests] == [False, True] + [True] * replayed
+
+
+async def test_a_malformed_answer_on_a_kept_connection_is_not_sent_again() -> None:
+    async with serving(keep_answering(ok(b"a"), b"HTTP/1.1 abc\r\n\r\n")) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=1)
+        await pool.request("GET", "/", {})
+        with pytest.raises(ProtocolError, match="not an HTTP"):
+            await pool.request("GET", "/", {})
+        await pool.close()
+    assert len(server.requests) == 2
+    assert server.connections == 1
+
+
+async def test_a_stream_times_its_reads_not_what_the_caller_does_between_them() -> None:
+    """A watch handler slower than the watch's deadline is not cancelled half-way (the
+    event would be lost); the next read after the deadline is the one that fails."""
+    more = asyncio.Event()
+
+    def handler(server: Server) -> Handler:
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+            await server.read_request(r)
+            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\na\n\r\n")
+            await w.drain()
+            await more.wait()
+            await r.read()
+
+        return serve
+
+    async with serving(handler) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=1)
+        handled = []
+
+        async def watch() -> None:
+            async with pool.stream("GET", "/watch", {}, timeout_s=0.2) as answer:
+                async for chunk in answer.chunks():
+                    await asyncio.sleep(0.4)  # a slow handler, past the deadline
+                    handled.append(chunk)
+
+        with pytest.raises(TimeoutError):
+            await watch()
+        more.set()
+    assert handled == [b"a\n"]
+
+
+async def test_proxy_credentials_and_a_proxy_that_hangs_up() -> None:
+    heads: list[bytes] = []
+
+    async def proxy(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        heads.append(await r.readuntil(b"\r\n\r\n"))
+        w.close()  # no answer
+
+    listener = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    async with listener:
+        pool = Pool(
+            "http://api.example:8080",
+            None,
+            limit=1,
+            proxy=f"http://al%40ice:s3cr3t@127.0.0.1:{port}",
+        )
+        with pytest.raises(ProtocolError, match="proxy"):
+            await pool.request("GET", "/", {})
+    assert (
+        f"Proxy-Authorization: Basic {base64.b64encode(b'al@ice:s3cr3t').decode()}".encode()
+        in (heads[0])
+    )
+    assert heads[0].startswith(b"CONNECT api.example:8080 HTTP/1.1\r\n")
