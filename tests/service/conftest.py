@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import msgspec
 import nats.js.errors
 import pytest
-import uvloop
 
 from shared.bus import connect
 from shared.config import NatsConfig
@@ -26,11 +24,3 @@ async def nats_cfg(nats_admin: NatsConfig) -> NatsConfig:
         await js.delete_key_value(cfg.inventory_bucket)
     await nc.close()
     return cfg
-
-
-def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> object:
-    """shared/http1.py's tests run on asyncio's loop and on uvloop, the services' loop
-    (shared/runtime.py run_process): the two differ in how a closed transport fails."""
-    if item.path.name != "test_http1.py":
-        return None
-    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
