@@ -14,7 +14,9 @@ Prints, in one run on one core:
 - 64-pod gangs placed per second;
 - the ledger's memory at 10,000 nodes x 8 GPUs holding 80,000 grants;
 - realistic pods/s on 1,000 nodes with the fragmentation guard's window at its default,
-  at 2 and off (0, what the allocator uses while behind a burst): its cost.
+  at 2 and off (0, what the allocator uses while behind a burst): its cost; and the
+  same for bench/e2e.py's vGPU pods (every one 16 GiB and 25 % of the cores of a card,
+  with the realistic cpu, memory and constraints; 5,000 of them).
 """
 
 from __future__ import annotations
@@ -119,13 +121,18 @@ def vgpu_pod(i: int, memory: int, cores: int, count: int = 1) -> tuple[PodRef, P
 Pod = tuple[PodRef, PodRequest, PodSpec | None]
 
 
-def workload(pods: int, seed: int, *, realistic: bool = False) -> list[Pod]:
+def workload(pods: int, seed: int, *, realistic: bool = False, uniform: bool = False) -> list[Pod]:
+    """Slices of random sizes, or (``uniform``) bench/e2e.py's: 20 % of an 80 GiB card
+    and 25 % of its cores each."""
     rng = random.Random(seed)
     out: list[Pod] = []
     for i in range(pods):
-        ref, req = vgpu_pod(
-            i, rng.choice((2048, 4096, 8192, 10240, 16384)), rng.choice((0, 10, 20, 25))
-        )
+        if uniform:
+            ref, req = vgpu_pod(i, GPU_MIB // 5, 25)
+        else:
+            ref, req = vgpu_pod(
+                i, rng.choice((2048, 4096, 8192, 10240, 16384)), rng.choice((0, 10, 20, 25))
+            )
         out.append((ref, req, host_spec(i, rng) if realistic else None))
     return out
 
@@ -259,6 +266,12 @@ def main() -> None:
     print(
         f"realistic pods/s on 1,000 nodes by fragmentationGuard: {default} (default) "
         f"{q1k:,.0f}, 2 {narrow[2]:,.0f}, 0 (first fit, as behind a burst) {narrow[0]:,.0f}"
+    )
+    e2e = workload(min(args.pods, 5000), args.seed, realistic=True, uniform=True)
+    by_guard = {g: rate(1000, e2e, guard=g) for g in (default, 2, 0)}
+    print(
+        "bench/e2e.py's vGPU pods (realistic) on 1,000 nodes by fragmentationGuard: "
+        + ", ".join(f"{g} {r:,.0f} pods/s ({1e6 / r:,.0f} µs)" for g, r in by_guard.items())
     )
     g_rate, g_ok = gangs(1000, args.gangs)
     print(
