@@ -50,7 +50,7 @@ from shared.core.model import (
     Policy,
 )
 from shared.core.nodefit import Prepared
-from shared.core.policy import MEMO_LIMIT, Shape, Workload, shape_fraction
+from shared.core.policy import MEMO_LIMIT, Shape, Tables, Workload, shape_fraction
 from shared.core.status import (
     SUCCESS,
     UNRESOLVABLE,
@@ -202,8 +202,11 @@ class Placer:
         self._routes: dict[tuple[object, ...], list[_Route]] = {}
         self._largest = (0, 1)
         """(pools seen, the largest card's MiB): what FGD's shapes are fractions of."""
-        self._fgd_cache: dict[tuple[NodeName, object], tuple[object, float | None, float]] = {}
-        """(node, the pod's request, cpu, memory, device policy) → (the node's ``_stamp``
+        self._fgd_cache: dict[
+            tuple[NodeName, object, tuple[int, ...]], tuple[object, float | None, float]
+        ] = {}
+        """(node, (the pod's request, device policy), where its cpu and memory leave the
+        node: ``_host_after``) → (the node's ``_stamp``
         when weighed, the fragmentation the pod adds there or None if it does not fit,
         the free GPU share it leaves): see ``_best_fgd``."""
         self._fgd_tables: object = None
@@ -630,7 +633,8 @@ class Placer:
         where it strands nothing and no GPU is free: the search stops once
         ``score_window`` of those are found.
 
-        A node's result for a pod of the same request, cpu and memory is kept while the
+        A node's result for a pod of the same request, whose cpu and memory leave the
+        node holding as many tasks of each type (``_host_after``), is kept while the
         node's usage stays the same (``_stamp``): a wide window then weighs mostly nodes
         already weighed, at a dictionary read each. The chosen node, if its result was
         kept, is fitted again, so a grant is always made on the ledger as it is."""
@@ -644,7 +648,7 @@ class Placer:
         device_fgd = ctx.device_policy == "fgd" and request.wants_devices
         kind: object = None
         if not rotate and not ctx.avoid and ctx.only is None:
-            kind = (request, want_cpu, want_memory, ctx.device_policy)
+            kind = (request, ctx.device_policy)
         cache = self._fgd_cache
         if len(cache) >= MEMO_LIMIT:
             cache.clear()
@@ -660,7 +664,12 @@ class Placer:
             if prep is not None and prep.filter(node.host) is not None:
                 continue
             stamp = _stamp(node) if kind is not None else None
-            kept = cache.get((node.name, kind)) if kind is not None else None
+            key = (
+                (node.name, kind, _host_after(tables, node, want_cpu, want_memory))
+                if kind is not None
+                else None
+            )
+            kept = cache.get(key) if key is not None else None
             grants: tuple[ContainerGrant, ...] | None
             if kept is not None and kept[0] == stamp:
                 _, delta, left = kept
@@ -669,8 +678,8 @@ class Placer:
                 grants = None
             else:
                 weighed = self._fgd_delta(node, request, ctx, device_fgd, want_cpu, want_memory)
-                if kind is not None:
-                    cache[(node.name, kind)] = (
+                if key is not None:
+                    cache[key] = (
                         stamp,
                         *(weighed[:2] if weighed is not None else (None, 0.0)),
                     )
@@ -944,6 +953,27 @@ def _stamp(node: NodeState) -> tuple[int, ...]:
         host.count,
         used.get(CPU, 0),
         used.get(MEMORY, 0),
+    )
+
+
+def _host_after(
+    tables: Tables, node: NodeState, want_cpu: int, want_memory: int
+) -> tuple[int, ...]:
+    """What of a pod's cpu and memory FGD's result on ``node`` depends on, the node's
+    own state aside (``_stamp``): where the node's free cpu and memory after it fall
+    among the figures at which it holds one task fewer of some type (``host_key``).
+    Pods whose cpu and memory differ but fall alike share the node's kept result (the
+    guard weighed about a quarter of its window from memory when the exact figures were
+    the key: bench/RESULTS.md). A node of mixed GPU types keys by the exact figures."""
+    model = _model_of(node)
+    cpu, memory = _host_free(node)
+    if not isinstance(model, str):
+        return (want_cpu, want_memory)
+    return tables.host_key(
+        model,
+        len(node.devices),
+        None if cpu is None else cpu - want_cpu,
+        None if memory is None else memory - want_memory,
     )
 
 

@@ -97,7 +97,7 @@ class Workload:
     from the pods placed (``observe``)."""
 
     weights: dict[Shape, float] = field(default_factory=dict)
-    _tables: _Tables | None = field(default=None, repr=False, compare=False)
+    _tables: Tables | None = field(default=None, repr=False, compare=False)
     _pending: float = field(default=0.0, repr=False, compare=False)
     """Weight observed since the tables were built (see REFRESH_SHARE)."""
 
@@ -122,11 +122,11 @@ class Workload:
         if held is None or self._pending >= REFRESH_SHARE * tables.total:
             self._tables = None
 
-    def tables(self) -> _Tables:
+    def tables(self) -> Tables:
         """The weighed distribution and its memos (rebuilt when stale)."""
         tables = self._tables
         if tables is None:
-            tables = self._tables = _Tables(self.normalised(), sum(self.weights.values()))
+            tables = self._tables = Tables(self.normalised(), sum(self.weights.values()))
             self._pending = 0.0
         return tables
 
@@ -174,7 +174,7 @@ class _AtHost(Workload):
         self.base = base
         self.host = (model, cpu_milli, memory)
 
-    def tables(self) -> _Tables:
+    def tables(self) -> Tables:
         return self.base.tables()
 
     def fragmentation(
@@ -188,7 +188,7 @@ class _AtHost(Workload):
         return self.base.fragmentation(free, model or at_model, at_cpu, at_memory)
 
 
-class _Tables:
+class Tables:
     """One weighing of a workload: its GPU shapes, its types by shape, and the memos of
     ``U_s`` (by free shares) and ``P_s`` (by GPU type, free cpu, free memory)."""
 
@@ -237,13 +237,7 @@ class _Tables:
         memoised by where they fall among those figures (:meth:`limits_of`), not by the
         figures themselves: a window of nodes with all their different free cores then
         shares a few entries."""
-        cpu_limits, memory_limits = self.limits_of(model, devices)
-        key = (
-            model,
-            devices,
-            -1 if cpu is None else bisect_right(cpu_limits, cpu),
-            -1 if memory is None else bisect_right(memory_limits, memory),
-        )
+        key = (model, devices, *self.host_key(model, devices, cpu, memory))
         known = self.host_memo.get(key)
         if known is None:
             types = self.by_model.get(model)
@@ -261,6 +255,18 @@ class _Tables:
                 self.host_memo.clear()
             known = self.host_memo[key] = tuple(p)
         return known
+
+    def host_key(
+        self, model: str, devices: int, cpu: int | None, memory: int | None
+    ) -> tuple[int, int]:
+        """Where this free cpu and memory fall among :meth:`limits_of`'s figures: two
+        hosts of ``model`` with ``devices`` devices and the same key hold as many tasks
+        of every type, so the host side of their fragmentation is the same."""
+        cpu_limits, memory_limits = self.limits_of(model, devices)
+        return (
+            -1 if cpu is None else bisect_right(cpu_limits, cpu),
+            -1 if memory is None else bisect_right(memory_limits, memory),
+        )
 
     def limits_of(self, model: str, devices: int) -> tuple[list[int], list[int]]:
         """The cpu and the memory figures at which a node of ``model`` with this many

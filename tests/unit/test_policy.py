@@ -384,3 +384,48 @@ def test_a_mig_instance_larger_than_asked_counts_what_it_wastes() -> None:
     assert _over_granted(node, request, whole.grants) == pytest.approx(40192 / 40960 - 0.49)
     sliced = pinned(pl, "1", asked, "a100")
     assert _over_granted(pl.ledger.nodes[NodeName("a100")], request, sliced.grants) == 0.0
+
+
+def test_the_guards_kept_results_change_no_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The placer keeps a node's FGD result for pods whose cpu and memory leave the node
+    holding as many tasks of each type (``_host_after``), not only for the same figures.
+    Over 400 pods of mixed cpu, memory and shares on 24 nodes of two cpu sizes, every
+    choice (node and cards) is the one made with nothing kept, or kept by the exact
+    figures; and fewer nodes are weighed than with either."""
+    from shared.core import placement as core_placement
+
+    def run(keep: str) -> tuple[list[tuple[str, tuple[int, ...]]], int]:
+        rng = random.Random(7)
+        nodes = {f"n{i:02d}": ("96" if i % 3 else "32", gpus(8)) for i in range(24)}
+        pl = Placer(cluster(nodes), PlacementConfig(fragmentation_guard=16))
+        weighed = 0
+        real = pl._fgd_delta
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal weighed
+            weighed += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(pl, "_fgd_delta", counted)
+        if keep == "nothing":
+            monkeypatch.setattr(core_placement, "MEMO_LIMIT", 0)  # cleared at every pod
+        elif keep == "by the exact figures":
+            monkeypatch.setattr(core_placement, "_host_after", lambda _t, _n, c, m: (c, m))
+        chosen = []
+        for _ in range(400):
+            limits = {
+                "nvidia.com/gpu": 1,
+                "nvidia.com/gpumem-percentage": rng.choice((10, 20, 25, 50)),
+                "nvidia.com/gpucores": rng.choice((10, 25, 50)),
+            }
+            placed = put(pl, rng.choice(("250m", "500m", "1", "2", "3", "6")), limits)
+            cards = tuple(d.index for c in placed.grants for d in c.devices)
+            chosen.append((placed.node, cards))
+        monkeypatch.undo()
+        return chosen, weighed
+
+    kept, weighed_kept = run("by tasks held")
+    exact, weighed_exact = run("by the exact figures")
+    fresh, weighed_fresh = run("nothing")
+    assert kept == exact == fresh
+    assert weighed_kept < weighed_exact < weighed_fresh
