@@ -94,6 +94,27 @@ def answer_then_close(answer: bytes) -> Callable[[Server], Handler]:
     return handler
 
 
+def chunked_until(
+    gate: asyncio.Event, first: bytes, then: bytes = b""
+) -> Callable[[Server], Handler]:
+    """A chunked answer: ``first`` (the head and a chunk) at once, ``then`` once ``gate``
+    is set, the rest never (the connection stays open until the client closes it)."""
+
+    def handler(server: Server) -> Handler:
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+            await server.read_request(r)
+            w.write(first)
+            await w.drain()
+            await gate.wait()
+            w.write(then)
+            await w.drain()
+            await r.read()
+
+        return serve
+
+    return handler
+
+
 async def test_content_length_and_keep_alive() -> None:
     async with serving(keep_answering(ok(b'{"a":1}'), ok(b"two"))) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=4)
@@ -264,20 +285,8 @@ async def test_timeout_closes_the_connection() -> None:
 
 async def test_stream_yields_chunks_as_they_come_and_an_early_exit_closes() -> None:
     step = asyncio.Event()
-
-    def handler(server: Server) -> Handler:
-        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
-            await server.read_request(r)
-            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nline1\n\r\n")
-            await w.drain()
-            await step.wait()
-            w.write(b"6\r\nline2\n\r\n")
-            await w.drain()
-            await r.read()
-
-        return serve
-
-    async with serving(handler) as server:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nline1\n\r\n"
+    async with serving(chunked_until(step, head, b"6\r\nline2\n\r\n")) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=1)
         seen = []
         async with pool.stream("GET", "/watch", {}, timeout_s=5) as answer:
@@ -394,18 +403,8 @@ async def test_a_stream_times_its_reads_not_what_the_caller_does_between_them() 
     """A watch handler slower than the watch's deadline is not cancelled half-way (the
     event would be lost); the next read after the deadline is the one that fails."""
     more = asyncio.Event()
-
-    def handler(server: Server) -> Handler:
-        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
-            await server.read_request(r)
-            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\na\n\r\n")
-            await w.drain()
-            await more.wait()
-            await r.read()
-
-        return serve
-
-    async with serving(handler) as server:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\na\n\r\n"
+    async with serving(chunked_until(more, head)) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", None, limit=1)
         handled = []
 
