@@ -36,10 +36,10 @@ from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
 IDLE_S = 30.0
+"""How long an unused connection is kept (Go's API server closes idle ones at 90 s)."""
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 """Methods whose request may be sent again when a kept connection failed without an
 answer (RFC 9110 section 9.2.2)."""
-"""How long an unused connection is kept (Go's API server closes idle ones at 90 s)."""
 STREAM_LIMIT = 2**20
 """The reader's buffer limit: an answer's head or a chunk-size line longer fails (the API
 server's are a few hundred bytes)."""
@@ -261,7 +261,7 @@ class Pool:
         lines += [f"{k}: {v}" for k, v in headers.items()]
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        return _head_bytes(lines) + (body or b"")
 
     def _release(self, answer: Stream) -> None:
         """Keep the connection of an answer read to its end, if the server keeps it."""
@@ -351,7 +351,7 @@ class Pool:
             lines.append(f"Proxy-Authorization: Basic {base64.b64encode(user.encode()).decode()}")
         try:
             try:
-                writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+                writer.write(_head_bytes(lines))
                 head = _parse_head(await reader.readuntil(b"\r\n\r\n"))
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 raise ProtocolError("the proxy closed the connection or sent no answer") from None
@@ -368,6 +368,11 @@ class Pool:
         self._closed = True
         while self._free:
             self._free.pop().close()
+
+
+def _head_bytes(lines: list[str]) -> bytes:
+    """A request line and its headers, as they go on the wire."""
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class _UnsentError(ProtocolError):
