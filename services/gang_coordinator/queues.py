@@ -27,7 +27,7 @@ from shared import events as ev
 from shared import kube, views
 from shared.core.gangs import Gangs
 from shared.core.model import GangKey
-from shared.core.queues import Resources, add, resource_list
+from shared.core.queues import resource_list
 from shared.core.request import ResourceTable
 from shared.metrics import Labels, Metrics, Reading
 
@@ -65,15 +65,16 @@ def snapshot(
     phases: Mapping[GangKey, str],
     why: Mapping[GangKey, Why],
     now: float,
+    *,
+    with_gangs: bool = True,
 ) -> Snapshot:
-    """Queues and waiting gangs from the core's state; ``phases``: each known PodGroup's
-    phase as last written; ``now``: monotonic (the members' ``since`` clock)."""
-    used, deserved = gangs.shares()
-    request: dict[str, Resources] = {q: dict(v) for q, v in used.items()}
+    """Queues and (``with_gangs``) waiting gangs from the core's state; ``phases``: each
+    known PodGroup's phase as last written; ``now``: monotonic (the members' ``since``
+    clock). Queue status needs no gangs: one view per waiting gang, every
+    ``STATUS_INTERVAL_S`` with thousands of pods behind, was most of what it cost."""
+    used, request, deserved = gangs.shares()
     by_gang: dict[GangKey, list[Any]] = {}
-    for m in gangs.pods.values():
-        if m.state not in ("inflight", "placed"):
-            request[m.queue] = add(request.get(m.queue, {}), m.vector)
+    for m in gangs.pods.values() if with_gangs else ():
         by_gang.setdefault(m.key, []).append(m)
     groups: dict[str, dict[str, int]] = {}
     for key, group in gangs.groups.items():

@@ -94,8 +94,10 @@ class Coordinator(Service):
         """Once per scrape: every queue gauge reports from it."""
         self._scraped = self.snapshot()
 
-    def snapshot(self) -> Snapshot:
-        return snapshot(self.gangs, self.status.phase, self.why, time.monotonic())
+    def snapshot(self, *, with_gangs: bool = True) -> Snapshot:
+        return snapshot(
+            self.gangs, self.status.phase, self.why, time.monotonic(), with_gangs=with_gangs
+        )
 
     async def start(self) -> None:
         # Inventories published before the consumer existed: the KV has every node's latest.
@@ -128,7 +130,7 @@ class Coordinator(Service):
         waiting = {m.key for m in self.gangs.pods.values()}
         for key in [k for k in self.why if k not in waiting]:
             del self.why[key]
-        snap = self.snapshot()
+        snap = self.snapshot(with_gangs=False)
         await self.queue_status.write(snap.queues, set(self.queues))
 
     # --- pods -------------------------------------------------------------------------

@@ -132,6 +132,54 @@ class Policy:
     preemption: bool = True
 
 
+class _Sums:
+    """Per queue, the sum of its waiting members' vectors (``demand``) and of those that
+    hold theirs, in flight or placed (``held``), kept as each member is set or removed.
+    A queue's sums are dropped when it has no such member left, so what rounding leaves
+    of additions and subtractions never outlives a burst."""
+
+    __slots__ = ("_counts", "_of", "demand", "held")
+
+    def __init__(self) -> None:
+        self.demand: dict[str, Resources] = {}
+        self.held: dict[str, Resources] = {}
+        self._counts: dict[tuple[str, bool], int] = {}
+        self._of: dict[PodUID, tuple[str, Resources, bool]] = {}
+        """What each member adds now: its queue, its vector, whether it holds it."""
+
+    def set(self, uid: PodUID, queue: str, vector: Resources, holds: bool) -> None:
+        was = self._of.get(uid)
+        if was is not None:
+            if was[0] == queue and was[1] is vector and was[2] == holds:
+                return  # nothing changed (the usual case in a dispatch's scan)
+            self._take(*was)
+        self._of[uid] = (queue, vector, holds)
+        self._add(queue, vector, False, self.demand)
+        if holds:
+            self._add(queue, vector, True, self.held)
+
+    def remove(self, uid: PodUID) -> None:
+        was = self._of.pop(uid, None)
+        if was is not None:
+            self._take(*was)
+
+    def _add(self, queue: str, vector: Resources, holds: bool, sums: dict[str, Resources]) -> None:
+        self._counts[queue, holds] = self._counts.get((queue, holds), 0) + 1
+        accumulate(sums.setdefault(queue, {}), vector)
+
+    def _take(self, queue: str, vector: Resources, holds: bool) -> None:
+        for held, sums in ((False, self.demand), (True, self.held)):
+            if held and not holds:
+                continue
+            left = self._counts[queue, held] - 1
+            if left:
+                self._counts[queue, held] = left
+                accumulate(sums[queue], vector, -1)
+            else:
+                del self._counts[queue, held]
+                del sums[queue]
+
+
 class Gangs:
     """Every pod not yet bound, the bound ones by gang, PodGroups, Queues and capacity."""
 
@@ -149,6 +197,11 @@ class Gangs:
         self.bound_pods: dict[PodUID, Member] = {}
         self.bound_use: dict[str, Resources] = {}
         """Per queue, what its bound pods hold."""
+        self._waiting = _Sums()
+        """Per queue, what its pods not bound add to its demand, and of that what the
+        ones in flight or placed hold: kept as members change (``_account``), so a
+        dispatch does not sum every waiting pod again (at a few thousand pods behind,
+        that sum was most of the coordinator's CPU, and grew with the backlog)."""
         self.groups: dict[GangKey, GroupSpec] = {}
         self.queues: dict[str, QueueSpec] = {}
         self.nodes: dict[NodeName, tuple[DeviceInfo, ...]] = {}
@@ -167,12 +220,14 @@ class Gangs:
         known = self.pods.get(m.pod.uid)
         if known is None:
             self.pods[m.pod.uid] = m
+            self._account(m)
             return True
         changed = known.request != m.request
         known.request, known.key, known.task = m.request, m.key, m.task
         known.priority, known.created_at = m.priority, m.created_at
         if changed and known.state == "parked":
             known.state, known.unresolvable = "pending", False
+            self._account(known)
         return changed
 
     def decided(self, uid: PodUID, vector: Resources) -> None:
@@ -180,6 +235,7 @@ class Gangs:
         m = self.pods.get(uid)
         if m is not None and m.state in ("inflight", "pending"):
             m.state, m.failed, m.vector = "placed", False, vector
+            self._account(m)
 
     def failed(
         self, uids: Iterable[PodUID], attempt: int, *, unresolvable: bool, now: float
@@ -203,6 +259,7 @@ class Gangs:
         m = self.pods.pop(uid, None)
         if m is None:
             return None
+        self._waiting.remove(uid)
         m.state = "bound"
         m.queue = self.queue_of(m.key)
         self.bound_pods[uid] = m
@@ -212,7 +269,8 @@ class Gangs:
 
     def forget(self, uid: PodUID) -> None:
         """The pod is gone (deleted, finished, or rejected as invalid)."""
-        self.pods.pop(uid, None)
+        if self.pods.pop(uid, None) is not None:
+            self._waiting.remove(uid)
         m = self.bound_pods.pop(uid, None)
         if m is not None:
             accumulate(self.bound_use.setdefault(m.queue, {}), m.vector, -1)
@@ -251,6 +309,12 @@ class Gangs:
         m.state = "parked"
         m.unresolvable = unresolvable
         m.retry_at = math.inf if unresolvable else retry_at
+        self._account(m)
+
+    def _account(self, m: Member) -> None:
+        """Bring the queue sums in step with a waiting member's state, queue and vector
+        (after any of them changed)."""
+        self._waiting.set(m.pod.uid, m.queue, m.vector, m.state in ("inflight", "placed"))
 
     def next_retry(self) -> float:
         """The earliest time a parked pod is due (``inf`` when none is)."""
@@ -271,14 +335,16 @@ class Gangs:
 
     # --- shares -----------------------------------------------------------------------
 
-    def shares(self) -> tuple[dict[str, Resources], dict[str, Resources]]:
-        """Each queue's (allocated + in flight) and deserved share, by the demand now."""
+    def shares(self) -> tuple[dict[str, Resources], dict[str, Resources], dict[str, Resources]]:
+        """Per queue, what it holds (bound, placed and in flight: Volcano's
+        ``allocated``), what it asks (that and its pending pods: ``request``), and its
+        deserved share by that demand."""
         used = {q: dict(v) for q, v in self.bound_use.items()}
         demand = {q: dict(v) for q, v in self.bound_use.items()}
-        for m in self.pods.values():  # in place: a new dict per pod was a fifth of dispatch
-            if m.state in ("inflight", "placed"):
-                accumulate(used.setdefault(m.queue, {}), m.vector)
-            accumulate(demand.setdefault(m.queue, {}), m.vector)
+        for q, v in self._waiting.held.items():
+            accumulate(used.setdefault(q, {}), v)
+        for q, v in self._waiting.demand.items():
+            accumulate(demand.setdefault(q, {}), v)
         open_queues = [
             QueueShare(
                 name=q.name,
@@ -290,7 +356,7 @@ class Gangs:
             for q in self.queues.values()
             if q.state == "Open"
         ]
-        return used, deserved(self.capacity()[0], open_queues)
+        return used, demand, deserved(self.capacity()[0], open_queues)
 
     # --- decisions --------------------------------------------------------------------
 
@@ -311,7 +377,10 @@ class Gangs:
                 groups.setdefault(m.key, []).append(m)
             elif m.state == "placed":
                 settled.setdefault(m.key, []).append(m)
-        used, share = self.shares()
+            self._account(m)
+        if not groups:
+            return Dispatch()
+        used, _, share = self.shares()
         told: list[tuple[Member, Status]] = []
         ready: list[tuple[tuple[float, ...], ReadyGang]] = []
         caps = {q.name: q.capability for q in self.queues.values() if q.capability}
@@ -382,6 +451,7 @@ class Gangs:
         for _, gang in ready:
             for m in gang.members:
                 m.state, m.attempt, m.sent_at = "inflight", gang.attempt, now
+                self._account(m)
         return Dispatch(ready=tuple(g for _, g in ready), told=tuple(told))
 
     def readiness(

@@ -174,6 +174,67 @@ def test_queue_priority_then_the_queue_furthest_below_its_share_goes_first() -> 
     assert [r.queue for r in g.dispatch(0.0).ready] == ["high", "low"]
 
 
+def summed(g: Gangs) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """What each queue holds and asks, summed afresh over every pod (what ``shares``
+    keeps as pods change)."""
+    used: dict[str, dict[str, float]] = {q: dict(v) for q, v in g.bound_use.items()}
+    demand: dict[str, dict[str, float]] = {q: dict(v) for q, v in g.bound_use.items()}
+    for m in g.pods.values():
+        sums = [demand, used] if m.state in ("inflight", "placed") else [demand]
+        for out in sums:
+            held = out.setdefault(m.queue, {})
+            for k, v in m.vector.items():
+                held[k] = held.get(k, 0.0) + v
+    return used, demand
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["pending", "dispatch", "decided", "failed", "bound", "gone", "requeue"]),
+        st.integers(0, 7),
+        st.integers(1, 4),
+    ),
+    max_size=60,
+)
+
+
+@given(ops=OPS)
+def test_the_queue_sums_kept_as_pods_change_are_the_sums_over_every_pod(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    g = gangs(cards=16)
+    g.queues["a"] = QueueSpec(name="a", weight=1)
+    g.queues["b"] = QueueSpec(name="b", weight=2)
+    pods = [member(f"g{i % 4}", limits={"nvidia.com/gpu": 1 + i % 2}) for i in range(8)]
+    for i, m in enumerate(pods):
+        g.groups[m.key] = GroupSpec(queue="ab"[i % 2])
+    now = 0.0
+    for op, i, n in ops:
+        m, now = pods[i], now + 1.0
+        uid = m.pod.uid
+        if op == "pending":
+            g.pending(Member(pod=m.pod, key=m.key, request=m.request))
+        elif op == "dispatch":
+            g.dispatch(now)
+        elif op == "decided":
+            g.decided(uid, {"nvidia.count": float(n), "nvidia.memory": 1000.5 * n})
+        elif op == "failed":
+            g.failed([uid], g.pods[uid].attempt if uid in g.pods else 0, unresolvable=False, now=now)
+        elif op == "bound":
+            g.bound_now(uid)
+        elif op == "gone":
+            g.forget(uid)
+        else:  # its PodGroup moves to the other queue
+            g.groups[m.key] = GroupSpec(queue="ba"["ab".index(g.groups[m.key].queue)])
+        used, demand, _ = g.shares()
+        want_used, want_demand = summed(g)
+        for got, want in ((used, want_used), (demand, want_demand)):
+            assert set(got) == set(want)
+            for q in want:
+                assert set(got[q]) == set(want[q])
+                assert all(math.isclose(got[q][k], v, abs_tol=1e-6) for k, v in want[q].items())
+
+
 # --- retries ----------------------------------------------------------------------------
 
 
