@@ -5,7 +5,9 @@ Side by side in one run, each row with its ratio to the first of its group:
 - ``--callers`` handlers each awaiting their own publish, as the binder's binds and the
   allocator's handlers do: one JetStream request each (nats-py's ``publish``, what the
   bus did before) against the bus's group commit (``Bus.publish``, shared/aio.py);
-- the same events in pipelined batches (``Bus.publish_many``);
+- the same events in pipelined batches of 64: through nats-py's ``publish_async`` (what
+  the bus did before) and through ``Bus.publish_many``, whose own acks inbox reads
+  JetStream's answers (shared/bus.py ``_Acks``);
 - a consumer handling each event with a handler that does nothing: nats-py's ``fetch``
   (what the bus did before) against ``Bus.consume``'s own pull requests;
 - the allocator's reservations made by ``--callers`` handlers at once: one KV put each
@@ -30,7 +32,7 @@ from shared.core.ledger import PodGrant
 from shared.core.model import NodeName, PodRef, PodUID
 from tools.localcluster import LocalCluster
 
-GROUPS = (0, 0, 0, 3, 3, 5, 5)
+GROUPS = (0, 0, 0, 0, 4, 4, 6, 6)
 """Each row's first of its group (publishing, consuming, reservations)."""
 
 
@@ -84,13 +86,26 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
         await meter.run(f"{callers} handlers, a request each", n, lambda: each("a", request))
         await meter.run(f"{callers} handlers, group commit", n, lambda: each("b", bus.publish))
 
+        async def batches_async() -> None:
+            """Pipelined through nats-py's ``publish_async`` (what the bus did before)."""
+            for start in range(0, n, 64):
+                batch = [ev.PodDeleted(pod=pod("p", i)) for i in range(start, start + 64)]
+                acks = [
+                    await bus.js.publish_async(
+                        e.subject(), ev.encode(e), headers={"Nats-Msg-Id": e.dedup_id()}
+                    )
+                    for e in batch
+                ]
+                await asyncio.gather(*acks)
+
         async def batches() -> None:
             for start in range(0, n, 64):
                 await bus.publish_many(
                     ev.PodDeleted(pod=pod("c", i)) for i in range(start, start + 64)
                 )
 
-        await meter.run("batches of 64, pipelined", n, batches)
+        await meter.run("batches of 64, nats-py's publish_async (the bus before)", n, batches_async)
+        await meter.run("batches of 64, pipelined (Bus.publish_many)", n, batches)
 
         got = 0
         done = asyncio.Event()
@@ -98,7 +113,7 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
         async def nothing(_event: ev.AnyEvent, _delivery: Delivery) -> None:
             nonlocal got
             got += 1
-            if got == 3 * n:
+            if got == 4 * n:
                 done.set()
 
         async def fetched() -> None:
@@ -110,7 +125,7 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
             async def ignored(_event: ev.AnyEvent, _delivery: Delivery) -> None:
                 return None
 
-            while count < 3 * n:
+            while count < 4 * n:
                 try:
                     msgs = await sub.fetch(1 if idle else 64, timeout=1.0 if idle else 0.02)
                 except (TimeoutError, nats.errors.TimeoutError):
@@ -127,8 +142,8 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
             bus.consume("bench", [ev.PodDeleted.filter_subject()], nothing, deliver="new")
             await asyncio.wait_for(done.wait(), 120)
 
-        await meter.run("consumed with nats-py's fetch (the bus before)", 3 * n, fetched)
-        await meter.run("consumed with the bus's pull requests (Bus.consume)", 3 * n, consume)
+        await meter.run("consumed with nats-py's fetch (the bus before)", 4 * n, fetched)
+        await meter.run("consumed with the bus's pull requests (Bus.consume)", 4 * n, consume)
 
         kv = await bus.bucket("bench-reservations")
 

@@ -54,11 +54,13 @@ from shared import busauth, events, views
 from shared.aio import GroupCommit, raise_if_cancelling
 from shared.config import NatsConfig
 from shared.core.model import NodeName
-from shared.telemetry import span
+from shared.telemetry import recording, span
 
 log = logging.getLogger(__name__)
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+NO_RESPONDERS = "503"
+"""The status of a request no one answered (no stream holds the subject, yet)."""
 PULL_EXPIRES_S = 1.0
 """How long one pull request waits on the server for its messages (see ``_Pull``)."""
 PULL_GRACE_S = 0.5
@@ -69,6 +71,8 @@ ACK_DELAY_S = 0.05
 write (see ``_Pull``)."""
 PUBLISH_ACK_S = 5.0
 """How long a pipelined publish waits for JetStream's ack (nats-py's own default for one)."""
+PUBLISH_WINDOW = 4096
+"""The most publishes awaiting JetStream's answers at once (nats-py's own limit)."""
 RETRY_WAIT_S = 0.25
 """How long a consumer waits after the bus failed a fetch (a server lost, reconnecting)."""
 
@@ -240,6 +244,7 @@ class Bus:
         self._nc: NatsClient | None = None
         self._js: JetStreamContext | None = None
         self._kv: KeyValue | None = None
+        self._acks: _Acks | None = None
         self._consumers: list[asyncio.Task[None]] = []
         self._attributes = {"tessera.service": name}
         self.published: Callable[[events.Event], None] = lambda _event: None
@@ -271,6 +276,7 @@ class Bus:
         """Connect (retrying while the server starts) and ensure stream and bucket exist."""
         self._nc = await connect(self.cfg, self.name)
         self._js = self._nc.jetstream()
+        self._acks = await _Acks.start(self._nc)
         await through_failover("stream", self._ensure_stream)
         self._kv = await through_failover("bucket", self._ensure_bucket)
 
@@ -285,7 +291,7 @@ class Bus:
             with contextlib.suppress(nats.errors.ConnectionClosedError):
                 await self._nc.drain()
         self._nc = self._js = None
-        self._kv = None
+        self._kv = self._acks = None
 
     async def _ensure_stream(self) -> None:
         """Create the stream if missing; bring its settings up to the config only as a
@@ -337,11 +343,6 @@ class Bus:
 
     # --- publishing ------------------------------------------------------------------
 
-    def _headers(self, event: events.Event) -> dict[str, str]:
-        headers = {MSG_ID_HEADER: event.dedup_id()}
-        propagate.inject(headers)
-        return headers
-
     async def publish(self, event: events.Event) -> None:
         """Publish one event and wait until JetStream has stored it."""
         await self._commit([(event, _trace())])
@@ -382,46 +383,41 @@ class Bus:
         batch: Sequence[events.Event],
         contexts: Sequence[otel_context.Context | None],
     ) -> None:
-        futures: list[asyncio.Future[Any]] = []
-        try:
-            for event, given in zip(batch, contexts, strict=True):
-                token = otel_context.attach(given) if given is not None else None
-                try:
-                    with span(
-                        f"send {event.SUBJECT}",
-                        kind=SpanKind.PRODUCER,
-                        attributes=self._attributes,
-                    ):
-                        futures.append(
-                            await self.js.publish_async(
-                                event.subject(), events.encode(event), headers=self._headers(event)
-                            )
-                        )
-                finally:
-                    if token is not None:
-                        otel_context.detach(token)
-        except BaseException:
-            for future in futures:  # sent, but nobody will wait: give their slots back
-                future.cancel()
-            raise
-        if not futures:
-            return
-        # Every ack is awaited (none left unretrieved), then the first failure raised.
-        # nats-py gives these futures no deadline: an ack lost with a server (or never
-        # coming, the server gone at shutdown) would hang the publisher for ever. Past
-        # PUBLISH_ACK_S they are given up, which frees their slots, and the batch is a
-        # timeout that ``through_failover`` sends again (message ids drop what was
-        # stored).
-        done, late = await asyncio.wait(futures, timeout=PUBLISH_ACK_S)
-        for future in late:
-            future.cancel()
-        # Every exception is read (none is left "never retrieved"), the first raised.
-        errors = [f.exception() for f in futures if f in done and not f.cancelled()]
-        for exc in errors:
-            if exc is not None:
-                raise exc
-        if late:
-            raise nats.errors.TimeoutError
+        acks = _connected(self._acks)
+        traced = recording()
+        for start in range(0, len(batch), PUBLISH_WINDOW):
+            waiting: list[tuple[str, asyncio.Future[None]]] = []
+            try:
+                for event, given in zip(
+                    batch[start : start + PUBLISH_WINDOW],
+                    contexts[start : start + PUBLISH_WINDOW],
+                    strict=True,
+                ):
+                    reply, answer = acks.expect()
+                    waiting.append((reply, answer))
+                    payload = events.encode(event)
+                    headers = {MSG_ID_HEADER: event.dedup_id()}
+                    if not traced:  # no span; the trace it came in, if any, carried on
+                        if given is not None:
+                            propagate.inject(headers, context=given)
+                        await self.nc.publish(event.subject(), payload, reply, headers)
+                        continue
+                    token = otel_context.attach(given) if given is not None else None
+                    try:
+                        with span(
+                            f"send {event.SUBJECT}",
+                            kind=SpanKind.PRODUCER,
+                            attributes=self._attributes,
+                        ):
+                            propagate.inject(headers)
+                            await self.nc.publish(event.subject(), payload, reply, headers)
+                    finally:
+                        if token is not None:
+                            otel_context.detach(token)
+            except BaseException:
+                acks.forget(waiting)  # sent, but nobody will wait for their answers
+                raise
+            await acks.wait(waiting)
 
     # --- consuming -------------------------------------------------------------------
 
@@ -574,11 +570,7 @@ class Bus:
         headers = msg.headers or {}
         # Only a message that carries a trace has one to continue (most carry none while
         # nothing exports: extracting an empty one cost more than the rest of a delivery).
-        context = (
-            propagate.extract(headers)
-            if any(name in headers for name in propagate.get_global_textmap().fields)
-            else None
-        )
+        context = propagate.extract(headers) if not _trace_fields().isdisjoint(headers) else None
         span_name = f"process {type(event).SUBJECT}"
 
         with span(span_name, context=context, kind=SpanKind.CONSUMER) as current:
@@ -823,6 +815,94 @@ class _Pull:
             self.slots.release()
 
 
+class _PubAck(msgspec.Struct):
+    """JetStream's answer to a publish: where it stored it, or why not."""
+
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    error: dict[str, Any] | None = None
+
+
+_read_pub_ack = msgspec.json.Decoder(_PubAck).decode
+
+
+class _Acks:
+    """JetStream's answers to this connection's publishes, on one inbox of its own
+    (``<inbox>.<n>``, one ``n`` per publish).
+
+    nats-py's ``publish_async`` does the same at about twice the cost per message: a
+    semaphore wait, a random token from the OS and a callback per publish, and each
+    answer read with ``json`` into a dataclass built field by field
+    (``python bench/bus.py``, the pipelined rows)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.sent = 0
+        self.waiting: dict[str, asyncio.Future[None]] = {}
+        self.sub: Subscription | None = None
+
+    @classmethod
+    async def start(cls, nc: NatsClient) -> _Acks:
+        acks = cls(nc.new_inbox())
+        acks.sub = await nc.subscribe(f"{acks.prefix}.*", cb=acks.on_answer)
+        return acks
+
+    def expect(self) -> tuple[str, asyncio.Future[None]]:
+        """The reply subject of a new publish, and the future its answer settles."""
+        self.sent += 1
+        token = str(self.sent)
+        answer = asyncio.get_running_loop().create_future()
+        self.waiting[token] = answer
+        return f"{self.prefix}.{token}", answer
+
+    def forget(self, waiting: Iterable[tuple[str, asyncio.Future[None]]]) -> None:
+        """Give up on these answers (an answer that comes later is dropped)."""
+        skip = len(self.prefix) + 1
+        for reply, answer in waiting:
+            self.waiting.pop(reply[skip:], None)
+            answer.cancel()
+
+    async def wait(self, waiting: list[tuple[str, asyncio.Future[None]]]) -> None:
+        """Every answer, for up to ``PUBLISH_ACK_S``; then the first failure is raised,
+        and answers still missing are a ``TimeoutError`` (``through_failover`` sends the
+        batch again; message ids make what was stored a dropped duplicate). Every
+        exception is read, none is left "never retrieved"."""
+        if not waiting:
+            return
+        futures = [answer for _, answer in waiting]
+        _, late = await asyncio.wait(futures, timeout=PUBLISH_ACK_S)
+        self.forget([(r, a) for r, a in waiting if a in late])
+        errors = [a.exception() for a in futures if a not in late]
+        for exc in errors:
+            if exc is not None:
+                raise exc
+        if late:
+            raise nats.errors.TimeoutError
+
+    async def on_answer(self, msg: Msg) -> None:
+        answer = self.waiting.pop(msg.subject[len(self.prefix) + 1 :], None)
+        if answer is None or answer.done():
+            return
+        if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS:
+            answer.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            ack = _read_pub_ack(msg.data)
+        except msgspec.DecodeError as exc:
+            answer.set_exception(nats.errors.Error(f"JetStream's answer is unreadable: {exc}"))
+            return
+        if ack.error is None:
+            answer.set_result(None)
+            return
+        try:
+            nats.js.errors.APIError.from_error(ack.error)  # raises the error's own class
+        except nats.js.errors.APIError as exc:
+            answer.set_exception(exc)
+        except TypeError:  # an error nats-py cannot build
+            answer.set_exception(nats.js.errors.APIError(description=str(ack.error)))
+
+
 def delivery_of(msg: Msg) -> Delivery:
     """Where a JetStream message came from, read from its ack subject
     (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``,
@@ -836,6 +916,19 @@ def delivery_of(msg: Msg) -> Delivery:
             subject=msg.subject, attempt=meta.num_delivered, stream_seq=meta.sequence.stream
         )
     return Delivery(subject=msg.subject, attempt=int(tokens[at]), stream_seq=int(tokens[at + 1]))
+
+
+_fields: tuple[object, frozenset[str]] = (None, frozenset())
+
+
+def _trace_fields() -> frozenset[str]:
+    """The headers the propagators read (a trace's), kept while the propagators are the
+    same: the composite propagator builds the set anew on every call."""
+    global _fields
+    textmap = propagate.get_global_textmap()
+    if _fields[0] is not textmap:
+        _fields = (textmap, frozenset(textmap.fields))
+    return _fields[1]
 
 
 def _trace() -> otel_context.Context | None:

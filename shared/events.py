@@ -14,6 +14,7 @@ old service reads a newer event.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +41,10 @@ SUBJECT_PREFIX = "tessera.v1"
 STREAM_SUBJECTS = f"{SUBJECT_PREFIX}.>"
 
 
+_UNSAFE = re.compile(r"[.*>%\s]")
+"""What a subject token may not hold as it is (see ``subject_token``)."""
+
+
 def subject_token(value: str) -> str:
     """Make ``value`` safe as one NATS subject token.
 
@@ -47,13 +52,9 @@ def subject_token(value: str) -> str:
     ``*``, ``>`` and whitespace are wildcards or invalid. Percent-encode those (and
     ``%`` itself) so the mapping is reversible and a subscriber can filter by key.
     """
-    out = []
-    for ch in value:
-        if ch in ".*>%" or ch.isspace():
-            out.append(f"%{ord(ch):02X}")
-        else:
-            out.append(ch)
-    return "".join(out) or "%00"
+    if not _UNSAFE.search(value):  # the usual name: nothing to encode
+        return value or "%00"
+    return _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", value)
 
 
 def _key(path: str) -> Callable[[Any], str]:

@@ -484,19 +484,48 @@ async def test_a_publish_whose_ack_never_comes_is_given_up_not_waited_for_ever(
 
     monkeypatch.setattr(bus_module, "PUBLISH_ACK_S", 0.2)
     monkeypatch.setattr(bus_module, "FAILOVER_S", 0.5)
-    lost: list[asyncio.Future[Any]] = []
-
-    async def no_ack(*_args: Any, **_kwargs: Any) -> asyncio.Future[Any]:
-        lost.append(asyncio.get_running_loop().create_future())
-        return lost[-1]
-
     async with Bus(nats_cfg, name="test") as bus:
-        monkeypatch.setattr(bus.js, "publish_async", no_ack)
+        acks = bus._acks
+        assert acks is not None
+        assert acks.sub is not None
+        await acks.sub.unsubscribe()  # JetStream stores and answers; no answer arrives
         pod = PodRef(namespace="default", name="p", uid=PodUID("u"))
+        sent = acks.sent
         started = time.monotonic()
         with pytest.raises(nats.errors.TimeoutError):
             async with asyncio.timeout(5):  # (it waited for ever: a plain TimeoutError here)
                 await bus.publish(ev.PodDeleted(pod=pod))
         assert time.monotonic() - started < 5
-        assert len(lost) >= 2  # tried again within the failover window
-        assert all(f.cancelled() for f in lost)  # nats-py's slots are given back
+        assert acks.sent - sent >= 2  # tried again within the failover window
+        assert not acks.waiting  # every answer given up is forgotten
+
+
+async def test_jetstreams_answers_settle_each_publish_with_its_own_outcome() -> None:
+    """Each answer on the acks inbox settles the publish its subject names: stored, a
+    JetStream error as nats-py's own error class, no stream (503), an unreadable one;
+    an answer for no one waiting (late, given up) changes nothing."""
+    import nats.errors
+    import nats.js.errors
+    from nats.aio.msg import Msg
+
+    acks = bus_module._Acks("_INBOX.test")
+
+    def answer(reply: str, data: bytes, headers: dict[str, str] | None = None) -> Msg:
+        return Msg(_client=None, subject=reply, data=data, headers=headers)  # type: ignore[arg-type]
+
+    stored, refused, nobody, garbled = (acks.expect() for _ in range(4))
+    await acks.on_answer(answer(stored[0], b'{"stream":"TESSERA","seq":7}'))
+    error = (
+        b'{"error":{"code":400,"err_code":10060,"description":"expected stream does not match"}}'
+    )
+    await acks.on_answer(answer(refused[0], error))
+    await acks.on_answer(answer(nobody[0], b"", {"Status": "503"}))
+    await acks.on_answer(answer(garbled[0], b"not json"))
+    await acks.on_answer(answer("_INBOX.test.99", b'{"stream":"TESSERA","seq":8}'))
+    assert stored[1].result() is None
+    assert isinstance(refused[1].exception(), nats.js.errors.BadRequestError)
+    assert isinstance(nobody[1].exception(), nats.js.errors.NoStreamResponseError)
+    assert isinstance(garbled[1].exception(), nats.errors.Error)
+    assert not acks.waiting
+    with pytest.raises(nats.js.errors.BadRequestError):
+        await acks.wait([stored, refused])

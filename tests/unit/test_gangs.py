@@ -219,7 +219,8 @@ def test_the_queue_sums_kept_as_pods_change_are_the_sums_over_every_pod(
         elif op == "decided":
             g.decided(uid, {"nvidia.count": float(n), "nvidia.memory": 1000.5 * n})
         elif op == "failed":
-            g.failed([uid], g.pods[uid].attempt if uid in g.pods else 0, unresolvable=False, now=now)
+            attempt = g.pods[uid].attempt if uid in g.pods else 0
+            g.failed([uid], attempt, unresolvable=False, now=now)
         elif op == "bound":
             g.bound_now(uid)
         elif op == "gone":
