@@ -381,8 +381,12 @@ class PoolIndex:
                 row, col = divmod(old[0], CORE_BUCKETS)
                 self.masks[col] &= ~(1 << row)
 
-    def walk(self, min_mem: int, min_cores: int, descending: bool) -> Iterator[Dev]:
-        """Devices with at least ``min_mem`` MiB and ``min_cores`` free, in policy order.
+    def walk(self, min_mem: int, min_cores: int, descending: bool, seen: set[str]) -> Iterator[Dev]:
+        """Of each node not in ``seen`` that has a device with at least ``min_mem`` MiB
+        and ``min_cores`` free, the first such device in policy order; each node yielded
+        joins ``seen`` (a walk of several pools skips the nodes found already). Telling
+        a node's other devices here, not in the caller, saves a generator step per
+        device: a window of 16 nodes is a walk of hundreds of devices.
 
         The cells are read lazily: stop iterating before changing the ledger.
         """
@@ -407,7 +411,10 @@ class PoolIndex:
                         for dev in cell:
                             _, mem, cores = where[dev]
                             if mem >= min_mem and cores >= min_cores:
-                                yield dev
+                                name = dev.node.name
+                                if name not in seen:
+                                    seen.add(name)
+                                    yield dev
             return
         rows = combined >> lo_row
         while rows:
@@ -420,7 +427,10 @@ class PoolIndex:
                     for dev in reversed(cell):
                         _, mem, cores = where[dev]
                         if mem >= min_mem and cores >= min_cores:
-                            yield dev
+                            name = dev.node.name
+                            if name not in seen:
+                                seen.add(name)
+                                yield dev
 
     def __len__(self) -> int:
         return len(self.where)

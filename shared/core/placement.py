@@ -434,12 +434,9 @@ class Placer:
             if index is None:
                 continue
             mem, cores = family.demand(primary, index)
-            for dev in index.walk(mem, cores, descending=policy == "spread"):
-                node = dev.node
-                if node.name not in seen:
-                    seen.add(node.name)
-                    if self._held_for_other(node.name, owner) is None:
-                        yield node
+            for dev in index.walk(mem, cores, policy == "spread", seen):
+                if self._held_for_other(dev.node.name, owner) is None:
+                    yield dev.node
 
     def place(
         self,
