@@ -871,7 +871,11 @@ class _Acks:
         if not waiting:
             return
         futures = [answer for _, answer in waiting]
-        _, late = await asyncio.wait(futures, timeout=PUBLISH_ACK_S)
+        try:
+            _, late = await asyncio.wait(futures, timeout=PUBLISH_ACK_S)
+        except BaseException:  # cancelled (a writer stopped): nobody waits any more
+            self.forget(waiting)
+            raise
         self.forget([(r, a) for r, a in waiting if a in late])
         errors = [a.exception() for a in futures if a not in late]
         for exc in errors:
@@ -889,18 +893,35 @@ class _Acks:
             return
         try:
             ack = _read_pub_ack(msg.data)
-        except msgspec.DecodeError as exc:
-            answer.set_exception(nats.errors.Error(f"JetStream's answer is unreadable: {exc}"))
+        except msgspec.DecodeError as exc:  # as if lost: the publish is tried again
+            answer.set_exception(_busy(f"JetStream's answer is unreadable: {exc}"))
             return
-        if ack.error is None:
+        error = ack.error
+        if error is None:
             answer.set_result(None)
             return
+        code, err_code = error.get("code"), error.get("err_code")
+        if err_code in BUSY_ERR_CODES or (isinstance(code, int) and (code == 429 or code >= 500)):
+            answer.set_exception(_busy(str(error.get("description", error))))
+            return
         try:
-            nats.js.errors.APIError.from_error(ack.error)  # raises the error's own class
+            nats.js.errors.APIError.from_error(error)  # raises the error's own class
         except nats.js.errors.APIError as exc:
             answer.set_exception(exc)
-        except TypeError:  # an error nats-py cannot build
-            answer.set_exception(nats.js.errors.APIError(description=str(ack.error)))
+        except (TypeError, KeyError):  # an error nats-py cannot build
+            answer.set_exception(nats.js.errors.APIError(description=str(error)))
+
+
+BUSY_ERR_CODES = frozenset({10158, 10167})
+"""JetStream errors that pass: "duplicate message id is in process" (a resend while the
+first copy is still being stored, as in a leader's failover) and "too many requests"
+(the stream's pending limit in a burst). With 429 and every 5xx they are answered as
+:func:`_busy`, which ``through_failover`` waits out and sends again."""
+
+
+def _busy(description: str) -> nats.js.errors.ServiceUnavailableError:
+    """A JetStream answer that means "not now": one of :data:`TRANSIENT`."""
+    return nats.js.errors.ServiceUnavailableError(code=503, description=description)
 
 
 def delivery_of(msg: Msg) -> Delivery:

@@ -150,7 +150,7 @@ class _Sums:
     def set(self, uid: PodUID, queue: str, vector: Resources, holds: bool) -> None:
         was = self._of.get(uid)
         if was is not None:
-            if was[0] == queue and was[1] is vector and was[2] == holds:
+            if was[0] == queue and was[2] == holds and was[1] == vector:
                 return  # nothing changed (the usual case in a dispatch's scan)
             self._take(*was)
         self._of[uid] = (queue, vector, holds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -501,9 +502,11 @@ async def test_a_publish_whose_ack_never_comes_is_given_up_not_waited_for_ever(
 
 
 async def test_jetstreams_answers_settle_each_publish_with_its_own_outcome() -> None:
-    """Each answer on the acks inbox settles the publish its subject names: stored, a
-    JetStream error as nats-py's own error class, no stream (503), an unreadable one;
-    an answer for no one waiting (late, given up) changes nothing."""
+    """Each answer on the acks inbox settles the publish its subject names: stored; a
+    JetStream error as nats-py's own error class; "not now" (no stream yet, a resend
+    still being stored, too many requests, a server error, an unreadable answer) as an
+    error ``through_failover`` retries; an answer for no one waiting (late, given up)
+    changes nothing; a wait cancelled forgets its publishes."""
     import nats.errors
     import nats.js.errors
     from nats.aio.msg import Msg
@@ -513,19 +516,38 @@ async def test_jetstreams_answers_settle_each_publish_with_its_own_outcome() -> 
     def answer(reply: str, data: bytes, headers: dict[str, str] | None = None) -> Msg:
         return Msg(_client=None, subject=reply, data=data, headers=headers)  # type: ignore[arg-type]
 
-    stored, refused, nobody, garbled = (acks.expect() for _ in range(4))
-    await acks.on_answer(answer(stored[0], b'{"stream":"TESSERA","seq":7}'))
-    error = (
-        b'{"error":{"code":400,"err_code":10060,"description":"expected stream does not match"}}'
+    def error(code: int, err_code: int, text: str) -> bytes:
+        return json.dumps(
+            {"error": {"code": code, "err_code": err_code, "description": text}}
+        ).encode()
+
+    stored, refused, nobody, garbled, in_process, too_many, broken, odd = (
+        acks.expect() for _ in range(8)
     )
-    await acks.on_answer(answer(refused[0], error))
+    await acks.on_answer(answer(stored[0], b'{"stream":"TESSERA","seq":7}'))
+    await acks.on_answer(answer(refused[0], error(400, 10060, "expected stream differs")))
     await acks.on_answer(answer(nobody[0], b"", {"Status": "503"}))
     await acks.on_answer(answer(garbled[0], b"not json"))
+    await acks.on_answer(answer(in_process[0], error(409, 10158, "duplicate in process")))
+    await acks.on_answer(answer(too_many[0], error(429, 10167, "too many requests")))
+    await acks.on_answer(answer(broken[0], error(500, 10000, "server error")))
+    await acks.on_answer(answer(odd[0], b'{"error":{"description":"no code"}}'))
     await acks.on_answer(answer("_INBOX.test.99", b'{"stream":"TESSERA","seq":8}'))
     assert stored[1].result() is None
     assert isinstance(refused[1].exception(), nats.js.errors.BadRequestError)
-    assert isinstance(nobody[1].exception(), nats.js.errors.NoStreamResponseError)
-    assert isinstance(garbled[1].exception(), nats.errors.Error)
+    assert not isinstance(refused[1].exception(), bus_module.TRANSIENT)
+    for retried in (nobody, garbled, in_process, too_many, broken):
+        assert isinstance(retried[1].exception(), bus_module.TRANSIENT), retried[0]
+    assert isinstance(odd[1].exception(), nats.js.errors.APIError)
     assert not acks.waiting
     with pytest.raises(nats.js.errors.BadRequestError):
         await acks.wait([stored, refused])
+
+    pending = [acks.expect() for _ in range(3)]
+    waiter = asyncio.create_task(acks.wait(pending))
+    await asyncio.sleep(0.05)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert not acks.waiting
+    assert all(a.cancelled() for _, a in pending)
