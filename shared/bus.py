@@ -893,8 +893,8 @@ class _Acks:
             return
         try:
             ack = _read_pub_ack(msg.data)
-        except msgspec.DecodeError as exc:  # as if lost: the publish is tried again
-            answer.set_exception(_busy(f"JetStream's answer is unreadable: {exc}"))
+        except msgspec.DecodeError as exc:
+            log.debug("unreadable answer to a publish (%s): taken as lost", exc)
             return
         error = ack.error
         if error is None:
@@ -902,7 +902,7 @@ class _Acks:
             return
         code, err_code = error.get("code"), error.get("err_code")
         if err_code in BUSY_ERR_CODES or (isinstance(code, int) and (code == 429 or code >= 500)):
-            answer.set_exception(_busy(str(error.get("description", error))))
+            log.debug("JetStream busy (%s): the publish is taken as lost", error)
             return
         try:
             nats.js.errors.APIError.from_error(error)  # raises the error's own class
@@ -915,13 +915,11 @@ class _Acks:
 BUSY_ERR_CODES = frozenset({10158, 10167})
 """JetStream errors that pass: "duplicate message id is in process" (a resend while the
 first copy is still being stored, as in a leader's failover) and "too many requests"
-(the stream's pending limit in a burst). With 429 and every 5xx they are answered as
-:func:`_busy`, which ``through_failover`` waits out and sends again."""
-
-
-def _busy(description: str) -> nats.js.errors.ServiceUnavailableError:
-    """A JetStream answer that means "not now": one of :data:`TRANSIENT`."""
-    return nats.js.errors.ServiceUnavailableError(code=503, description=description)
+(the stream's pending limit in a burst). These, 429, every 5xx and an unreadable answer
+are taken as a lost answer: the publish times out after ``PUBLISH_ACK_S`` and
+``through_failover`` sends it again, as it did under nats-py's ``publish_async``. Sent
+again at once instead, every service's retries kept a recovering cluster from renewing
+the services' leases in two chaos runs (``bench/chaos.py``)."""
 
 
 def delivery_of(msg: Msg) -> Delivery:

@@ -501,16 +501,20 @@ async def test_a_publish_whose_ack_never_comes_is_given_up_not_waited_for_ever(
         assert not acks.waiting  # every answer given up is forgotten
 
 
-async def test_jetstreams_answers_settle_each_publish_with_its_own_outcome() -> None:
+async def test_jetstreams_answers_settle_each_publish_with_its_own_outcome(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Each answer on the acks inbox settles the publish its subject names: stored; a
-    JetStream error as nats-py's own error class; "not now" (no stream yet, a resend
-    still being stored, too many requests, a server error, an unreadable answer) as an
-    error ``through_failover`` retries; an answer for no one waiting (late, given up)
-    changes nothing; a wait cancelled forgets its publishes."""
+    JetStream error as nats-py's own error class; no stream yet as an error
+    ``through_failover`` retries; "not now" (a resend still being stored, too many
+    requests, a server error, an unreadable answer) as a lost answer, which times out;
+    an answer for no one waiting (late, given up) changes nothing; a wait cancelled
+    forgets its publishes."""
     import nats.errors
     import nats.js.errors
     from nats.aio.msg import Msg
 
+    monkeypatch.setattr(bus_module, "PUBLISH_ACK_S", 0.1)
     acks = bus_module._Acks("_INBOX.test")
 
     def answer(reply: str, data: bytes, headers: dict[str, str] | None = None) -> Msg:
@@ -536,12 +540,16 @@ async def test_jetstreams_answers_settle_each_publish_with_its_own_outcome() -> 
     assert stored[1].result() is None
     assert isinstance(refused[1].exception(), nats.js.errors.BadRequestError)
     assert not isinstance(refused[1].exception(), bus_module.TRANSIENT)
-    for retried in (nobody, garbled, in_process, too_many, broken):
-        assert isinstance(retried[1].exception(), bus_module.TRANSIENT), retried[0]
+    assert isinstance(nobody[1].exception(), nats.js.errors.NoStreamResponseError)
+    for lost in (garbled, in_process, too_many, broken):  # time out, and are sent again
+        assert not lost[1].done(), lost[0]
     assert isinstance(odd[1].exception(), nats.js.errors.APIError)
     assert not acks.waiting
     with pytest.raises(nats.js.errors.BadRequestError):
         await acks.wait([stored, refused])
+    with pytest.raises(nats.errors.TimeoutError):
+        await acks.wait([stored, in_process])
+    assert in_process[1].cancelled()
 
     pending = [acks.expect() for _ in range(3)]
     waiter = asyncio.create_task(acks.wait(pending))
