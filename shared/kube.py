@@ -229,7 +229,9 @@ async def set_pod_condition(api: Client, pod: PodRef, condition: Condition, mess
 
 async def patch_status(api: Client, path: str, status: dict[str, Any]) -> bool:
     """Merge ``status`` into an object's status subresource at ``path`` (``.../status``);
-    False (logged) when that cannot be done, and quietly when the object is gone."""
+    False (logged) when that cannot be done now, the API server unreachable included,
+    and quietly when the object is gone. Status writers run for the service's life: one
+    that raised on a restarting API server took its service down."""
     try:
         await request(
             api, "PATCH", path, {"status": status}, content_type="application/merge-patch+json"
@@ -237,6 +239,9 @@ async def patch_status(api: Client, path: str, status: dict[str, Any]) -> bool:
     except ApiException as exc:
         if exc.status != 404:
             log.warning("cannot update %s: API error %s", path, exc.status)
+        return False
+    except (TimeoutError, OSError) as exc:  # OSError: the client's ProtocolError too
+        log.warning("cannot update %s: API server unreachable (%s)", path, exc)
         return False
     return True
 

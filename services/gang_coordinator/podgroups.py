@@ -17,6 +17,8 @@ from shared.core.model import GangKey
 log = logging.getLogger(__name__)
 
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
+RETRY_S = 1.0
+"""How long a status that could not be written waits before it is tried again."""
 
 
 class PodGroupStatus:
@@ -65,12 +67,20 @@ class PodGroupStatus:
         self.wake.set()
 
     async def writer(self) -> None:
-        """Patch each group's latest status, off the dispatch path."""
+        """Patch each group's latest status, off the dispatch path; one that could not be
+        written (the API server restarting) is written again after ``RETRY_S``, unless a
+        newer one came meanwhile or the group is gone."""
         while True:
             await self.wake.wait()
             self.wake.clear()
             due, self.due = self.due, {}
+            failed = False
             for key, status in due.items():
                 assert self.api is not None
                 path = f"{VOLCANO}/namespaces/{key.namespace}/podgroups/{key.name}/status"
-                await kube.patch_status(self.api, path, status)
+                if not await kube.patch_status(self.api, path, status) and key in self.known:
+                    self.due.setdefault(key, status)
+                    failed = True
+            if failed:
+                await asyncio.sleep(RETRY_S)
+                self.wake.set()

@@ -203,3 +203,25 @@ def test_calls_and_watches_go_on_across_an_api_server_restart(tmp_path: Path) ->
 
     with LocalCluster(workdir=tmp_path / "cluster", with_nats=False, with_crds=False) as cluster:
         asyncio.run(scenario(cluster))
+
+
+def test_a_status_write_to_an_unreachable_api_server_says_so_and_returns(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    """``patch_status`` serves writers that run for a service's life (PodGroup, Queue and
+    Job status): an API server that is down (restarting) is a False, never an exception
+    that ends the writer and its service (bench/chaos.py saw one)."""
+    port = localcluster.free_port()
+    text = kubeconfig.read_text()
+    server = next(
+        line.split("server:", 1)[1].strip() for line in text.splitlines() if "server:" in line
+    )
+    dead = tmp_path / "kubeconfig"
+    dead.write_text(text.replace(server, f"https://127.0.0.1:{port}"))
+
+    async def scenario() -> bool:
+        api = await kube.connect(KubernetesConfig(kubeconfig=str(dead)))
+        async with api:
+            return await kube.patch_status(api, "/api/v1/namespaces/default/status", {})
+
+    assert asyncio.run(scenario()) is False
