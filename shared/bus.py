@@ -213,9 +213,14 @@ async def _next(
         raise ViewUnavailable(
             f"{service}{which} did not answer {subject} in {timeout_s:.0f}s"
         ) from None
-    if not msg.data and (msg.headers or {}).get("Status") == "503":
+    if not msg.data and _no_responders(msg):
         raise ViewUnavailable(f"no {service} answers {subject}: is it running (and active)?")
     return msg
+
+
+def _no_responders(msg: Msg) -> bool:
+    """The server's answer to a request no one took (no view server, no stream)."""
+    return (msg.headers or {}).get(Header.STATUS) == NO_RESPONDERS
 
 
 def _view(msg: Msg, answer: type[T], service: str, subject: str) -> T:
@@ -888,7 +893,7 @@ class _Acks:
         answer = self.waiting.pop(msg.subject[len(self.prefix) + 1 :], None)
         if answer is None or answer.done():
             return
-        if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS:
+        if _no_responders(msg):
             answer.set_exception(nats.js.errors.NoStreamResponseError())
             return
         try:

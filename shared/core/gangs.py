@@ -154,30 +154,34 @@ class _Sums:
                 return  # nothing changed (the usual case in a dispatch's scan)
             self._take(*was)
         self._of[uid] = (queue, vector, holds)
-        self._add(queue, vector, False, self.demand)
+        self._add(queue, vector, held=False)
         if holds:
-            self._add(queue, vector, True, self.held)
+            self._add(queue, vector, held=True)
 
     def remove(self, uid: PodUID) -> None:
         was = self._of.pop(uid, None)
         if was is not None:
             self._take(*was)
 
-    def _add(self, queue: str, vector: Resources, holds: bool, sums: dict[str, Resources]) -> None:
-        self._counts[queue, holds] = self._counts.get((queue, holds), 0) + 1
-        accumulate(sums.setdefault(queue, {}), vector)
-
     def _take(self, queue: str, vector: Resources, holds: bool) -> None:
-        for held, sums in ((False, self.demand), (True, self.held)):
-            if held and not holds:
-                continue
-            left = self._counts[queue, held] - 1
-            if left:
-                self._counts[queue, held] = left
-                accumulate(sums[queue], vector, -1)
-            else:
-                del self._counts[queue, held]
-                del sums[queue]
+        self._sub(queue, vector, held=False)
+        if holds:
+            self._sub(queue, vector, held=True)
+
+    def _add(self, queue: str, vector: Resources, *, held: bool) -> None:
+        """Add to ``held`` (else ``demand``)."""
+        self._counts[queue, held] = self._counts.get((queue, held), 0) + 1
+        accumulate((self.held if held else self.demand).setdefault(queue, {}), vector)
+
+    def _sub(self, queue: str, vector: Resources, *, held: bool) -> None:
+        """Take from ``held`` (else ``demand``); a queue's sum goes with its last member."""
+        sums = self.held if held else self.demand
+        left = self._counts.pop((queue, held)) - 1
+        if left:
+            self._counts[queue, held] = left
+            accumulate(sums[queue], vector, -1)
+        else:
+            del sums[queue]
 
 
 class Gangs:
