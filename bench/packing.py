@@ -6,16 +6,18 @@
                             [--fgd-candidates N] [--skip-cpu-only] [--nodes FILE]
 
 Replays the openb trace (Weng et al., ATC'23; ../shared/traces/openb/README.md) through
-the placement core with the paper's method: tasks are drawn from the trace with a fixed
-seed (uniformly, with replacement, the trace sorted by ``creation_time``, or in file
-order where the file has no such column), offered one by one in the order drawn and
-never leave, until the GPU demand offered reaches ``--max-demand`` (130 % by default) of
-the cluster's GPUs. Every policy replays the same offered stream, in this one run.
-``--draw paper`` offers the FGD artifact's stream instead (its simulator run with
-``-tune 1.3 --shuffle-pod``): the whole trace once, more tasks drawn with replacement
-until the GPU demand would pass 130 %, all of it shuffled; the same tasks in expectation,
-with less variation between seeds (the artifact's ten seeds span 0.3 point). ``--seeds``
-replays each seed in turn and ends with every seed's allocation at 100 % and the mean.
+the placement core with the paper's method. The offered stream is by default the FGD
+artifact's (``--draw paper``: its simulator run with ``-tune 1.3 --shuffle-pod``): every
+task of the trace once, more drawn with a fixed seed, uniformly with replacement, until
+the GPU demand would pass 130 % of the cluster's GPUs, all of it shuffled. Tasks are
+offered one by one in that order and never leave, until the GPU demand offered reaches
+``--max-demand`` (130 % by default). Every policy replays the same offered stream, in
+this one run. ``--draw iid`` draws every task with replacement instead (the trace sorted
+by ``creation_time``, or in file order where the file has no such column): the same
+tasks in expectation, with more variation between seeds; the paper's figures come from
+its artifact's stream, so that is the one they are compared with (bench/RESULTS.md has
+both). ``--seeds`` replays each seed in turn and ends with every seed's allocation at
+100 % and the mean.
 
 The whole node is modelled as the paper's simulator does: a node's ``cpu_milli`` and
 ``memory_mib`` are its allocatable cpu and memory (and 1,000 pods), a task's are its
@@ -527,9 +529,9 @@ def main() -> None:
     parser.add_argument(
         "--draw",
         choices=("iid", "paper"),
-        default="iid",
-        help="iid: tasks drawn uniformly with replacement (default); paper: the FGD "
-        "artifact's stream, the whole trace plus draws to 130%% of the GPUs, shuffled",
+        default="paper",
+        help="paper: the FGD artifact's stream, the whole trace plus draws to 130%% of the "
+        "GPUs, shuffled (default); iid: every task drawn uniformly with replacement",
     )
     parser.add_argument(
         "--policies",

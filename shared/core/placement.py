@@ -90,9 +90,9 @@ class PlacementConfig:
     are drawn in the policy's order, for binpack from both ends of the index in turn
     (the tightest cards and the emptiest, as ``fgd`` draws them: on a cluster of several
     card sizes the tight end alone sees only the smallest). 0: neither (HAMi's and
-    kube-scheduler's choices). 16 on the openb trace, ten seeds: above the FGD paper's
-    allocation on three of its four variants, 0.06 point below on gpushare40, 5.1 to
-    6.2 points above best-fit (bench/RESULTS.md)."""
+    kube-scheduler's choices). 16 on the openb trace, ten seeds of the paper's own
+    stream: above the FGD paper's allocation on all four of its variants (by 0.06 to
+    0.79 point) and 5.3 to 6.2 points above best-fit (bench/RESULTS.md)."""
 
 
 @dataclass(frozen=True, slots=True)
