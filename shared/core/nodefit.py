@@ -58,6 +58,9 @@ EXISTING_ANTI_AFFINITY = fail(Reason(kind="existing-anti-affinity"))
 TOO_MANY_PODS = Reason(kind="too-many-pods")
 
 _UNSCHEDULABLE = Taint(UNSCHEDULABLE_TAINT, "", "NoSchedule")
+_NONE_RULED_OUT: frozenset[NodeName] = frozenset()
+RULED_OUT_SHAPES = 256
+"""Pod shapes whose ruled-out nodes ``Hosts`` keeps at once (then it starts again)."""
 _BASIC = (CPU, MEMORY, EPHEMERAL)
 
 
@@ -138,6 +141,9 @@ class Hosts:
         """Bumped on every node spec change: cached domains are dropped."""
         self.prefer_not: set[NodeName] = set()
         """Nodes with a PreferNoSchedule taint (scores matter for every pod then)."""
+        self.restricted: set[NodeName] = set()
+        """Nodes cordoned or with a NoSchedule or NoExecute taint (some pods may not go
+        there whatever they ask)."""
         self.floors: dict[str, int] = {}
         """The smallest cpu and memory any pod placed so far asked for: a node with less
         free than that is ``full`` (what keeps a walk of the device index from passing
@@ -148,6 +154,9 @@ class Hosts:
         self._domains: dict[
             tuple[object, ...], tuple[dict[str, set[NodeName]], dict[NodeName, str]]
         ] = {}
+        self._ruled_out: dict[tuple[object, ...], frozenset[NodeName]] = {}
+        """Per pod shape: the nodes its Node-only filters rule out (``Prepared.ruled_out``),
+        until a node changes."""
 
     # --- nodes -------------------------------------------------------------------------
 
@@ -170,9 +179,18 @@ class Hosts:
             self.prefer_not.add(name)
         else:
             self.prefer_not.discard(name)
+        if spec.unschedulable or any(t.effect != "PreferNoSchedule" for t in spec.taints):
+            self.restricted.add(name)
+        else:
+            self.restricted.discard(name)
         self._check_full(host)
+        self._node_changed()
+
+    def _node_changed(self) -> None:
+        """A node's spec came, changed or went: what was derived from specs is stale."""
         self.version += 1
         self._domains.clear()
+        self._ruled_out.clear()
 
     def drop_spec(self, name: NodeName) -> None:
         """The Node object is gone: the node takes no pods (its pods stay counted)."""
@@ -182,11 +200,11 @@ class Hosts:
         self._index_labels(host, -1)
         host.spec = None
         self.prefer_not.discard(name)
+        self.restricted.discard(name)
         self._check_full(host)
         if not host.pods:
             del self.nodes[name]
-        self.version += 1
-        self._domains.clear()
+        self._node_changed()
 
     def _index_labels(self, host: HostNode, sign: int) -> None:
         if host.spec is None:
@@ -515,22 +533,9 @@ class Prepared:
         if spec is None:
             return None
         pod = self.pod
-        if self.names is not None and host.name not in self.names:
-            return OUTSIDE_NODE_SET
-        if spec.unschedulable and not any(t.tolerates(_UNSCHEDULABLE) for t in pod.tolerations):
-            return NODE_UNSCHEDULABLE
-        if pod.node_name and pod.node_name != host.name:
-            return NODE_NAME
-        if spec.taints:
-            ok = self._taints.get(spec.taints)
-            if ok is None:
-                ok = self._taints[spec.taints] = pod.tolerates(spec.taints) is None
-            if not ok:
-                return TAINTED
-        if (pod.node_selector or pod.node_affinity is not None) and not pod.matches_node(
-            host.name, spec.labels
-        ):
-            return NODE_AFFINITY
+        static = self._node_only(host.name, spec)
+        if static is not None:
+            return static
         if pod.ports and _port_conflict(pod.ports, host.ports):
             return NODE_PORTS
         short = _resources(pod, host, spec)
@@ -545,6 +550,59 @@ class Prepared:
             if s.counts.get(value, 0) + s.own - low > s.c.max_skew:
                 return SPREAD
         return self._inter_pod(spec.labels)
+
+    def _node_only(self, name: str, spec: NodeSpec) -> Status | None:
+        """The filters that read the Node object alone (not what runs on it), in
+        kube-scheduler's order: the node set of ``matchFields``, NodeUnschedulable,
+        NodeName, TaintToleration, NodeAffinity."""
+        pod = self.pod
+        if self.names is not None and name not in self.names:
+            return OUTSIDE_NODE_SET
+        if spec.unschedulable and not any(t.tolerates(_UNSCHEDULABLE) for t in pod.tolerations):
+            return NODE_UNSCHEDULABLE
+        if pod.node_name and pod.node_name != name:
+            return NODE_NAME
+        if spec.taints:
+            ok = self._taints.get(spec.taints)
+            if ok is None:
+                ok = self._taints[spec.taints] = pod.tolerates(spec.taints) is None
+            if not ok:
+                return TAINTED
+        if (pod.node_selector or pod.node_affinity is not None) and not pod.matches_node(
+            name, spec.labels
+        ):
+            return NODE_AFFINITY
+        return None
+
+    def ruled_out(self) -> frozenset[NodeName]:
+        """The nodes :meth:`_node_only` rules out, whatever they come to hold: a walk of
+        the device index skips them instead of fitting each (a pod selecting one pool
+        of ten passes nine nodes for each it may take). Kept per pod shape (node name,
+        tolerations, selector, required affinity) until a node changes; not computed
+        for a pod pinned to named nodes (a DaemonSet's: one shape per node, and the
+        walk finds its few nodes quickly by itself), nor while no node taints, cordons
+        or is selected."""
+        pod = self.pod
+        if self.names is not None or pod.node_name:
+            return _NONE_RULED_OUT
+        if not (pod.node_selector or pod.node_affinity is not None or self.hosts.restricted):
+            return _NONE_RULED_OUT
+        hosts = self.hosts
+        sig = (
+            pod.tolerations,
+            tuple(sorted(pod.node_selector.items())),
+            pod.node_affinity,
+        )
+        found = hosts._ruled_out.get(sig)
+        if found is None:
+            if len(hosts._ruled_out) >= RULED_OUT_SHAPES:
+                hosts._ruled_out.clear()
+            found = hosts._ruled_out[sig] = frozenset(
+                h.name
+                for h in hosts.nodes.values()
+                if h.spec is not None and self._node_only(h.name, h.spec) is not None
+            )
+        return found
 
     def _inter_pod(self, labels: Mapping[str, str]) -> Status | None:
         counts = self.affinity_counts

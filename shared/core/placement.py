@@ -426,9 +426,12 @@ class Placer:
         primary: DeviceRequest,
         policy: Policy,
         owner: GangKey | None,
+        prep: Prepared | None,
     ) -> Iterator[NodeState]:
-        """Nodes holding a device that could take the primary request, in policy order."""
-        seen: set[str] = set()
+        """Nodes holding a device that could take the primary request, in policy order,
+        less those the pod's Node-only filters rule out (``Prepared.ruled_out``: the
+        walk passes them as nodes it has seen, without a fit each)."""
+        seen: set[str] = set(prep.ruled_out()) if prep is not None else set()
         for pool, family in self.routes(primary, request):
             index = self.ledger.pools.get(pool)
             if index is None:
@@ -485,18 +488,18 @@ class Placer:
             else:
                 chosen = self._choose(rotation, request, ctx, prep, policy, rotate=True)
         elif policy == "fgd":
-            walk = self._fgd_walk(request, primary, owner, self.config.fgd_candidates)
+            walk = self._fgd_walk(request, primary, owner, self.config.fgd_candidates, prep)
             chosen = self._best_fgd(walk, request, ctx, prep)
         else:
             guard = 0 if request.constraints.node_policy else self.config.fragmentation_guard
             if guard and prep is not None and not prep.soft():
                 if policy == "binpack":
-                    nodes = self._fgd_walk(request, primary, owner, guard)
+                    nodes = self._fgd_walk(request, primary, owner, guard, prep)
                 else:
-                    nodes = self._candidates(request, primary, policy, owner)
+                    nodes = self._candidates(request, primary, policy, owner, prep)
                 chosen = self._guarded(nodes, request, ctx, prep, guard)
             else:
-                nodes = self._candidates(request, primary, policy, owner)
+                nodes = self._candidates(request, primary, policy, owner, prep)
                 chosen = self._choose(nodes, request, ctx, prep, policy)
         if chosen is None:
             if trial:
@@ -589,7 +592,12 @@ class Placer:
         return self._best_fgd(candidates, request, ctx, prep, limit=guard)
 
     def _fgd_walk(
-        self, request: PodRequest, primary: DeviceRequest, owner: GangKey | None, limit: int
+        self,
+        request: PodRequest,
+        primary: DeviceRequest,
+        owner: GangKey | None,
+        limit: int,
+        prep: Prepared | None,
     ) -> Iterator[NodeState]:
         """Nodes that could take the primary request for FGD (or the binpack guard) to
         weigh, from both ends of the index in turn: the tightest devices (where a task
@@ -599,11 +607,11 @@ class Placer:
         both ends finds placements that fragment less than one twice as long from the
         tightest end alone (bench/RESULTS.md); with every node in the window (``limit``
         0) the order does not matter and one walk serves."""
-        tight = self._candidates(request, primary, "binpack", owner)
+        tight = self._candidates(request, primary, "binpack", owner, prep)
         if not limit or limit >= len(self.ledger.nodes):
             yield from tight
             return
-        roomy = self._candidates(request, primary, "spread", owner)
+        roomy = self._candidates(request, primary, "spread", owner, prep)
         seen: set[str] = set()
         for pair in zip_longest(tight, roomy):
             for node in pair:

@@ -7,10 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.core.hosts import pod_requests, pod_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.core.hosts import node_spec, pod_requests, pod_spec
 from shared.core.ledger import Ledger
 from shared.core.model import NodeName, PodRequest
-from shared.core.nodefit import Hosts, Prepared
+from shared.core.nodefit import (
+    NODE_AFFINITY,
+    NODE_NAME,
+    NODE_UNSCHEDULABLE,
+    OUTSIDE_NODE_SET,
+    TAINTED,
+    Hosts,
+    Prepared,
+)
 from shared.core.placement import Failure, GangMember, Placement, Placer
 from shared.core.status import Code, Status
 from tests.unit.corekit import MANAGED, SPECS, gpus, ref, request
@@ -45,8 +56,6 @@ def pod(
 
 def hosts(*nodes: dict[str, Any]) -> Hosts:
     h = Hosts()
-    from shared.core.hosts import node_spec
-
     for n in nodes:
         h.set_spec(node_spec(n))
     return h
@@ -117,6 +126,101 @@ def test_each_filter_rejects_with_kube_schedulers_reason_in_its_order() -> None:
         "small": "Insufficient cpu",
         "fits": None,
     }
+
+
+NODE_ONLY = (OUTSIDE_NODE_SET, NODE_UNSCHEDULABLE, NODE_NAME, TAINTED, NODE_AFFINITY)
+POOLS = st.sampled_from(["a", "b", "c"])
+TAINTS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "key": st.sampled_from(["gpu", "spot"]),
+            "value": st.sampled_from(["", "x"]),
+            "effect": st.sampled_from(["NoSchedule", "NoExecute", "PreferNoSchedule"]),
+        }
+    ),
+    max_size=2,
+)
+NODES = st.lists(
+    st.builds(
+        lambda pool, taints, cordoned: {
+            "labels": {"pool": pool},
+            "taints": taints,
+            "unschedulable": cordoned,
+        },
+        POOLS,
+        TAINTS,
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=8,
+)
+PODS = st.builds(
+    lambda selector, tolerations, avoid, named: {
+        **({"nodeSelector": {"pool": selector}} if selector else {}),
+        "tolerations": tolerations,
+        **({"nodeName": named} if named else {}),
+        **(
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": "pool", "operator": "NotIn", "values": [avoid]}
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            }
+            if avoid
+            else {}
+        ),
+    },
+    st.one_of(st.none(), POOLS),
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "key": st.sampled_from(["gpu", "spot", "node.kubernetes.io/unschedulable"]),
+                "operator": st.just("Exists"),
+            }
+        ),
+        max_size=2,
+    ),
+    st.one_of(st.none(), POOLS),
+    st.one_of(st.none(), st.sampled_from(["n0", "n1"])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(NODES, st.lists(PODS, min_size=1, max_size=4), st.integers(0, 7), TAINTS)
+def test_the_nodes_a_walk_skips_are_those_the_node_only_filters_reject(
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    changed: int,
+    taints: list[dict[str, str]],
+) -> None:
+    """``Prepared.ruled_out`` (the nodes the device walk skips unfitted) is exactly the
+    nodes whose first failing filter reads the Node object alone, for pods of several
+    shapes sharing its cache, and still after a node's taints change."""
+    h = hosts(*(node(f"n{i}", **spec) for i, spec in enumerate(nodes)))
+
+    def check() -> None:
+        for spec in pods:
+            prep = h.prepare(pod_spec(pod(**spec), MANAGED))
+            assert isinstance(prep, Prepared)
+            rejected = {n for n, host in h.nodes.items() if prep.filter(host) in NODE_ONLY}
+            if spec.get("nodeName"):
+                assert prep.ruled_out() == frozenset()  # pinned: the walk finds it alone
+            else:
+                assert prep.ruled_out() == rejected
+
+    check()
+    which = changed % len(nodes)
+    h.set_spec(node_spec(node(f"n{which}", **{**nodes[which], "taints": taints})))
+    check()
 
 
 def test_tolerations_match_by_key_value_and_effect() -> None:
