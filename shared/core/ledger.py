@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -381,12 +382,21 @@ class PoolIndex:
                 row, col = divmod(old[0], CORE_BUCKETS)
                 self.masks[col] &= ~(1 << row)
 
-    def walk(self, min_mem: int, min_cores: int, descending: bool, seen: set[str]) -> Iterator[Dev]:
+    def walk(
+        self,
+        min_mem: int,
+        min_cores: int,
+        descending: bool,
+        seen: set[str],
+        skip: AbstractSet[str] = frozenset(),
+    ) -> Iterator[Dev]:
         """Of each node not in ``seen`` that has a device with at least ``min_mem`` MiB
-        and ``min_cores`` free, the first such device in policy order; each node yielded
-        joins ``seen`` (a walk of several pools skips the nodes found already). Telling
-        a node's other devices here, not in the caller, saves a generator step per
-        device: a window of 16 nodes is a walk of hundreds of devices.
+        and ``min_cores`` free, the first such device in policy order, unless the node
+        is in ``skip``; each node met joins ``seen`` (a walk of several pools passes the
+        nodes met already). Telling a node's other devices here, not in the caller,
+        saves a generator step per device: a window of 16 nodes is a walk of hundreds
+        of devices; and a node in ``skip`` (one the pod's filters rule out) costs a set
+        lookup, not a step.
 
         The cells are read lazily: stop iterating before changing the ledger.
         """
@@ -414,7 +424,8 @@ class PoolIndex:
                                 name = dev.node.name
                                 if name not in seen:
                                     seen.add(name)
-                                    yield dev
+                                    if name not in skip:
+                                        yield dev
             return
         rows = combined >> lo_row
         while rows:
@@ -430,7 +441,8 @@ class PoolIndex:
                             name = dev.node.name
                             if name not in seen:
                                 seen.add(name)
-                                yield dev
+                                if name not in skip:
+                                    yield dev
 
     def __len__(self) -> int:
         return len(self.where)

@@ -4,7 +4,8 @@
 taints, allocatable, cordon) and every pod on it, of any scheduler, with running totals
 and the indexes the filters need so that none of them scans every node or pod per
 placement: nodes by label, pods by (namespace, label), pods with required
-anti-affinity, per-constraint topology domains (cached until a node changes).
+anti-affinity, per-constraint topology domains and, per pod shape, the nodes its
+Node-only filters rule out (both cached until a node changes).
 
 :meth:`Hosts.prepare` is kube-scheduler's PreFilter for one pod; the
 :class:`Prepared` it returns runs the Filter plugins on any node, in kube-scheduler's

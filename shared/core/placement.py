@@ -430,14 +430,15 @@ class Placer:
     ) -> Iterator[NodeState]:
         """Nodes holding a device that could take the primary request, in policy order,
         less those the pod's Node-only filters rule out (``Prepared.ruled_out``: the
-        walk passes them as nodes it has seen, without a fit each)."""
-        seen: set[str] = set(prep.ruled_out()) if prep is not None else set()
+        walk passes them without a fit each)."""
+        seen: set[str] = set()
+        skip = prep.ruled_out() if prep is not None else frozenset()
         for pool, family in self.routes(primary, request):
             index = self.ledger.pools.get(pool)
             if index is None:
                 continue
             mem, cores = family.demand(primary, index)
-            for dev in index.walk(mem, cores, policy == "spread", seen):
+            for dev in index.walk(mem, cores, policy == "spread", seen, skip):
                 if self._held_for_other(dev.node.name, owner) is None:
                     yield dev.node
 
