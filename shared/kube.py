@@ -267,7 +267,8 @@ async def tell(
 ) -> None:
     """What people read about a pod: an Event (``kubectl describe``) and, if given, a
     condition with the same message. A pod gone meanwhile needs no message; another API
-    error is logged, never raised (telling must not stop scheduling)."""
+    error, or an API server out of reach, is logged, never raised (telling must not stop
+    scheduling)."""
     try:
         await post_event(api, pod, reason=reason, message=message, kind=kind, component=component)
         if condition is not None:
@@ -275,6 +276,8 @@ async def tell(
     except ApiException as exc:
         if exc.status != 404:
             log.warning("cannot tell %s (%s): API error %s", pod, reason, exc.status)
+    except (TimeoutError, OSError) as exc:
+        log.warning("cannot tell %s (%s): API server unreachable: %s", pod, reason, exc)
 
 
 async def request(

@@ -8,7 +8,14 @@ checked against the pod (already bound this way by an earlier try: success); any
 else is ``BindFailed`` and the allocator releases the reservation.
 
 Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's
-(unless ``scheduler.scheduledEvents`` is off: then a bind is the Binding alone).
+(unless ``scheduler.scheduledEvents`` is off: then a bind is the Binding alone). The
+Events wait in a queue written one at a time beside the binds (:class:`_Scheduled`):
+under a burst the API server spends itself on Bindings first, which is what starts
+pods, and the Events follow as it has room. Like kube-scheduler's event broadcaster
+(1,000 queued, the newest dropped when full), the queue is bounded; past
+``SCHEDULED_BACKLOG`` the oldest Event is dropped and counted
+(``tessera_scheduled_events_dropped``), and at shutdown what is still queued is written for up to
+``FLUSH_S``.
 ``AllocationFailed`` (and the coordinator's ``PodWaiting``) becomes a ``FailedScheduling``
 Event and ``PodScheduled=False`` condition on each pod, with the per-node reasons; a
 message is not repeated to a pod.
@@ -22,9 +29,12 @@ grace period or ``scheduler.evictionGraceS``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import Literal
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any, Literal
 
 from kubernetes_asyncio.client import ApiException
 
@@ -44,6 +54,54 @@ PREEMPTED = kube.Condition("DisruptionTarget", "True", "PreemptionByScheduler")
 UNSCHEDULABLE = kube.Condition("PodScheduled", "False", "Unschedulable")
 RETRIES = 5
 TRANSIENT = {429, 500, 502, 503, 504}
+SCHEDULED_BACKLOG = 10_000
+"""``Scheduled`` Events queued at most (then the oldest is dropped)."""
+FLUSH_S = 2.0
+"""At shutdown, how long the queued ``Scheduled`` Events may take to be written."""
+
+
+class _Scheduled:
+    """The ``Scheduled`` Events of bound pods, written in order, one at a time."""
+
+    def __init__(self, binder: Binder) -> None:
+        self.binder = binder
+        self.queue: deque[tuple[PodRef, str]] = deque()
+        self.wake = asyncio.Event()
+        m = binder.rt.metrics
+        self.dropped = m.counter(
+            "tessera_scheduled_events_dropped",
+            "Scheduled Events dropped because too many were waiting to be written.",
+        )
+        m.gauge(
+            "tessera_scheduled_events_queued",
+            "Scheduled Events waiting to be written.",
+            lambda: [(float(len(self.queue)), {})],
+        )
+
+    def put(self, pod: PodRef, message: str) -> None:
+        if len(self.queue) >= SCHEDULED_BACKLOG:
+            lost, _ = self.queue.popleft()
+            self.dropped.add(1)
+            log.warning("too many Events waiting: the Scheduled Event of %s is dropped", lost)
+        self.queue.append((pod, message))
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            await self._drain()
+
+    async def _drain(self) -> None:
+        while self.queue:
+            pod, message = self.queue.popleft()
+            await self.binder._tell(pod, "Scheduled", message, "Normal")
+
+    async def flush(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drain(), FLUSH_S)
+        if self.queue:
+            log.warning("%d Scheduled Events not written at shutdown", len(self.queue))
 
 
 class Binder(Service):
@@ -67,12 +125,19 @@ class Binder(Service):
             "From a pod's creation to its Binding (ms).",
             MILLISECONDS,
         )
+        self.scheduled = _Scheduled(self)
         self.key = grant_key(rt.cfg)
         if self.key is None:
             log.warning("security.grantKeyFile is not set: grants are written unsigned")
 
     def concurrency(self) -> int:
         return self.rt.cfg.scheduler.bind_concurrency
+
+    async def start(self) -> None:
+        self.rt.on_stop(self.scheduled.flush)
+
+    def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
+        return {"scheduled-events": self.scheduled.run()}
 
     @handles(ev.AllocationFailed, ev.PodWaiting)
     async def on_failed(self, event: ev.Refusal) -> None:
@@ -148,7 +213,7 @@ class Binder(Service):
                 )
                 assigned = f"Successfully assigned {decided.pod} to {decided.node}"
                 assigned += f" with {devices}" if devices else ""
-                await self._tell(decided.pod, "Scheduled", assigned, "Normal")
+                self.scheduled.put(decided.pod, assigned)
             return
         log.warning("bind of %s to %s failed: %s", decided.pod, decided.node, error)
         self.bind_failures.add(1)

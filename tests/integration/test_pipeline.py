@@ -139,9 +139,13 @@ async def test_every_request_kind_is_bound_with_the_right_grant(
     assert one("ascend-template")["vnpu_template"] == "vir05_1c_16g"
     assert bound["mindcluster-vnpu"]["spec"]["nodeName"] == "pl-310p"
     assert one("mindcluster-vnpu")["vnpu_template"] == "vir04"
-    scheduled = [e for e in await pipeline.events(ns, "hami-vgpu") if e["reason"] == "Scheduled"]
-    assert scheduled
-    assert "Successfully assigned" in scheduled[0]["message"]
+
+    async def scheduled() -> list[dict[str, Any]]:
+        # Written after the Binding, from the binder's queue of Scheduled Events.
+        return [e for e in await pipeline.events(ns, "hami-vgpu") if e["reason"] == "Scheduled"]
+
+    told = await eventually(scheduled, what="the Scheduled Event of hami-vgpu")
+    assert "Successfully assigned" in told[0]["message"]
     # Volcano's scheduler name is served too (configured), with the same result
     await pipeline.create(
         ns, pod("volcano-named", {"volcano.sh/vgpu-memory": 1024}, scheduler="volcano")
