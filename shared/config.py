@@ -113,8 +113,9 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     """Binding writes in flight at once (no per-node lock)."""
     scheduled_events: bool = True
     """Write a ``Scheduled`` Event on each pod bound (``Successfully assigned NS/NAME to
-    NODE``), as kube-scheduler does. Off, a bind is one API write (the Binding) instead
-    of two, for clusters where the Event volume weighs on the API server; the pod's
+    NODE``), as kube-scheduler does; the binder writes them behind its Bindings, one at
+    a time (services/binder/service.py). Off, a bind is one API write (the Binding)
+    instead of two, for clusters where the Event volume weighs on the API server; the pod's
     ``PodScheduled`` condition, the grant annotations and the ``allocation.bound``
     event say the same. Events for pods that wait, are refused or preempted are written
     either way."""
