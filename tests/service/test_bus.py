@@ -559,3 +559,43 @@ async def test_jetstreams_answers_settle_each_publish_with_its_own_outcome(
         await waiter
     assert not acks.waiting
     assert all(a.cancelled() for _, a in pending)
+
+
+async def test_a_flush_of_many_commands_is_one_write_on_the_tls_connection(
+    nats_cfg: NatsConfig,
+) -> None:
+    """nats-py flushes its pending commands with ``writelines``; on TLS each would be a
+    record of its own (shared/bus.py ``_OneWriteTransport``): they go as one buffer, and
+    arrive whole and in order."""
+    nc = await connect(nats_cfg, "admin")
+    try:
+        transport = nc._transport
+        assert isinstance(transport, bus_module._OneWriteTransport)
+        assert transport._io_writer is not None
+        assert transport._io_writer.get_extra_info("ssl_object") is not None  # TLS
+        sub = await nc.subscribe("tessera.test.one-write")
+        writes: list[int] = []
+        real = transport._io_writer
+
+        class Counting:
+            def write(self, data: bytes) -> None:
+                writes.append(len(data))
+                real.write(data)
+
+            def writelines(self, data: list[bytes]) -> None:  # what nats-py would call
+                raise AssertionError("writelines reached the TLS stream")
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        transport._io_writer = Counting()  # type: ignore[assignment]
+        for i in range(200):
+            await nc.publish("tessera.test.one-write", str(i).encode())
+        await nc.flush()
+        transport._io_writer = real
+        assert len(writes) <= 2  # the 200 publishes (and the flush's PING) in one or two
+        got = [(await sub.next_msg(timeout=5)).data for _ in range(200)]
+        assert got == [str(i).encode() for i in range(200)]
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
