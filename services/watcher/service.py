@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ MAX_DEPTH = 100
 """How deep lists and mappings may nest in a Job's spec, which the bus carries as is (a
 real one nests about 15 deep; one nested close to Python's recursion limit could be
 decoded by no consumer)."""
+
+
+_ENCODE = msgspec.json.Encoder().encode
 
 
 def _timestamp(text: str | None) -> float:
@@ -260,6 +264,8 @@ class Watcher(Service):
         """Our pods waiting for placement."""
         self.bound: dict[PodUID, tuple[NodeName, PodSpec]] = {}
         """Every pod on a node, as last announced."""
+        self.specs: dict[PodUID, tuple[bytes, PodSpec]] = {}
+        """Each pod's last :func:`pod_spec` and a digest of what it read (``_spec``)."""
         self.rejected: dict[PodUID, str] = {}
         self.refs: dict[PodUID, PodRef] = {}
         """Every pod announced (pending or on a node): a relist that lacks one deletes it."""
@@ -332,6 +338,25 @@ class Watcher(Service):
 
     # --- pods -------------------------------------------------------------------------
 
+    def _spec(self, uid: PodUID, obj: dict[str, Any]) -> PodSpec:
+        """``pod_spec(obj)``, kept per pod while what it reads (labels, deletion and the
+        spec but for ``nodeName``) is unchanged: a pod's binding and each of its status
+        updates then cost a digest of those fields, not a parse of its containers,
+        affinity and spread (the namespace of a pod never changes)."""
+        meta = obj["metadata"]
+        spec = obj.get("spec") or {}
+        node = str(spec.get("nodeName") or "")
+        read = (meta.get("labels"), meta.get("deletionTimestamp"))
+        rest = {k: v for k, v in spec.items() if k != "nodeName"}
+        digest = hashlib.blake2b(_ENCODE((read, rest)), digest_size=16).digest()
+        kept = self.specs.get(uid)
+        if kept is not None and kept[0] == digest:
+            host = kept[1]
+            return host if host.node_name == node else msgspec.structs.replace(host, node_name=node)
+        host = pod_spec(obj, self.managed)
+        self.specs[uid] = (digest, host)
+        return host
+
     async def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         """Every pod of the cluster: ours while pending (placed by Tessera), and every
         pod on a node (its requests, ports and labels count there, whoever placed it)."""
@@ -350,7 +375,7 @@ class Watcher(Service):
         if node:
             self._track(ref, job)
             self.pending.pop(ref.uid, None)
-            host = pod_spec(obj, self.managed)
+            host = self._spec(ref.uid, obj)
             if self.bound.get(ref.uid) != (node, host):
                 self.bound[ref.uid] = (NodeName(node), host)
                 await self.out.put(updated_event(obj, ref, NodeName(node), phase, host))
@@ -363,7 +388,7 @@ class Watcher(Service):
             await self._reject(ref, parsed)
             return
         self.rejected.pop(ref.uid, None)
-        pending = pending_event(obj, ref, parsed, pod_spec(obj, self.managed))
+        pending = pending_event(obj, ref, parsed, self._spec(ref.uid, obj))
         previous = self.pending.get(ref.uid)
         self.pending[ref.uid] = pending
         if previous is None or (previous.request, previous.group, previous.spec) != (
@@ -400,6 +425,7 @@ class Watcher(Service):
         self.pending.pop(ref.uid, None)
         self.rejected.pop(ref.uid, None)
         self.refs.pop(ref.uid, None)
+        self.specs.pop(ref.uid, None)
         job = self.job_of.pop(ref.uid, "") or job
         was = self.bound.pop(ref.uid, None)
         # A finished pod seen for the first time (a relist) held nothing here.
