@@ -30,6 +30,9 @@ from shared.core.model import NodeName, PodRef, PodUID
 from shared.http1 import Pool, ProtocolError
 
 REPORTING_COMPONENT = "tessera"
+UNREACHABLE: tuple[type[Exception], ...] = (TimeoutError, OSError)
+"""An API server out of reach: a request timed out, the connection was refused or
+broke, or the answer was cut short (the client's ``ProtocolError`` is an ``OSError``)."""
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +243,7 @@ async def patch_status(api: Client, path: str, status: dict[str, Any]) -> bool:
         if exc.status != 404:
             log.warning("cannot update %s: API error %s", path, exc.status)
         return False
-    except (TimeoutError, OSError) as exc:  # OSError: the client's ProtocolError too
+    except UNREACHABLE as exc:
         log.warning("cannot update %s: API server unreachable (%s)", path, exc)
         return False
     return True
@@ -276,7 +279,7 @@ async def tell(
     except ApiException as exc:
         if exc.status != 404:
             log.warning("cannot tell %s (%s): API error %s", pod, reason, exc.status)
-    except (TimeoutError, OSError) as exc:
+    except UNREACHABLE as exc:
         log.warning("cannot tell %s (%s): API server unreachable: %s", pod, reason, exc)
 
 

@@ -240,7 +240,7 @@ class Binder(Service):
                     return await self._conflict(decided)
                 if exc.status not in TRANSIENT or attempt == RETRIES - 1:
                     return f"API error {exc.status}: {exc.reason}"
-            except (TimeoutError, OSError) as exc:
+            except kube.UNREACHABLE as exc:
                 if attempt == RETRIES - 1:
                     return f"API unreachable: {exc}"
             await asyncio.sleep(delay)

@@ -514,6 +514,7 @@ class Prepared:
     existing_anti: dict[tuple[str, str], int] = field(default_factory=dict)
     self_affine: bool = False
     _taints: dict[tuple[Taint, ...], bool] = field(default_factory=dict)
+    _ruled_out: frozenset[NodeName] | None = None
 
     def soft(self) -> bool:
         """Do scores matter for this pod beyond the device policy's order: soft
@@ -583,6 +584,11 @@ class Prepared:
         for a pod pinned to named nodes (a DaemonSet's: one shape per node, and the
         walk finds its few nodes quickly by itself), nor while no node taints, cordons
         or is selected."""
+        if self._ruled_out is None:  # a pod's walks (both ends of the index) share it
+            self._ruled_out = self._find_ruled_out()
+        return self._ruled_out
+
+    def _find_ruled_out(self) -> frozenset[NodeName]:
         pod = self.pod
         if self.names is not None or pod.node_name:
             return _NONE_RULED_OUT
