@@ -36,6 +36,8 @@ Per pod::
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -214,6 +216,30 @@ class Gangs:
         """The cluster's devices as queues share them, and the largest card per vendor
         (queues.cluster_capacity). Kept until an inventory changes: summing every device
         on each dispatch was most of the coordinator's CPU at 1,000 nodes."""
+        # The waiting pods by state, kept as each moves (``_move``), so that a dispatch
+        # reads the pending ones, the placed ones of the gangs it sends and the parked or
+        # in-flight ones that are due, not every pod behind: scanning them all on every
+        # dispatch and every release was most of the coordinator's CPU in a burst, and
+        # grew with the backlog.
+        self._pending: dict[PodUID, Member] = {}
+        self._inflight: dict[PodUID, Member] = {}
+        """In the order they were sent (a resend moves a pod to the end): the ones past
+        ``INFLIGHT_TIMEOUT_S`` are at the front."""
+        self._placed: dict[GangKey, dict[PodUID, Member]] = {}
+        self._parked: dict[PodUID, Member] = {}
+        self._backing_off: dict[PodUID, Member] = {}
+        """Parked pods waiting out a backoff (not yet made due by ``helpful``)."""
+        self._unresolvable: dict[PodUID, Member] = {}
+        """Parked pods only a node change can help."""
+        self._due: list[tuple[float, int, PodUID]] = []
+        """A heap of (retry time, order, pod) for parked pods; an entry whose pod moved
+        on or was parked again since is passed over."""
+        self._order = itertools.count()
+        self._grouped: dict[GangKey, dict[PodUID, Member]] = {}
+        """The waiting pods of PodGroups (not lone pods), by gang: a group's queue may
+        change under its pods."""
+        self._queue_of: dict[GangKey, str] = {}
+        """The queue each of those gangs' pods was last counted in."""
 
     # --- what happened ----------------------------------------------------------------
 
@@ -224,22 +250,28 @@ class Gangs:
         known = self.pods.get(m.pod.uid)
         if known is None:
             self.pods[m.pod.uid] = m
-            self._account(m)
+            m.queue = self.queue_of(m.key)
+            self._move(m, m.state)
             return True
         changed = known.request != m.request
-        known.request, known.key, known.task = m.request, m.key, m.task
+        if known.key != m.key:
+            self._leave(known)
+            known.key = m.key
+            known.queue = self.queue_of(m.key)
+            self._move(known, known.state)
+        known.request, known.task = m.request, m.task
         known.priority, known.created_at = m.priority, m.created_at
         if changed and known.state == "parked":
-            known.state, known.unresolvable = "pending", False
-            self._account(known)
+            known.unresolvable = False
+            self._move(known, "pending")
         return changed
 
     def decided(self, uid: PodUID, vector: Resources) -> None:
         """The allocator placed the pod; ``vector`` is what its grant really holds."""
         m = self.pods.get(uid)
         if m is not None and m.state in ("inflight", "pending"):
-            m.state, m.failed, m.vector = "placed", False, vector
-            self._account(m)
+            m.failed, m.vector = False, vector
+            self._move(m, "placed")
 
     def failed(
         self, uids: Iterable[PodUID], attempt: int, *, unresolvable: bool, now: float
@@ -263,7 +295,7 @@ class Gangs:
         m = self.pods.pop(uid, None)
         if m is None:
             return None
-        self._waiting.remove(uid)
+        self._leave(m)
         m.state = "bound"
         m.queue = self.queue_of(m.key)
         self.bound_pods[uid] = m
@@ -273,8 +305,9 @@ class Gangs:
 
     def forget(self, uid: PodUID) -> None:
         """The pod is gone (deleted, finished, or rejected as invalid)."""
-        if self.pods.pop(uid, None) is not None:
-            self._waiting.remove(uid)
+        m = self.pods.pop(uid, None)
+        if m is not None:
+            self._leave(m)
         m = self.bound_pods.pop(uid, None)
         if m is not None:
             accumulate(self.bound_use.setdefault(m.queue, {}), m.vector, -1)
@@ -305,26 +338,102 @@ class Gangs:
     def helpful(self, *, node_changed: bool) -> None:
         """Capacity may have appeared: retry parked pods now (unresolvable ones only when
         a node changed, since only a node can make them fit)."""
-        for m in self.pods.values():
-            if m.state == "parked" and (node_changed or not m.unresolvable):
-                m.retry_at = 0.0
+        helped = [*self._backing_off.values()]
+        self._backing_off.clear()
+        if node_changed:
+            helped += self._unresolvable.values()
+            self._unresolvable.clear()
+        for m in helped:
+            m.retry_at = 0.0
+            heapq.heappush(self._due, (0.0, next(self._order), m.pod.uid))
 
     def _park(self, m: Member, *, unresolvable: bool, retry_at: float) -> None:
-        m.state = "parked"
         m.unresolvable = unresolvable
         m.retry_at = math.inf if unresolvable else retry_at
+        self._move(m, "parked")
+
+    def _move(self, m: Member, state: State) -> None:
+        """Put a waiting member in ``state``: its place in the indexes by state, and the
+        queue sums (``m.queue`` and ``m.vector`` as they are now)."""
+        self._unlist(m)
+        uid = m.pod.uid
+        m.state = state
+        if state == "pending":
+            self._pending[uid] = m
+        elif state == "inflight":
+            self._inflight[uid] = m
+        elif state == "placed":
+            self._placed.setdefault(m.key, {})[uid] = m
+        elif state == "parked":
+            self._parked[uid] = m
+            if m.retry_at == math.inf:
+                self._unresolvable[uid] = m
+            else:
+                if m.retry_at > 0:
+                    self._backing_off[uid] = m
+                heapq.heappush(self._due, (m.retry_at, next(self._order), uid))
+        if not m.key.lone:
+            self._grouped.setdefault(m.key, {})[uid] = m
+            self._queue_of.setdefault(m.key, m.queue)  # changes go by _requeue
         self._account(m)
+
+    def _unlist(self, m: Member) -> None:
+        """Take a member out of the index of its state."""
+        uid = m.pod.uid
+        state = m.state
+        if state == "pending":
+            self._pending.pop(uid, None)
+        elif state == "inflight":
+            self._inflight.pop(uid, None)
+        elif state == "placed":
+            placed = self._placed.get(m.key)
+            if placed is not None:
+                placed.pop(uid, None)
+                if not placed:
+                    del self._placed[m.key]
+        elif state == "parked":
+            self._parked.pop(uid, None)
+            self._backing_off.pop(uid, None)
+            self._unresolvable.pop(uid, None)
+
+    def _leave(self, m: Member) -> None:
+        """A member no longer waits (bound, gone) or changes gang: out of every index."""
+        self._unlist(m)
+        self._waiting.remove(m.pod.uid)
+        grouped = self._grouped.get(m.key)
+        if grouped is not None:
+            grouped.pop(m.pod.uid, None)
+            if not grouped:
+                del self._grouped[m.key]
+                del self._queue_of[m.key]
 
     def _account(self, m: Member) -> None:
         """Bring the queue sums in step with a waiting member's state, queue and vector
         (after any of them changed)."""
         self._waiting.set(m.pod.uid, m.queue, m.vector, m.state in ("inflight", "placed"))
 
+    def _requeue(self) -> None:
+        """Count the pods of each PodGroup whose queue changed (the PodGroup came, went
+        or moved) in their new queue."""
+        for key, was in list(self._queue_of.items()):
+            queue = self.queue_of(key)
+            if queue != was:
+                self._queue_of[key] = queue
+                for m in self._grouped[key].values():
+                    m.queue = queue
+                    self._account(m)
+
+    def _stale(self, entry: tuple[float, int, PodUID]) -> bool:
+        """A retry entry whose pod is no longer parked for that time."""
+        m = self._parked.get(entry[2])
+        return m is None or m.retry_at != entry[0]
+
     def next_retry(self) -> float:
         """The earliest time a parked pod is due (``inf`` when none is)."""
-        return min(
-            (m.retry_at for m in self.pods.values() if m.state == "parked"), default=math.inf
-        )
+        due = self._due
+        while due and self._stale(due[0]):
+            heapq.heappop(due)
+        return due[0][0] if due else math.inf
 
     def queue_of(self, key: GangKey) -> str:
         """The queue of a gang: its PodGroup's, else ``default``."""
@@ -367,20 +476,23 @@ class Gangs:
     def dispatch(self, now: float) -> Dispatch:
         """Every gang ready and allowed by its queue, in the order to send them; the
         members sent become in flight."""
+        self._requeue()
+        due = self._due
+        while due and due[0][0] <= now:
+            entry = heapq.heappop(due)
+            if not self._stale(entry):
+                self._move(self._parked[entry[2]], "pending")
+        timeout = INFLIGHT_TIMEOUT_S
+        late = list(
+            itertools.takewhile(lambda m: now - m.sent_at > timeout, self._inflight.values())
+        )
+        for m in late:
+            self._move(m, "pending")  # unanswered: send again
         groups: dict[GangKey, list[Member]] = {}
-        settled: dict[GangKey, list[Member]] = {}
         largest = self.capacity()[1]
-        for m in self.pods.values():
-            if m.state == "parked" and m.retry_at <= now:
-                m.state = "pending"
-            elif m.state == "inflight" and now - m.sent_at > INFLIGHT_TIMEOUT_S:
-                m.state = "pending"  # unanswered: send again
-            m.queue = self.queue_of(m.key)
-            if m.state == "pending":
-                m.vector = request_vector(m.request, largest)
-                groups.setdefault(m.key, []).append(m)
-            elif m.state == "placed":
-                settled.setdefault(m.key, []).append(m)
+        for m in self._pending.values():
+            m.vector = request_vector(m.request, largest)
+            groups.setdefault(m.key, []).append(m)
             self._account(m)
         if not groups:
             return Dispatch()
@@ -404,7 +516,7 @@ class Gangs:
             return floor[0]
 
         for key, members in by_priority:
-            here = [*settled.get(key, []), *self.bound.get(key, {}).values()]
+            here = [*self._placed.get(key, {}).values(), *self.bound.get(key, {}).values()]
             min_member = self.readiness(key, members, here, told)
             if min_member is None:
                 continue
@@ -454,8 +566,8 @@ class Gangs:
         ready.sort(key=lambda r: r[0])
         for _, gang in ready:
             for m in gang.members:
-                m.state, m.attempt, m.sent_at = "inflight", gang.attempt, now
-                self._account(m)
+                m.attempt, m.sent_at = gang.attempt, now
+                self._move(m, "inflight")
         return Dispatch(ready=tuple(g for _, g in ready), told=tuple(told))
 
     def readiness(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from shared.core.gangs import INFLIGHT_TIMEOUT_S, MAX_BACKOFF_S, Gangs, Member, Policy
@@ -234,6 +234,103 @@ def test_the_queue_sums_kept_as_pods_change_are_the_sums_over_every_pod(
             for q in want:  # a dimension at 0 is one not named (it limits nothing)
                 for k in {*got[q], *want[q]}:
                     assert math.isclose(got[q].get(k, 0.0), want[q].get(k, 0.0), abs_tol=1e-6)
+
+
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "pending",
+                "dispatch",
+                "decided",
+                "failed",
+                "unresolvable",
+                "bind-failed",
+                "released",
+                "node-changed",
+                "bound",
+                "gone",
+                "group",
+            ]
+        ),
+        st.integers(0, 3),
+        st.sampled_from([0.5, 2.0, INFLIGHT_TIMEOUT_S + 1]),
+    ),
+    max_size=80,
+)
+
+
+@given(steps=STEPS)
+@example(steps=[("pending", 0, 0.5), ("unresolvable", 0, 0.5), ("node-changed", 0, 0.5)])
+@example(steps=[("pending", 0, 0.5), ("failed", 0, 0.5), ("released", 0, 0.5)])
+@example(steps=[("pending", 0, 0.5), ("dispatch", 0, 0.5), ("decided", 0, 0.5)])
+@example(
+    steps=[
+        ("pending", 0, 0.5),
+        ("dispatch", 0, 0.5),
+        ("pending", 2, 0.5),
+        ("dispatch", 0, 0.5),
+        ("dispatch", 0, INFLIGHT_TIMEOUT_S + 0.25),
+        ("dispatch", 0, 0.5),
+    ]
+)
+def test_a_dispatch_reads_the_pods_by_state_as_a_scan_of_every_pod_would_find_them(
+    steps: list[tuple[str, int, float]],
+) -> None:
+    """The coordinator keeps its waiting pods indexed by state, so a dispatch reads only
+    the pending ones and those due; whatever happens, each index holds exactly the pods a
+    scan of every pod finds in its state, the earliest retry is the parked pods' earliest,
+    and after a dispatch no pod is left parked past its retry time or in flight past
+    ``INFLIGHT_TIMEOUT_S``. Fails if a move between states misses an index, if a release
+    or a node change does not make the parked pods due, or if a resend keeps its old
+    place in the in-flight order."""
+    g = gangs(cards=4)
+    pods = [member(f"g{i}" if i % 2 else None) for i in range(4)]
+    for m in pods[1::2]:
+        g.groups[m.key] = GroupSpec(min_member=1)
+    now = 0.0
+    for op, i, step in steps:
+        m, now = pods[i], now + step
+        uid = m.pod.uid
+        attempt = g.pods[uid].attempt if uid in g.pods else 0
+        if op == "pending":
+            g.pending(Member(pod=m.pod, key=m.key, request=m.request))
+        elif op == "dispatch":
+            g.dispatch(now)
+            waiting = g.pods.values()
+            assert not [w for w in waiting if w.state == "parked" and w.retry_at <= now]
+            late = [w for w in waiting if w.state == "inflight"]
+            assert not [w for w in late if now - w.sent_at > INFLIGHT_TIMEOUT_S]
+        elif op == "decided":
+            g.decided(uid, {"nvidia.count": 1.0})
+        elif op in ("failed", "unresolvable"):
+            g.failed([uid], attempt, unresolvable=op == "unresolvable", now=now)
+        elif op == "bind-failed":
+            g.bind_failed(uid)
+        elif op in ("released", "node-changed"):
+            g.helpful(node_changed=op == "node-changed")
+            for w in g.pods.values():  # each parked one it can help is due now
+                if w.state == "parked" and (op == "node-changed" or not w.unresolvable):
+                    assert w.retry_at == 0.0
+        elif op == "bound":
+            g.bound_now(uid)
+        elif op == "gone":
+            g.forget(uid)
+        elif not m.key.lone and g.groups.pop(m.key, None) is None:  # it goes, or comes back
+            g.groups[m.key] = GroupSpec(min_member=1)
+        by_state: dict[str, set[PodUID]] = {}
+        for w in g.pods.values():
+            by_state.setdefault(w.state, set()).add(w.pod.uid)
+        assert set(g._pending) == by_state.get("pending", set())
+        assert set(g._inflight) == by_state.get("inflight", set())
+        sent_at = [w.sent_at for w in g._inflight.values()]
+        assert sent_at == sorted(sent_at)
+        assert {u for placed in g._placed.values() for u in placed} == by_state.get("placed", set())
+        assert all(w.key == k for k, placed in g._placed.items() for w in placed.values())
+        assert set(g._parked) == by_state.get("parked", set())
+        assert {*g._backing_off, *g._unresolvable} <= set(g._parked)
+        parked = [w for w in g.pods.values() if w.state == "parked"]
+        assert g.next_retry() == min((w.retry_at for w in parked), default=math.inf)
 
 
 # --- retries ----------------------------------------------------------------------------
