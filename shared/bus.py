@@ -22,7 +22,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, cast
@@ -61,6 +61,10 @@ from shared.telemetry import recording, span
 log = logging.getLogger(__name__)
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+BATCH_HEADER = "Tessera-Batch"
+"""On a message that carries several events (a JSON array of them): how many."""
+BATCH_MAX = 256
+"""The most events one message carries (about 0.5 KB each: far below NATS's 1 MB)."""
 NO_RESPONDERS = "503"
 """The status of a request no one answered (no stream holds the subject, yet)."""
 PULL_EXPIRES_S = 1.0
@@ -414,13 +418,21 @@ class Bus:
         for start in range(0, len(batch), PUBLISH_WINDOW):
             waiting: list[tuple[str, asyncio.Future[None]]] = []
             try:
-                for event, given in zip(
+                for run, given in _messages(
                     batch[start : start + PUBLISH_WINDOW],
                     contexts[start : start + PUBLISH_WINDOW],
-                    strict=True,
+                    traced,
                 ):
                     reply, answer = acks.expect()
                     waiting.append((reply, answer))
+                    event = run[0]
+                    if len(run) > 1:
+                        payload = b"[" + b",".join(map(events.encode, run)) + b"]"
+                        # A resend of the same run is stored once, as a single event is.
+                        dedup = f"batch:{event.dedup_id()}:{run[-1].dedup_id()}:{len(run)}"
+                        headers = {MSG_ID_HEADER: dedup, BATCH_HEADER: str(len(run))}
+                        await self.nc.publish(event.subject(), payload, reply, headers)
+                        continue
                     payload = events.encode(event)
                     headers = {MSG_ID_HEADER: event.dedup_id()}
                     if not traced:  # no span; the trace it came in, if any, carried on
@@ -577,12 +589,17 @@ class Bus:
         await _Pull(self, durable, handler, batch, concurrency).run()
 
     async def _deliver(self, msg: Msg, handler: Handler) -> bool:
-        """Decode ``msg`` and run ``handler`` on it: True when it is to be acked (the
-        caller acks), False when it was nak'ed (the handler failed: delivered again
-        later) or terminated (undecodable)."""
+        """Decode ``msg`` and run ``handler`` on it (on each of its events, in order, for
+        a batch): True when it is to be acked (the caller acks), False when it was
+        nak'ed (a handler failed: delivered again later, the whole batch, whose other
+        events were still handled: handlers are idempotent) or terminated (undecodable)."""
         delivery = delivery_of(msg)
+        headers = msg.headers or {}
         try:
-            event = events.decode(msg.data)
+            if BATCH_HEADER in headers:
+                decoded = _decode_batch(msg, delivery)
+            else:
+                decoded = [events.decode(msg.data)]
         except msgspec.DecodeError as exc:
             log.error(
                 "dropping undecodable message on %s (seq %d): %s",
@@ -593,32 +610,33 @@ class Bus:
             await _settle(msg.term())
             return False
         log.debug("got %s (seq %d, attempt %d)", msg.subject, delivery.stream_seq, delivery.attempt)
-        headers = msg.headers or {}
         # Only a message that carries a trace has one to continue (most carry none while
         # nothing exports: extracting an empty one cost more than the rest of a delivery).
         context = propagate.extract(headers) if not _trace_fields().isdisjoint(headers) else None
-        span_name = f"process {type(event).SUBJECT}"
-
-        with span(span_name, context=context, kind=SpanKind.CONSUMER) as current:
-            current.set_attribute("messaging.destination", msg.subject)
-            current.set_attribute("tessera.service", self.name)
-            current.set_attribute("messaging.delivery_attempt", delivery.attempt)
-            try:
-                await handler(event, delivery)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                current.record_exception(exc)
-                current.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
-                delay = min(0.2 * 2 ** (delivery.attempt - 1), 30.0)
-                log.exception(
-                    "handler failed on %s (attempt %d); redelivering in %.1fs",
-                    msg.subject,
-                    delivery.attempt,
-                    delay,
-                )
-                await _settle(msg.nak(delay=delay))
-                return False
+        failed = False
+        for event in decoded:
+            with span(
+                f"process {type(event).SUBJECT}", context=context, kind=SpanKind.CONSUMER
+            ) as current:
+                current.set_attribute("messaging.destination", msg.subject)
+                current.set_attribute("tessera.service", self.name)
+                current.set_attribute("messaging.delivery_attempt", delivery.attempt)
+                try:
+                    await handler(event, delivery)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    current.record_exception(exc)
+                    current.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                    log.exception(
+                        "handler failed on %s (attempt %d)", msg.subject, delivery.attempt
+                    )
+                    failed = True
+        if failed:
+            delay = min(0.2 * 2 ** (delivery.attempt - 1), 30.0)
+            log.warning("redelivering %s in %.1fs", msg.subject, delay)
+            await _settle(msg.nak(delay=delay))
+            return False
         return True
 
     # --- inventory KV ----------------------------------------------------------------
@@ -946,6 +964,66 @@ are taken as a lost answer: the publish times out after ``PUBLISH_ACK_S`` and
 ``through_failover`` sends it again, as it did under nats-py's ``publish_async``. Sent
 again at once instead, every service's retries kept a recovering cluster from renewing
 the services' leases in two chaos runs (``bench/chaos.py``)."""
+
+
+_BATCH = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _decode_batch(msg: Msg, delivery: Delivery) -> list[events.AnyEvent]:
+    """The events of a batch message, in order; one that cannot be decoded is logged and
+    left out (raises only when the message is not a list at all)."""
+    decoded = []
+    for i, raw in enumerate(_BATCH.decode(msg.data)):
+        try:
+            decoded.append(events.decode(raw))
+        except msgspec.DecodeError as exc:
+            log.error(
+                "dropping undecodable event %d of the batch on %s (seq %d): %s",
+                i,
+                msg.subject,
+                delivery.stream_seq,
+                exc,
+            )
+    return decoded
+
+
+def _messages(
+    batch: Sequence[events.Event],
+    contexts: Sequence[otel_context.Context | None],
+    traced: bool,
+) -> Iterator[tuple[list[events.Event], otel_context.Context | None]]:
+    """The messages that carry ``batch``, in order: a run of consecutive ``BATCHED``
+    events on one subject (up to ``BATCH_MAX``) as one message, while no span is
+    recorded and none of them came in a trace (each would lose its own); every other
+    event alone, with its trace. Under a burst each message costs the same on the bus
+    (a publish, an ack, a stored record, a delivery and an ack per consumer) whatever it
+    carries: the watcher's pod events and the coordinator's gangs, one message each,
+    were most of what the NATS server did per pod."""
+    run: list[events.Event] = []
+    subject = ""
+    for event, given in zip(batch, contexts, strict=True):
+        if type(event).BATCHED and not traced and not _carries_trace(given):
+            here = event.subject()
+            if run and here == subject and len(run) < BATCH_MAX:
+                run.append(event)
+                continue
+            if run:
+                yield run, None
+            run, subject = [event], here
+            continue
+        if run:
+            yield run, None
+            run = []
+        yield [event], given
+    if run:
+        yield run, None
+
+
+def _carries_trace(context: otel_context.Context | None) -> bool:
+    """Does ``context`` hold a span (a trace to carry on)?"""
+    if not context:
+        return False
+    return trace.get_current_span(context).get_span_context().is_valid
 
 
 def delivery_of(msg: Msg) -> Delivery:

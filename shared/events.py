@@ -85,6 +85,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
     None for events on ``SUBJECT`` itself."""
     KEY_TOKENS: ClassVar[int] = 1
     """How many tokens ``KEY`` gives."""
+    BATCHED: ClassVar[bool] = False
+    """Several of these on one subject, published together, may travel as one message
+    (a JSON array of the events, header ``Tessera-Batch``; shared/bus.py): only events
+    no external tool reads (never ``allocation.*``), which come in bursts."""
     event_id: str = msgspec.field(default_factory=new_id)
     emitted_at: float = msgspec.field(default_factory=_now)
 
@@ -153,6 +157,8 @@ class GangRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class PodPending(Event, frozen=True, kw_only=True, tag="pod.pending"):
     """A pod of one of our schedulers waits for placement; its request is parsed and valid."""
 
+    BATCHED = True
+
     KEY = _key("pod.namespace")
     pod: PodRef
     request: PodRequest
@@ -183,6 +189,8 @@ class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
     """A pod is on a node (any scheduler's: its requests and labels count there), or a
     pod on a node changed (labels, deletion started, grant annotations seen)."""
 
+    BATCHED = True
+
     KEY = _pod_key
     KEY_TOKENS = 2
     pod: PodRef
@@ -201,6 +209,8 @@ class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
 
 class PodDeleted(Event, frozen=True, kw_only=True, tag="pod.deleted"):
     """A pod is gone (or finished): whatever it held can be released."""
+
+    BATCHED = True
 
     KEY = _pod_key
     KEY_TOKENS = 2
@@ -349,6 +359,8 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     Published on ``gang.ready.<shard>`` (``all`` unsharded); with allocator shards
     (shared/core/shards.py) a shard that cannot place it passes it on along ``route``.
     """
+
+    BATCHED = True
 
     KEY = lambda e: e.shard or UNSHARDED  # noqa: E731 (a class attribute)
     gang: GangRef

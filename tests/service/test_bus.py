@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -313,6 +314,97 @@ async def test_trace_context_survives_a_hop(
     assert consumer.parent is not None
     assert consumer.parent.span_id == producer.context.span_id
     assert handler_ctx.trace_id == trace_id
+
+
+def _pods(tag: str, n: int, namespace: str = "burst") -> list[ev.Event]:
+    return [
+        ev.PodDeleted(pod=PodRef(namespace=namespace, name=f"{tag}-{i}", uid=PodUID(f"{tag}-{i}")))
+        for i in range(n)
+    ]
+
+
+async def test_a_burst_of_pod_events_travels_in_few_messages_and_arrives_whole_in_order(
+    nats_cfg: NatsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Consecutive events of a batched type on one subject, published together, go as
+    one message (up to ``BATCH_MAX``); a decision between them (``allocation.*``, which
+    external tools read one by one), another namespace or a trace to carry on splits the
+    run. The consumer gets every event, in order. Fails if batches are not formed, if
+    an event of a batch is lost or reordered, or if a traced event loses its trace."""
+    monkeypatch.setattr(bus_module, "recording", lambda: False)  # as with nothing exported
+    decided = next(e for e in sample_events() if isinstance(e, ev.AllocationDecided))
+    root = trace.SpanContext(
+        trace_id=0x5EED, span_id=0xB0B, is_remote=True, trace_flags=trace.TraceFlags(1)
+    )
+    traced = trace.set_span_in_context(trace.NonRecordingSpan(root))
+    sent = [
+        *_pods("a", bus_module.BATCH_MAX + 10),  # two messages
+        decided,  # alone
+        *_pods("b", 5),  # one
+        *_pods("c", 3, namespace="other"),  # one: another subject
+        *_pods("d", 1),  # alone: in a trace
+        *_pods("e", 2),  # one
+    ]
+    contexts: list[otel_context.Context | None] = [None] * len(sent)
+    contexts[-3] = traced
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+    trace_ids: list[int] = []
+
+    async def handler(event: ev.AnyEvent, delivery: Delivery) -> None:
+        trace_ids.append(trace.get_current_span().get_span_context().trace_id)
+        await got.put((event, delivery))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        before = (await bus.js.stream_info(nats_cfg.stream)).state.last_seq
+        await bus.publish_many(sent, contexts)
+        after = (await bus.js.stream_info(nats_cfg.stream)).state.last_seq
+        bus.consume("burst", [ev.STREAM_SUBJECTS], handler, deliver="all")
+        received = await _collect(len(sent) + before, got)
+    mine = [(e, d) for e, d in received if d.stream_seq > before]
+    assert after - before == 7
+    assert [e for e, _ in mine] == sent
+    assert trace_ids[before:][len(sent) - 3] == root.trace_id
+    assert [d.stream_seq for e, d in mine if e in sent[:5]] == [before + 1] * 5
+
+
+async def test_a_failing_event_of_a_batch_redelivers_the_batch_and_the_others_are_handled(
+    nats_cfg: NatsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The events of a batch are handled one by one; one whose handler fails has the
+    whole message delivered again (its batch-mates handled again: handlers are
+    idempotent), and an event that cannot be decoded is dropped alone."""
+    monkeypatch.setattr(bus_module, "recording", lambda: False)
+    sent = _pods("f", 4)
+    handled: list[tuple[str, int]] = []
+    done = asyncio.Event()
+
+    async def flaky(event: ev.AnyEvent, delivery: Delivery) -> None:
+        assert isinstance(event, ev.PodDeleted)
+        handled.append((event.pod.name, delivery.attempt))
+        if event.pod.name == "f-1" and delivery.attempt < 2:
+            raise RuntimeError("transient")
+        if {("f-3", 2), ("g-1", 1)} <= set(handled):
+            done.set()
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish_many(sent)
+        broken = [ev.encode(e) for e in _pods("g", 2)]
+        broken.insert(1, b'{"type": "pod.deleted", "pod": 7}')
+        await bus.nc.publish(
+            sent[0].subject(),
+            b"[" + b",".join(broken) + b"]",
+            headers={bus_module.BATCH_HEADER: "3"},
+        )
+        bus.consume("flaky-batch", [ev.PodDeleted.filter_subject()], flaky, deliver="all")
+        async with asyncio.timeout(10):
+            await done.wait()
+    # The batch that failed comes again after its backoff, the next one meanwhile.
+    assert [h for h in handled if h[1] == 1] == [
+        *[(f"f-{i}", 1) for i in range(4)],
+        ("g-0", 1),
+        ("g-1", 1),  # its undecodable middle event dropped, with a log line
+    ]
+    assert [h for h in handled if h[1] == 2] == [(f"f-{i}", 2) for i in range(4)]
 
 
 async def test_inventory_kv_keeps_the_latest_per_node(nats_cfg: NatsConfig) -> None:
