@@ -588,11 +588,12 @@ class Bus:
                 await asyncio.sleep(RETRY_WAIT_S)
         await _Pull(self, durable, handler, batch, concurrency).run()
 
-    async def _deliver(self, msg: Msg, handler: Handler) -> bool:
-        """Decode ``msg`` and run ``handler`` on it (on each of its events, in order, for
-        a batch): True when it is to be acked (the caller acks), False when it was
-        nak'ed (a handler failed: delivered again later, the whole batch, whose other
-        events were still handled: handlers are idempotent) or terminated (undecodable)."""
+    async def _deliver(self, msg: Msg, handler: Handler, concurrency: int = 1) -> bool:
+        """Decode ``msg`` and run ``handler`` on it (on each of its events, for a batch:
+        in order, or up to ``concurrency`` at once, the consumer's own): True when it is
+        to be acked (the caller acks), False when it was nak'ed (a handler failed:
+        delivered again later, the whole batch, whose other events were still handled:
+        handlers are idempotent) or terminated (undecodable)."""
         delivery = delivery_of(msg)
         headers = msg.headers or {}
         try:
@@ -613,8 +614,8 @@ class Bus:
         # Only a message that carries a trace has one to continue (most carry none while
         # nothing exports: extracting an empty one cost more than the rest of a delivery).
         context = propagate.extract(headers) if not _trace_fields().isdisjoint(headers) else None
-        failed = False
-        for event in decoded:
+
+        async def one(event: events.AnyEvent) -> bool:
             with span(
                 f"process {type(event).SUBJECT}", context=context, kind=SpanKind.CONSUMER
             ) as current:
@@ -631,8 +632,24 @@ class Bus:
                     log.exception(
                         "handler failed on %s (attempt %d)", msg.subject, delivery.attempt
                     )
-                    failed = True
-        if failed:
+                    return False
+            return True
+
+        if concurrency > 1 and len(decoded) > 1:
+            # A batch of a consumer whose handlers overlap their I/O (the allocator's
+            # publishes group-commit): one after the other, each would wait its own.
+            gate = asyncio.Semaphore(concurrency)
+
+            async def gated(event: events.AnyEvent) -> bool:
+                async with gate:
+                    return await one(event)
+
+            handled = all(await asyncio.gather(*map(gated, decoded)))
+        else:
+            handled = True
+            for event in decoded:
+                handled = await one(event) and handled
+        if not handled:
             delay = min(0.2 * 2 ** (delivery.attempt - 1), 30.0)
             log.warning("redelivering %s in %.1fs", msg.subject, delay)
             await _settle(msg.nak(delay=delay))
@@ -798,7 +815,7 @@ class _Pull:
 
     async def handled(self, msg: Msg) -> None:
         """Deliver ``msg``; ack it with the next burst if the handler took it."""
-        if await self.bus._deliver(msg, self.handler) and msg.reply:
+        if await self.bus._deliver(msg, self.handler, self.concurrency) and msg.reply:
             self.acks.append(msg.reply)
             self.ack_due.set()
 
