@@ -4,7 +4,9 @@ Each event is a frozen, tagged msgspec Struct; the wire format is JSON so any cl
 read it, and ``tessera schema`` publishes the JSON Schema (docs/events.schema.json).
 An event's subject is ``tessera.v1.<its tag>``, followed for events keyed by namespace or
 node (``KEY``) by that key as one more token, so a consumer can filter on it;
-``tessera.v1.allocation.>`` is the API external tools subscribe to.
+``tessera.v1.allocation.>`` is the API external tools subscribe to, one event per
+message; events of a ``BATCHED`` type may travel several to a message (a JSON array with
+the header ``Tessera-Batch``: shared/bus.py, docs/architecture.md).
 
 Evolution: a new field gets a default; no field is renamed or retyped; a breaking change
 is a new event type on a ``v2`` subject. Unknown fields are ignored when decoding, so an

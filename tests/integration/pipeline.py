@@ -315,6 +315,9 @@ async def start_pipeline(
     inv = workdir / "inventory.yaml"
     inv.write_text(yaml.safe_dump(inventory))
     api = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    # Nodes an earlier module simulated are still in the (session's) API server: each
+    # pipeline starts with its own inventory's only, so what it counts is its own.
+    await kube.request(api, "DELETE", "/api/v1/nodes")
     p = Pipeline(workdir, path, simulator, inv, nats_admin, api)
     shards = [str(s["name"]) for s in (settings or {}).get("shards", [])]
     for service in SERVICES:
