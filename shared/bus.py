@@ -64,7 +64,10 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 BATCH_HEADER = "Tessera-Batch"
 """On a message that carries several events (a JSON array of them): how many."""
 BATCH_MAX = 256
-"""The most events one message carries (about 0.5 KB each: far below NATS's 1 MB)."""
+"""The most events one message carries."""
+BATCH_BYTES = 512 * 1024
+"""The most bytes of events one message carries: half of NATS's default ``max_payload``
+(a pod event is 0.5-5 KB; one larger than this goes alone)."""
 NO_RESPONDERS = "503"
 """The status of a request no one answered (no stream holds the subject, yet)."""
 PULL_EXPIRES_S = 1.0
@@ -418,7 +421,7 @@ class Bus:
         for start in range(0, len(batch), PUBLISH_WINDOW):
             waiting: list[tuple[str, asyncio.Future[None]]] = []
             try:
-                for run, given in _messages(
+                for run, encoded, given in _messages(
                     batch[start : start + PUBLISH_WINDOW],
                     contexts[start : start + PUBLISH_WINDOW],
                     traced,
@@ -427,13 +430,13 @@ class Bus:
                     waiting.append((reply, answer))
                     event = run[0]
                     if len(run) > 1:
-                        payload = b"[" + b",".join(map(events.encode, run)) + b"]"
+                        payload = b"[" + b",".join(encoded) + b"]"
                         # A resend of the same run is stored once, as a single event is.
                         dedup = f"batch:{event.dedup_id()}:{run[-1].dedup_id()}:{len(run)}"
                         headers = {MSG_ID_HEADER: dedup, BATCH_HEADER: str(len(run))}
                         await self.nc.publish(event.subject(), payload, reply, headers)
                         continue
-                    payload = events.encode(event)
+                    payload = encoded[0]
                     headers = {MSG_ID_HEADER: event.dedup_id()}
                     if not traced:  # no span; the trace it came in, if any, carried on
                         if given is not None:
@@ -1008,32 +1011,43 @@ def _messages(
     batch: Sequence[events.Event],
     contexts: Sequence[otel_context.Context | None],
     traced: bool,
-) -> Iterator[tuple[list[events.Event], otel_context.Context | None]]:
-    """The messages that carry ``batch``, in order: a run of consecutive ``BATCHED``
-    events on one subject (up to ``BATCH_MAX``) as one message, while no span is
-    recorded and none of them came in a trace (each would lose its own); every other
-    event alone, with its trace. Under a burst each message costs the same on the bus
-    (a publish, an ack, a stored record, a delivery and an ack per consumer) whatever it
-    carries: the watcher's pod events and the coordinator's gangs, one message each,
-    were most of what the NATS server did per pod."""
+) -> Iterator[tuple[list[events.Event], list[bytes], otel_context.Context | None]]:
+    """The messages that carry ``batch``, in order, each as its events, their encodings
+    and its trace: a run of consecutive ``BATCHED`` events on one subject (up to
+    ``BATCH_MAX`` of them and ``BATCH_BYTES``) as one message, while no span is recorded
+    and none of them came in a trace (each would lose its own); every other event alone,
+    with its trace. Under a burst each message costs the same on the bus (a publish, an
+    ack, a stored record, a delivery and an ack per consumer) whatever it carries: the
+    watcher's pod events and the coordinator's gangs, one message each, were most of
+    what the NATS server did per pod (bench/RESULTS.md)."""
     run: list[events.Event] = []
+    encoded: list[bytes] = []
     subject = ""
+    size = 0
     for event, given in zip(batch, contexts, strict=True):
+        payload = events.encode(event)
         if type(event).BATCHED and not traced and not _carries_trace(given):
             here = event.subject()
-            if run and here == subject and len(run) < BATCH_MAX:
+            if (
+                run
+                and here == subject
+                and len(run) < BATCH_MAX
+                and size + len(payload) <= BATCH_BYTES
+            ):
                 run.append(event)
+                encoded.append(payload)
+                size += len(payload) + 1
                 continue
             if run:
-                yield run, None
-            run, subject = [event], here
+                yield run, encoded, None
+            run, encoded, subject, size = [event], [payload], here, len(payload) + 2
             continue
         if run:
-            yield run, None
-            run = []
-        yield [event], given
+            yield run, encoded, None
+            run, encoded = [], []
+        yield [event], [payload], given
     if run:
-        yield run, None
+        yield run, encoded, None
 
 
 def _carries_trace(context: otel_context.Context | None) -> bool:

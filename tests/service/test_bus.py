@@ -367,6 +367,29 @@ async def test_a_burst_of_pod_events_travels_in_few_messages_and_arrives_whole_i
     assert [d.stream_seq for e, d in mine if e in sent[:5]] == [before + 1] * 5
 
 
+async def test_a_batch_stays_under_its_byte_limit(
+    nats_cfg: NatsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run is cut where the next event would take its message past ``BATCH_BYTES`` (a
+    message over the server's ``max_payload`` would be refused whole)."""
+    monkeypatch.setattr(bus_module, "recording", lambda: False)
+    sent = _pods("h", 10)
+    size = max(len(ev.encode(e)) for e in sent)  # emitted_at's digits vary by a byte
+    monkeypatch.setattr(bus_module, "BATCH_BYTES", 3 * size + 4)  # three, with "[,,]"
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def handler(event: ev.AnyEvent, delivery: Delivery) -> None:
+        await got.put((event, delivery))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish_many(sent)
+        stored = (await bus.js.stream_info(nats_cfg.stream)).state.messages
+        bus.consume("sized", [ev.STREAM_SUBJECTS], handler)
+        received = await _collect(len(sent), got)
+    assert stored == 4  # 3 + 3 + 3 + 1
+    assert [e for e, _ in received] == sent
+
+
 async def test_a_failing_event_of_a_batch_redelivers_the_batch_and_the_others_are_handled(
     nats_cfg: NatsConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
