@@ -10,6 +10,12 @@ Side by side in one run, each row with its ratio to the first of its group:
   JetStream's answers (shared/bus.py ``_Acks``);
 - a consumer handling each event with a handler that does nothing: nats-py's ``fetch``
   (what the bus did before) against ``Bus.consume``'s own pull requests;
+- the same, for events of a ``BATCHED`` type (the watcher's pod events, the
+  coordinator's gangs: shared/events.py), published in batches of 64 that travel as one
+  message each, and consumed: per event, against the first rows of their group.
+
+The rows of one event per message publish ``pod.rejected`` (never batched); the
+batched rows ``pod.deleted``.
 - the allocator's reservations made by ``--callers`` handlers at once: one KV put each
   against ``Reservations.put`` (group-committed, one entry per batch).
 """
@@ -32,7 +38,7 @@ from shared.core.ledger import PodGrant
 from shared.core.model import NodeName, PodRef, PodUID
 from tools.localcluster import LocalCluster
 
-GROUPS = (0, 0, 0, 0, 4, 4, 6, 6)
+GROUPS = (0, 0, 0, 0, 0, 5, 5, 5, 8, 8)
 """Each row's first of its group (publishing, consuming, reservations)."""
 
 
@@ -43,6 +49,11 @@ def server_cpu(pid: int) -> float:
 
 def pod(tag: str, i: int) -> PodRef:
     return PodRef(namespace="bench", name=f"{tag}-{i}", uid=PodUID(f"{tag}-{i}"))
+
+
+def single(tag: str, i: int) -> ev.Event:
+    """An event of a type never batched: one message each."""
+    return ev.PodRejected(pod=pod(tag, i), errors=())
 
 
 class Meter:
@@ -69,13 +80,14 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
     meter = Meter(server)
     async with Bus(cluster.nats_config(), name="bench") as bus:
         for durable in ("bench", "bench-fetch"):
-            await bus.ensure_consumer(durable, [ev.PodDeleted.filter_subject()], deliver="new")
+            await bus.ensure_consumer(durable, [ev.PodRejected.filter_subject()], deliver="new")
+        await bus.ensure_consumer("bench-batched", [ev.PodDeleted.filter_subject()], deliver="new")
         slots = asyncio.Semaphore(callers)
 
         async def each(tag: str, publish: Callable[[ev.Event], Awaitable[object]]) -> None:
             async def one(i: int) -> None:
                 async with slots:
-                    await publish(ev.PodDeleted(pod=pod(tag, i)))
+                    await publish(single(tag, i))
 
             await asyncio.gather(*(one(i) for i in range(n)))
 
@@ -89,7 +101,7 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
         async def batches_async() -> None:
             """Pipelined through nats-py's ``publish_async`` (what the bus did before)."""
             for start in range(0, n, 64):
-                batch = [ev.PodDeleted(pod=pod("p", i)) for i in range(start, start + 64)]
+                batch = [single("p", i) for i in range(start, start + 64)]
                 acks = [
                     await bus.js.publish_async(
                         e.subject(), ev.encode(e), headers={"Nats-Msg-Id": e.dedup_id()}
@@ -98,14 +110,17 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
                 ]
                 await asyncio.gather(*acks)
 
-        async def batches() -> None:
+        async def batches(make: Callable[[str, int], ev.Event]) -> None:
             for start in range(0, n, 64):
-                await bus.publish_many(
-                    ev.PodDeleted(pod=pod("c", i)) for i in range(start, start + 64)
-                )
+                await bus.publish_many(make("c", i) for i in range(start, start + 64))
 
         await meter.run("batches of 64, nats-py's publish_async (the bus before)", n, batches_async)
-        await meter.run("batches of 64, pipelined (Bus.publish_many)", n, batches)
+        await meter.run("batches of 64, pipelined (Bus.publish_many)", n, lambda: batches(single))
+        await meter.run(
+            "batches of 64 pod events, one message each (Bus.publish_many)",
+            n,
+            lambda: batches(lambda tag, i: ev.PodDeleted(pod=pod(tag, i))),
+        )
 
         got = 0
         done = asyncio.Event()
@@ -139,11 +154,25 @@ async def bench(cluster: LocalCluster, n: int, callers: int) -> list[tuple[str, 
             await sub.unsubscribe()
 
         async def consume() -> None:
-            bus.consume("bench", [ev.PodDeleted.filter_subject()], nothing, deliver="new")
+            bus.consume("bench", [ev.PodRejected.filter_subject()], nothing, deliver="new")
             await asyncio.wait_for(done.wait(), 120)
+
+        batched = 0
+        all_batched = asyncio.Event()
+
+        async def counted(_event: ev.AnyEvent, _delivery: Delivery) -> None:
+            nonlocal batched
+            batched += 1
+            if batched == n:
+                all_batched.set()
+
+        async def consume_batched() -> None:
+            bus.consume("bench-batched", [ev.PodDeleted.filter_subject()], counted, deliver="new")
+            await asyncio.wait_for(all_batched.wait(), 120)
 
         await meter.run("consumed with nats-py's fetch (the bus before)", 4 * n, fetched)
         await meter.run("consumed with the bus's pull requests (Bus.consume)", 4 * n, consume)
+        await meter.run("consumed, 64 pod events a message (Bus.consume)", n, consume_batched)
 
         kv = await bus.bucket("bench-reservations")
 

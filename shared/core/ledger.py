@@ -419,13 +419,14 @@ class PoolIndex:
                     cell = cells.get(row * CORE_BUCKETS + col)
                     if cell:
                         for dev in cell:
+                            name = dev.node.name
+                            if name in seen:
+                                continue  # most of a walk: the node's other devices
                             _, mem, cores = where[dev]
                             if mem >= min_mem and cores >= min_cores:
-                                name = dev.node.name
-                                if name not in seen:
-                                    seen.add(name)
-                                    if name not in skip:
-                                        yield dev
+                                seen.add(name)
+                                if name not in skip:
+                                    yield dev
             return
         rows = combined >> lo_row
         while rows:
@@ -436,13 +437,14 @@ class PoolIndex:
                 cell = cells.get(row * CORE_BUCKETS + col)
                 if cell:
                     for dev in reversed(cell):
+                        name = dev.node.name
+                        if name in seen:
+                            continue
                         _, mem, cores = where[dev]
                         if mem >= min_mem and cores >= min_cores:
-                            name = dev.node.name
-                            if name not in seen:
-                                seen.add(name)
-                                if name not in skip:
-                                    yield dev
+                            seen.add(name)
+                            if name not in skip:
+                                yield dev
 
     def __len__(self) -> int:
         return len(self.where)
