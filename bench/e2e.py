@@ -325,6 +325,7 @@ async def one_run(
     if scheduler != "nobody":
         await binds.wait(args.timeout, settle_s=args.settle)
     after = cpu_seconds(pids)
+    used = {k: after[k] - before.get(k, 0.0) for k in after}
     window_s = time.monotonic() - start
     if scheduler != "nobody" and events:
         events_after_s = await scheduled_events(api, ns, len(binds.at), binds.at.values())
@@ -346,12 +347,9 @@ async def one_run(
         "max_ms": round(latencies[-1] * 1000) if latencies else 0,
         "max_pods_per_node": max(per_node.values(), default=0),
         **({"events_after_s": round(events_after_s, 2)} if events else {}),
-        "cpu_s": {k: round(after[k] - before.get(k, 0.0), 1) for k in after},
+        "cpu_s": {k: round(v, 1) for k, v in used.items()},
         "cpu_window_s": round(window_s, 2),
-        "machine_share": round(
-            sum(after[k] - before.get(k, 0.0) for k in after) / ((os.cpu_count() or 1) * window_s),
-            2,
-        ),
+        "machine_share": round(sum(used.values()) / ((os.cpu_count() or 1) * window_s), 2),
         "misplaced": sum(
             misplaced(shapes[int(p.rsplit("-", 1)[1])], nodes[n])
             for p, n in binds.node.items()

@@ -21,8 +21,10 @@ pod priority, then age.
 
 Retries. A gang the allocator could not place is parked and retried when something
 could help (a node changed, a grant was released) or after a backoff doubling up to a
-minute; an unresolvable one waits for a node change. One the allocator did not answer
-in ``INFLIGHT_TIMEOUT_S`` is sent again (the allocator repeats a decision it made).
+minute; an unresolvable one waits for a node change. One that fails after such a change
+came while it was in flight is retried at once (the allocator may not have seen it). One
+the allocator did not answer in ``INFLIGHT_TIMEOUT_S`` is sent again (the allocator
+repeats a decision it made).
 A gang that failed for lack of room is sent with the bound pods that may be preempted
 for it (shared/core/preemption.py ``victims``), and once it has waited past the
 starvation guard with ``hold``.
@@ -93,6 +95,8 @@ class Member:
     attempt: int = 0
     retry_at: float = 0.0
     sent_at: float = 0.0
+    sent_helps: tuple[int, int] = (0, 0)
+    """``Gangs.helps`` when it was last sent."""
     unresolvable: bool = False
     failed: bool = False
     """The allocator's last answer was "does not fit now": preemption may help."""
@@ -226,7 +230,6 @@ class Gangs:
         """In the order they were sent (a resend moves a pod to the end): the ones past
         ``INFLIGHT_TIMEOUT_S`` are at the front."""
         self._placed: dict[GangKey, dict[PodUID, Member]] = {}
-        self._parked: dict[PodUID, Member] = {}
         self._backing_off: dict[PodUID, Member] = {}
         """Parked pods waiting out a backoff (not yet made due by ``helpful``)."""
         self._unresolvable: dict[PodUID, Member] = {}
@@ -235,6 +238,11 @@ class Gangs:
         """A heap of (retry time, order, pod) for parked pods; an entry whose pod moved
         on or was parked again since is passed over."""
         self._order = itertools.count()
+        self.helps = (0, 0)
+        """How many times capacity may have appeared (``helpful``): for any reason, and
+        because a node changed. A pod that fails after such a change came while it was
+        in flight is retried at once: the allocator may have judged it before it saw the
+        change (kube-scheduler's scheduling queue does the same with its move requests)."""
         self._grouped: dict[GangKey, dict[PodUID, Member]] = {}
         """The waiting pods of PodGroups (not lone pods), by gang: a group's queue may
         change under its pods."""
@@ -283,7 +291,10 @@ class Gangs:
                 continue  # a stale answer to an earlier attempt
             backoff = min(self.policy.retry_backoff_s * 2 ** (m.attempt - 1), MAX_BACKOFF_S)
             m.failed = not unresolvable
-            self._park(m, unresolvable=unresolvable, retry_at=now + backoff)
+            if self.helps[unresolvable] > m.sent_helps[unresolvable]:
+                self._park(m, unresolvable=False, retry_at=0.0)  # a change it may have missed
+            else:
+                self._park(m, unresolvable=unresolvable, retry_at=now + backoff)
 
     def bind_failed(self, uid: PodUID) -> None:
         m = self.pods.get(uid)
@@ -338,6 +349,7 @@ class Gangs:
     def helpful(self, *, node_changed: bool) -> None:
         """Capacity may have appeared: retry parked pods now (unresolvable ones only when
         a node changed, since only a node can make them fit)."""
+        self.helps = (self.helps[0] + 1, self.helps[1] + node_changed)
         helped = [*self._backing_off.values()]
         self._backing_off.clear()
         if node_changed:
@@ -365,7 +377,6 @@ class Gangs:
         elif state == "placed":
             self._placed.setdefault(m.key, {})[uid] = m
         elif state == "parked":
-            self._parked[uid] = m
             if m.retry_at == math.inf:
                 self._unresolvable[uid] = m
             else:
@@ -392,7 +403,6 @@ class Gangs:
                 if not placed:
                     del self._placed[m.key]
         elif state == "parked":
-            self._parked.pop(uid, None)
             self._backing_off.pop(uid, None)
             self._unresolvable.pop(uid, None)
 
@@ -425,8 +435,8 @@ class Gangs:
 
     def _stale(self, entry: tuple[float, int, PodUID]) -> bool:
         """A retry entry whose pod is no longer parked for that time."""
-        m = self._parked.get(entry[2])
-        return m is None or m.retry_at != entry[0]
+        m = self.pods.get(entry[2])
+        return m is None or m.state != "parked" or m.retry_at != entry[0]
 
     def next_retry(self) -> float:
         """The earliest time a parked pod is due (``inf`` when none is)."""
@@ -481,7 +491,7 @@ class Gangs:
         while due and due[0][0] <= now:
             entry = heapq.heappop(due)
             if not self._stale(entry):
-                self._move(self._parked[entry[2]], "pending")
+                self._move(self.pods[entry[2]], "pending")
         timeout = INFLIGHT_TIMEOUT_S
         late = list(
             itertools.takewhile(lambda m: now - m.sent_at > timeout, self._inflight.values())
@@ -566,7 +576,7 @@ class Gangs:
         ready.sort(key=lambda r: r[0])
         for _, gang in ready:
             for m in gang.members:
-                m.attempt, m.sent_at = gang.attempt, now
+                m.attempt, m.sent_at, m.sent_helps = gang.attempt, now, self.helps
                 self._move(m, "inflight")
         return Dispatch(ready=tuple(g for _, g in ready), told=tuple(told))
 

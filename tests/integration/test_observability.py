@@ -272,8 +272,11 @@ async def test_views_show_the_ledger_the_queues_and_why_a_pod_waits(
         assert mine.allocated["nvidia.memory"] == 16000
         assert mine.podgroups == {"Running": 1}
 
-        # A pod no card can hold: explain says why, node by node, and what would help.
-        big = pod("huge", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 70000})
+        # A pod the node cannot hold now, wherever the grants above landed (and whatever
+        # grants of this module's earlier tests are still being released): two cards of
+        # 70,000 MiB each, where 46,000 of the two cards' 163,840 are granted. Explain
+        # says why, node by node, and what would help.
+        big = pod("huge", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 70000})
         created = await pipeline.create(ns, big)
         parser = request_parser(load(str(pipeline.config)))
         request = parser.parse(created)

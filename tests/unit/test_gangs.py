@@ -327,8 +327,7 @@ def test_a_dispatch_reads_the_pods_by_state_as_a_scan_of_every_pod_would_find_th
         assert sent_at == sorted(sent_at)
         assert {u for placed in g._placed.values() for u in placed} == by_state.get("placed", set())
         assert all(w.key == k for k, placed in g._placed.items() for w in placed.values())
-        assert set(g._parked) == by_state.get("parked", set())
-        assert {*g._backing_off, *g._unresolvable} <= set(g._parked)
+        assert {*g._backing_off, *g._unresolvable} <= by_state.get("parked", set())
         parked = [w for w in g.pods.values() if w.state == "parked"]
         assert g.next_retry() == min((w.retry_at for w in parked), default=math.inf)
 
@@ -365,6 +364,32 @@ def test_an_unresolvable_gang_waits_for_a_node_change_only() -> None:
     assert g.dispatch(1e9).ready == ()
     g.helpful(node_changed=True)
     assert len(g.dispatch(1e9).ready) == 1
+
+
+def test_a_gang_failing_after_a_change_that_came_while_it_was_in_flight_goes_again_now() -> None:
+    # The allocator may judge a gang before it has read a change the coordinator read
+    # first (an uncordoned card, a freed grant): such a failure must not wait for the
+    # next change, or for a backoff of up to a minute.
+    g = gangs(retry_backoff_s=30.0)
+    unresolvable, failed, before = member(), member(), member()
+    for m in (unresolvable, failed, before):
+        g.pending(m)
+    g.dispatch(0.0)
+    g.failed([before.pod.uid], 1, unresolvable=False, now=0.0)  # no change since it went
+    assert g.dispatch(1.0).ready == ()
+    g.helpful(node_changed=False)  # a release: no help for the unresolvable one
+    assert [r.members[0] for r in g.dispatch(2.0).ready] == [before]
+    g.failed([unresolvable.pod.uid], 1, unresolvable=True, now=3.0)
+    g.failed([failed.pod.uid], 1, unresolvable=False, now=3.0)
+    assert unresolvable.retry_at == math.inf
+    assert [r.members[0] for r in g.dispatch(3.0).ready] == [failed]
+    g.helpful(node_changed=True)  # a node changed while these two were in flight
+    g.failed([failed.pod.uid, before.pod.uid], 2, unresolvable=True, now=5.0)
+    assert {r.members[0].pod.uid for r in g.dispatch(5.0).ready} == {
+        unresolvable.pod.uid,  # parked before the change: the change made it due
+        failed.pod.uid,
+        before.pod.uid,
+    }
 
 
 def test_a_stale_answer_is_ignored_and_an_unanswered_gang_is_sent_again() -> None:
