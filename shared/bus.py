@@ -23,6 +23,7 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, cast
@@ -364,15 +365,34 @@ class Bus:
         return await self.bucket(self.cfg.inventory_bucket)
 
     async def bucket(self, name: str, *, ttl_s: float | None = None) -> KeyValue:
-        """A KV bucket, created on first use (``ttl_s``: entries expire unless rewritten)."""
+        """A KV bucket, created on first use (``ttl_s``: entries expire unless rewritten).
+        An existing bucket whose entries expire after another time than ``ttl_s`` (the
+        config changed, or a release changed its default) is brought to it by a user
+        that manages streams (the allocator; shared/busauth.py), else left as it is."""
         try:
-            return await self.js.key_value(name)
+            kv = await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
             with contextlib.suppress(nats.js.errors.BadRequestError):
                 return await self.js.create_key_value(
                     KeyValueConfig(bucket=name, history=1, ttl=ttl_s, replicas=self.cfg.replicas)
                 )
             return await self.js.key_value(name)  # another process created it meanwhile
+        if ttl_s is not None and busauth.manages_streams(self.user):
+            info = await self.js.stream_info(f"KV_{name}")
+            if info.config.max_age != ttl_s:
+                log.info(
+                    "bucket %s: entries expire after %ss, not %ss: updated",
+                    name,
+                    info.config.max_age,
+                    ttl_s,
+                )
+                # no window for duplicates longer than the entries live (the server
+                # refuses it), up to the 2 minutes a new bucket gets
+                window = min(ttl_s, KV_DUPLICATE_WINDOW_S)
+                await self.js.update_stream(
+                    replace(info.config, max_age=ttl_s, duplicate_window=window)
+                )
+        return kv
 
     # --- publishing ------------------------------------------------------------------
 
@@ -1141,8 +1161,13 @@ async def through_failover(what: str, call: Callable[[], Awaitable[R]]) -> R:
             pause = min(pause * 2, 1.0)
 
 
+KV_DUPLICATE_WINDOW_S = 120.0
+"""The window for duplicates of a KV bucket whose entries live longer (as nats-py
+makes a bucket)."""
 STANDBY_POLL_S = 0.25
 """How often a standby tries to take a lease."""
+RENEW_RETRY_S = 0.5
+"""How soon a holder tries again after a renewal failed."""
 
 
 class LeaseLostError(RuntimeError):
@@ -1209,9 +1234,13 @@ class Lease:
     """Leader election on a KV key that expires unless renewed.
 
     ``acquire`` waits until it creates the key (nobody holds it); ``hold`` renews it
-    every third of ``lease_s`` with a compare-and-set on the revision and raises
-    :class:`LeaseLostError` the moment a renewal fails, so two holders never overlap for
-    longer than one renewal period.
+    every third of the lease with a compare-and-set on the revision and raises
+    :class:`LeaseLostError` when a renewal is refused (another holds it) or when none
+    has succeeded for a whole lease: at that moment the key may have expired and a
+    standby may hold it, so the holder stops whatever a renewal in flight is waiting
+    for, and two holders never act at once. The lease lasts ``lease_s`` or the lease
+    bucket's own expiry, whichever is shorter (a bucket made with another setting:
+    until the allocator brings it to the config, ``Bus.bucket``).
     """
 
     def __init__(self, bus: Bus, name: str, identity: str, lease_s: float) -> None:
@@ -1222,7 +1251,18 @@ class Lease:
         self._revision = 0
 
     async def _kv(self) -> KeyValue:
-        return await self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=self.lease_s)
+        kv = await self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=self.lease_s)
+        expiry = (await kv.status()).ttl
+        if expiry and expiry < self.lease_s:
+            log.warning(
+                "the %s bucket expires leases after %ss: %s renews within that, not %ss",
+                busauth.LEASE_BUCKET,
+                expiry,
+                self.name,
+                self.lease_s,
+            )
+            self.lease_s = expiry
+        return kv
 
     async def acquire(self, standby: Callable[[], None] | None = None) -> None:
         """Wait until this identity holds the lease; ``standby`` is called once when
@@ -1250,24 +1290,28 @@ class Lease:
         kv = await self._kv()
         loop = asyncio.get_running_loop()
         renewed = loop.time()
+        pause = self.lease_s / 3
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            await asyncio.sleep(pause)
             try:
-                self._revision = await kv.update(
-                    self.name, self.identity.encode(), last=self._revision
-                )
-                renewed = loop.time()
+                async with asyncio.timeout_at(renewed + self.lease_s):
+                    self._revision = await kv.update(
+                        self.name, self.identity.encode(), last=self._revision
+                    )
+                renewed, pause = loop.time(), self.lease_s / 3
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
                 raise LeaseLostError(f"{self.identity} lost the {self.name} lease") from None
-            except TRANSIENT as exc:
-                # A slow, reconnecting or failing-over server: keep trying while the
-                # lease still holds.
+            except (*TRANSIENT, TimeoutError) as exc:
+                # A slow, reconnecting or failing-over server (a JetStream election
+                # takes up to 9 s): keep trying, more often, while the lease holds.
                 raise_if_cancelling()
-                if loop.time() - renewed >= self.lease_s:
+                if loop.time() >= renewed + self.lease_s:
                     raise LeaseLostError(
-                        f"{self.identity} could not renew the {self.name} lease: {exc}"
+                        f"{self.identity} could not renew the {self.name} lease within "
+                        f"{self.lease_s:g}s: {exc!r}"
                     ) from None
-                log.warning("renewing the %s lease failed (%s); retrying", self.name, exc)
+                log.warning("renewing the %s lease failed (%r); retrying", self.name, exc)
+                pause = min(RENEW_RETRY_S, self.lease_s / 3)
 
     async def release(self) -> None:
         kv = await self._kv()

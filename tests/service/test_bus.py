@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -11,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import nats.js.errors
 import pytest
+from nats.js.api import KeyValueConfig
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
@@ -27,7 +31,7 @@ from shared.core.model import PodRef, PodUID
 from shared.telemetry import setup_tracing, tracer
 from tests.helpers import eventually
 from tests.samples import sample_events
-from tools.localcluster import free_port
+from tools.localcluster import LocalCluster, free_port
 
 
 @pytest.fixture(scope="module")
@@ -714,3 +718,92 @@ async def test_a_flush_of_many_commands_is_one_write_on_the_tls_connection(
         await sub.unsubscribe()
     finally:
         await nc.close()
+
+
+async def test_a_lease_rides_out_a_bus_pause_shorter_than_it_and_stops_at_its_end_in_a_longer(
+    nats_cfg: NatsConfig, nats_server: LocalCluster
+) -> None:
+    """The NATS server stopped (SIGSTOP: no answer, no closed connection, as while
+    JetStream elects a leader): a holder keeps its lease through a pause shorter than
+    the lease, and through a longer one stops once a whole lease has passed since its
+    last renewal, not when its renewal request times out later."""
+    import signal
+
+    from shared import busauth
+    from shared.bus import Lease, LeaseLostError
+
+    lease_s = 3.0
+    server = nats_server.procs[[p.name for p in nats_server.procs].index("nats-server")].popen
+    admin = await connect(nats_cfg, busauth.ADMIN)
+    js = admin.jetstream()
+    with contextlib.suppress(nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
+        await js.delete_key_value(busauth.LEASE_BUCKET)
+    async with Bus(nats_cfg, name="test") as bus:
+        lease = Lease(bus, "pause-test", "me", lease_s)
+        await lease.acquire()
+        holding = asyncio.create_task(lease.hold())
+        try:
+            await asyncio.sleep(lease_s / 2)
+            server.send_signal(signal.SIGSTOP)
+            await asyncio.sleep(lease_s * 0.6)
+            server.send_signal(signal.SIGCONT)
+            await asyncio.sleep(lease_s)
+            assert not holding.done(), holding.exception()
+            kv = await js.key_value(busauth.LEASE_BUCKET)
+            assert (await kv.get("pause-test")).value == b"me"
+
+            server.send_signal(signal.SIGSTOP)
+            paused = time.monotonic()
+            with pytest.raises(LeaseLostError, match="could not renew"):
+                await asyncio.wait_for(holding, timeout=4 * lease_s)
+            # renewed at most a third of the lease before the pause
+            assert time.monotonic() - paused <= lease_s + 0.5
+        finally:
+            server.send_signal(signal.SIGCONT)
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
+    await admin.close()
+
+
+async def test_the_lease_bucket_expires_leases_after_the_configured_lease(
+    nats_cfg: NatsConfig,
+) -> None:
+    """A bucket made with another lease (an older default, a changed config): the
+    allocator, which manages streams, brings it to its config; a holder that may not
+    renews within the bucket's shorter expiry."""
+    from shared import busauth
+    from shared.bus import Lease
+
+    admin = await connect(nats_cfg, busauth.ADMIN)
+    js = admin.jetstream()
+    with contextlib.suppress(nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
+        await js.delete_key_value(busauth.LEASE_BUCKET)
+    await js.create_key_value(KeyValueConfig(bucket=busauth.LEASE_BUCKET, history=1, ttl=2.0))
+    try:
+        binder = msgspec.structs.replace(nats_cfg, user="binder")
+        async with Bus(binder, name="binder") as bus:
+            lease = Lease(bus, "binder", "binder-1", 15.0)
+            await lease.acquire()
+            assert lease.lease_s == 2.0  # the key expires after 2 s: renewed within that
+            await lease.release()
+        info = await js.stream_info(f"KV_{busauth.LEASE_BUCKET}")
+        assert info.config.max_age == 2.0  # the binder may not change it
+
+        allocator = msgspec.structs.replace(nats_cfg, user="device-allocator")
+        async with Bus(allocator, name="device-allocator") as bus:
+            lease = Lease(bus, "device-allocator", "allocator-1", 15.0)
+            await lease.acquire()
+            assert lease.lease_s == 15.0
+            await lease.release()
+            info = await js.stream_info(f"KV_{busauth.LEASE_BUCKET}")
+            assert info.config.max_age == 15.0
+            shorter = Lease(bus, "device-allocator", "allocator-1", 1.0)
+            await shorter.acquire()  # a shorter lease: the server's duplicate window too
+            await shorter.release()
+        info = await js.stream_info(f"KV_{busauth.LEASE_BUCKET}")
+        assert info.config.max_age == 1.0
+        assert info.config.duplicate_window == 1.0
+    finally:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_key_value(busauth.LEASE_BUCKET)
+        await admin.close()
