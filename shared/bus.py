@@ -1168,6 +1168,8 @@ STANDBY_POLL_S = 0.25
 """How often a standby tries to take a lease."""
 RENEW_RETRY_S = 0.5
 """How soon a holder tries again after a renewal failed."""
+RELEASE_WAIT_S = 1.0
+"""How long a stopping holder tries to give its lease back."""
 
 
 class LeaseLostError(RuntimeError):
@@ -1249,8 +1251,12 @@ class Lease:
         self.identity = identity
         self.lease_s = lease_s
         self._revision = 0
+        self._bucket: KeyValue | None = None
+        self._held = False
 
     async def _kv(self) -> KeyValue:
+        if self._bucket is not None:
+            return self._bucket
         kv = await self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=self.lease_s)
         expiry = (await kv.status()).ttl
         if expiry and expiry < self.lease_s:
@@ -1262,6 +1268,7 @@ class Lease:
                 self.lease_s,
             )
             self.lease_s = expiry
+        self._bucket = kv
         return kv
 
     async def acquire(self, standby: Callable[[], None] | None = None) -> None:
@@ -1275,6 +1282,7 @@ class Lease:
                     f"lease {self.name}", lambda: kv.create(self.name, self.identity.encode())
                 )
                 log.info("%s is the active %s", self.identity, self.name)
+                self._held = True
                 return
             except nats.js.errors.KeyWrongLastSequenceError:
                 if not announced:
@@ -1300,12 +1308,14 @@ class Lease:
                     )
                 renewed, pause = loop.time(), self.lease_s / 3
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
+                self._held = False
                 raise LeaseLostError(f"{self.identity} lost the {self.name} lease") from None
             except (*TRANSIENT, TimeoutError) as exc:
                 # A slow, reconnecting or failing-over server (a JetStream election
                 # takes up to 9 s): keep trying, more often, while the lease holds.
                 raise_if_cancelling()
                 if loop.time() >= renewed + self.lease_s:
+                    self._held = False
                     raise LeaseLostError(
                         f"{self.identity} could not renew the {self.name} lease within "
                         f"{self.lease_s:g}s: {exc!r}"
@@ -1314,11 +1324,18 @@ class Lease:
                 pause = min(RENEW_RETRY_S, self.lease_s / 3)
 
     async def release(self) -> None:
-        kv = await self._kv()
-        # Not given back (the bus is failing over): it expires within ``lease_s``.
+        """Give the lease back at a clean stop, so the standby takes it at once. Not
+        when it was lost (nothing to give back), nor once ``RELEASE_WAIT_S`` passed (the
+        bus is failing over): it expires within the lease, and a process stopping
+        because the bus does not answer is not held up waiting for it."""
+        if not self._held or self._bucket is None:
+            return
+        kv = self._bucket
+        self._held = False
         with contextlib.suppress(
-            nats.js.errors.KeyValueError, nats.js.errors.KeyNotFoundError, *TRANSIENT
+            nats.js.errors.KeyValueError, nats.js.errors.KeyNotFoundError, *TRANSIENT, TimeoutError
         ):
-            entry = await kv.get(self.name)
-            if entry.value == self.identity.encode():
-                await kv.delete(self.name, last=entry.revision)
+            async with asyncio.timeout(RELEASE_WAIT_S):
+                entry = await kv.get(self.name)
+                if entry.value == self.identity.encode():
+                    await kv.delete(self.name, last=entry.revision)

@@ -34,7 +34,7 @@ from nats.aio.msg import Msg
 from shared import config as config_module
 from shared import events, kube
 from shared.aio import raise_if_cancelling, stop_on_signals
-from shared.bus import VIEW_ERROR_HEADER, Bus, Delivery, Lease, through_failover
+from shared.bus import VIEW_ERROR_HEADER, Bus, Delivery, Lease, LeaseLostError, through_failover
 from shared.config import Config, config_hash
 from shared.health import API_CHECK_TTL_S, Cached, Health, Latch
 from shared.metrics import Metrics
@@ -71,7 +71,8 @@ class Runtime:
         self._on_stop: list[Callable[[], Awaitable[Any]]] = []
         self.role = "starting"
         """``electing``, ``standby`` (another replica holds the lease), ``starting``
-        (reading its state) or ``active``: readiness says it."""
+        (reading its state), ``active``, or ``lost`` (its lease: it stops, and does
+        nothing more as the active replica): readiness says it."""
         self.health = Health(alive=self._alive)
         self.health.add("nats", self._bus_check)
         self.health.add("role", self._role_check)
@@ -112,6 +113,7 @@ class Runtime:
         return {
             "electing": "not yet known whether it leads or stands by",
             "starting": "taking over: reading its state before the first event",
+            "lost": "it lost its lease: stopping",
         }.get(self.role, self.role)
 
     def on_stop(self, callback: Callable[[], Awaitable[Any]]) -> None:
@@ -368,6 +370,9 @@ async def _lead(rt: Runtime, service: type[Service], lease: Lease) -> None:
             holding.result()  # it can only have ended by raising
         starting.result()
         await holding
+    except LeaseLostError:
+        rt.role = "lost"  # another replica may act now: nothing more is done as this one
+        raise
     finally:
         for task in (starting, holding):
             task.cancel()

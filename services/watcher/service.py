@@ -310,13 +310,19 @@ class Watcher(Service):
         )
 
     async def start(self) -> None:
-        self.rt.on_stop(self.out.flush)
+        self.rt.on_stop(self.flush)
         await self.rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=self.on_resync_request)
         self.rt.spawn(self.watch_volcano(), "discover-volcano", finite=True)
         log.info(
             "watching every pod and node; placing the pods of schedulers %s",
             ", ".join(self.rt.cfg.scheduler.names),
         )
+
+    async def flush(self) -> None:
+        """At a stop, publish what is still queued; not once the lease is lost: another
+        watcher may be publishing already (it relists, and announces it all again)."""
+        if self.rt.role != "lost":
+            await self.out.flush()
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
         return {

@@ -742,6 +742,8 @@ async def test_a_lease_rides_out_a_bus_pause_shorter_than_it_and_stops_at_its_en
         lease = Lease(bus, "pause-test", "me", lease_s)
         await lease.acquire()
         holding = asyncio.create_task(lease.hold())
+        other = Lease(bus, "pause-test-2", "me", lease_s)
+        await other.acquire()
         try:
             await asyncio.sleep(lease_s / 2)
             server.send_signal(signal.SIGSTOP)
@@ -758,6 +760,13 @@ async def test_a_lease_rides_out_a_bus_pause_shorter_than_it_and_stops_at_its_en
                 await asyncio.wait_for(holding, timeout=4 * lease_s)
             # renewed at most a third of the lease before the pause
             assert time.monotonic() - paused <= lease_s + 0.5
+            # Stopping now: a lost lease is not given back, a held one is tried for a
+            # second (the process is not held up by a bus that does not answer).
+            started = time.monotonic()
+            await lease.release()
+            assert time.monotonic() - started < 0.1
+            await other.release()
+            assert time.monotonic() - started <= bus_module.RELEASE_WAIT_S + 0.3
         finally:
             server.send_signal(signal.SIGCONT)
             holding.cancel()
