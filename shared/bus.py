@@ -1257,8 +1257,10 @@ class Lease:
     async def _kv(self) -> KeyValue:
         if self._bucket is not None:
             return self._bucket
-        kv = await self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=self.lease_s)
-        expiry = (await kv.status()).ttl
+        kv = await through_failover(
+            "lease bucket", lambda: self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=self.lease_s)
+        )
+        expiry = (await through_failover("lease bucket", kv.status)).ttl
         if expiry and expiry < self.lease_s:
             log.warning(
                 "the %s bucket expires leases after %ss: %s renews within that, not %ss",
@@ -1284,7 +1286,8 @@ class Lease:
                 log.info("%s is the active %s", self.identity, self.name)
                 self._held = True
                 return
-            except nats.js.errors.KeyWrongLastSequenceError:
+            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
+                # held by another (or it expired while nats-py's create looked: again)
                 if not announced:
                     log.info("%s waits as standby %s", self.identity, self.name)
                     announced = True

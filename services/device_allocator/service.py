@@ -57,6 +57,7 @@ from services.device_allocator.room import Room
 from services.device_allocator.views import explain_view, ledger_view
 from shared import busauth, kube
 from shared import events as ev
+from shared.bus import through_failover
 from shared.busauth import shard_consumer
 from shared.config import Config, ConfigError, SchedulerConfig, grant_key
 from shared.core import annotations as ann
@@ -220,7 +221,8 @@ class Allocator(Service):
             self.node_shard[name] = self.pools.of_node(spec.labels)
             if self.mine(name):
                 self.ledger.set_spec(spec)
-        for i, inventory in enumerate((await self.rt.bus.inventories()).values()):
+        inventories = await through_failover("inventories", self.rt.bus.inventories)
+        for i, inventory in enumerate(inventories.values()):
             if i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
             self.on_inventory_event(inventory)

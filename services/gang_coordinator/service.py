@@ -36,6 +36,7 @@ from services.gang_coordinator.queues import (
 )
 from shared import events as ev
 from shared import kube
+from shared.bus import through_failover
 from shared.core.gangs import Gangs, Member, Policy, ReadyGang
 from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.queues import GroupSpec, QueueSpec, grant_vector, resource_vector
@@ -101,7 +102,8 @@ class Coordinator(Service):
 
     async def start(self) -> None:
         # Inventories published before the consumer existed: the KV has every node's latest.
-        for inventory in (await self.rt.bus.inventories()).values():
+        inventories = await through_failover("inventories", self.rt.bus.inventories)
+        for inventory in inventories.values():
             self.gangs.set_node(inventory.node, inventory.devices)
         self.rt.spawn(self.request_resync(), "resync-once", finite=True)
 
