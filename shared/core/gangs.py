@@ -291,7 +291,8 @@ class Gangs:
                 continue  # a stale answer to an earlier attempt
             backoff = min(self.policy.retry_backoff_s * 2 ** (m.attempt - 1), MAX_BACKOFF_S)
             m.failed = not unresolvable
-            if self.helps[unresolvable] > m.sent_helps[unresolvable]:
+            kind = 1 if unresolvable else 0  # only a node change helps an unresolvable pod
+            if self.helps[kind] > m.sent_helps[kind]:
                 self._park(m, unresolvable=False, retry_at=0.0)  # a change it may have missed
             else:
                 self._park(m, unresolvable=unresolvable, retry_at=now + backoff)
