@@ -393,12 +393,18 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
     svc = service(rt, api)
     durable, subjects = svc.durable(), svc.subjects()
     if subjects:
-        # The consumer first, so nothing published while ``start`` reads is missed.
-        await rt.bus.ensure_consumer(durable, subjects, deliver="new", ack_wait_s=svc.ACK_WAIT_S)
+        # The consumer first, so nothing published while ``start`` reads is missed. (Both
+        # calls may be repeated: a replica started while the bus fails over waits for it.)
+        await through_failover(
+            "consumer",
+            lambda: rt.bus.ensure_consumer(
+                durable, subjects, deliver="new", ack_wait_s=svc.ACK_WAIT_S
+            ),
+        )
         # One process at a time owns a consumer (the lease holder, or a node's agent):
         # what the previous owner took and never acked comes again now, not after
         # ``ack_wait``.
-        await rt.bus.reset_consumer(durable)
+        await through_failover("consumer", lambda: rt.bus.reset_consumer(durable))
         # Ready once it has been handed what was published before it took over.
         backlog = await through_failover("stream info", rt.bus.last_seq)
 

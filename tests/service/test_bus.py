@@ -816,3 +816,53 @@ async def test_the_lease_bucket_expires_leases_after_the_configured_lease(
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_key_value(busauth.LEASE_BUCKET)
         await admin.close()
+
+
+async def test_a_leader_whose_lease_is_taken_stops_and_reads_lost_while_it_stops(
+    nats_cfg: NatsConfig,
+) -> None:
+    """Another holder took the key: the service stops, its role reads ``lost`` (not
+    ready) for the steps run while it stops, which therefore publish nothing more as the
+    active replica (the watcher's queue: services/watcher/service.py ``flush``)."""
+    from shared import busauth
+    from shared.bus import LeaseLostError
+    from shared.config import Config, SchedulerConfig
+    from shared.runtime import Runtime, Service, run_service
+
+    seen: dict[str, Any] = {}
+
+    class Leader(Service):
+        NAME = "binder"  # a leading service's user and lease key
+        USES_API = False
+
+        def __init__(self, rt: Runtime, api: Any) -> None:
+            super().__init__(rt, api)
+            seen["rt"] = rt
+
+        async def start(self) -> None:
+            async def at_stop() -> None:
+                seen["role"] = self.rt.role
+                seen["ready"] = await self.rt.health.checks["role"]()
+
+            self.rt.on_stop(at_stop)
+
+    cfg = Config(nats=nats_cfg, scheduler=SchedulerConfig(leader_lease_s=1.5))
+    running = asyncio.create_task(run_service(Leader, cfg, stop=asyncio.Event()))
+    nc = await connect(nats_cfg, busauth.ADMIN)
+    try:
+
+        async def active() -> bool:
+            return "rt" in seen and seen["rt"].role == "active"
+
+        await eventually(active, timeout_s=10, what="the service active")
+        kv = await nc.jetstream().key_value(busauth.LEASE_BUCKET)
+        await kv.put("binder", b"another-replica")
+        with pytest.raises(LeaseLostError, match="lost the binder lease"):
+            await asyncio.wait_for(running, timeout=10)
+        assert seen["role"] == "lost"
+        assert seen["ready"] == "it lost its lease: stopping"
+        assert (await kv.get("binder")).value == b"another-replica"  # not given back
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await nc.close()
