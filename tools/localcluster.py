@@ -511,6 +511,14 @@ class LocalCluster:
         else:
             _terminate(proc.popen.pid, proc.popen)
 
+    def pause_nats(self, i: int = 0, *, paused: bool = True) -> None:
+        """Stop NATS server ``i`` answering without closing a connection (SIGSTOP, as a
+        server hung or a JetStream leader not yet elected looks to its clients), or let it
+        go on (``paused=False``: SIGCONT)."""
+        self._proc(self._nats_name(i)).popen.send_signal(
+            signal.SIGSTOP if paused else signal.SIGCONT
+        )
+
     def restart_apiserver(self) -> None:
         """SIGKILL the API server and start it again on the same port (etcd keeps all)."""
         assert self._bins is not None

@@ -727,13 +727,10 @@ async def test_a_lease_rides_out_a_bus_pause_shorter_than_it_and_stops_at_its_en
     JetStream elects a leader): a holder keeps its lease through a pause shorter than
     the lease, and through a longer one stops once a whole lease has passed since its
     last renewal, not when its renewal request times out later."""
-    import signal
-
     from shared import busauth
     from shared.bus import Lease, LeaseLostError
 
     lease_s = 3.0
-    server = nats_server.procs[[p.name for p in nats_server.procs].index("nats-server")].popen
     admin = await connect(nats_cfg, busauth.ADMIN)
     js = admin.jetstream()
     with contextlib.suppress(nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
@@ -746,15 +743,15 @@ async def test_a_lease_rides_out_a_bus_pause_shorter_than_it_and_stops_at_its_en
         await other.acquire()
         try:
             await asyncio.sleep(lease_s / 2)
-            server.send_signal(signal.SIGSTOP)
+            nats_server.pause_nats()
             await asyncio.sleep(lease_s * 0.6)
-            server.send_signal(signal.SIGCONT)
+            nats_server.pause_nats(paused=False)
             await asyncio.sleep(lease_s)
             assert not holding.done(), holding.exception()
             kv = await js.key_value(busauth.LEASE_BUCKET)
             assert (await kv.get("pause-test")).value == b"me"
 
-            server.send_signal(signal.SIGSTOP)
+            nats_server.pause_nats()
             paused = time.monotonic()
             with pytest.raises(LeaseLostError, match="could not renew"):
                 await asyncio.wait_for(holding, timeout=4 * lease_s)
@@ -768,7 +765,7 @@ async def test_a_lease_rides_out_a_bus_pause_shorter_than_it_and_stops_at_its_en
             await other.release()
             assert time.monotonic() - started <= bus_module.RELEASE_WAIT_S + 0.3
         finally:
-            server.send_signal(signal.SIGCONT)
+            nats_server.pause_nats(paused=False)
             holding.cancel()
             await asyncio.gather(holding, return_exceptions=True)
     await admin.close()
