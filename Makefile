@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: all install controlplane browser lint typecheck test test-fast demo down schema proto bench chaos clean images
+.PHONY: all install controlplane realnode browser lint typecheck test test-fast demo down schema proto bench chaos clean images
 
 all: test
 
@@ -23,6 +23,16 @@ install: $(STAMP)
 controlplane: install
 	$(BIN)/tessera dev build
 
+# What a real node needs besides the binaries `tessera dev build` makes (kubelet,
+# kube-controller-manager, containerd): Debian's runc, a static busybox for the pods'
+# image, the CNI plugins and iproute2 (tools/realnode.py). Root only; elsewhere the
+# real-node tests skip, unless CI is set.
+realnode:
+	@command -v runc >/dev/null && command -v busybox >/dev/null && test -x /usr/lib/cni/loopback \
+		&& command -v ip >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq runc busybox-static containernetworking-plugins iproute2) \
+		|| echo "cannot install runc/busybox-static/containernetworking-plugins: real-node tests will skip"
+
 # Debian's chromium for the dashboard's browser test (tests/integration/test_dashboard.py);
 # where it cannot be installed (no root) that test skips, unless CI is set.
 browser:
@@ -38,7 +48,7 @@ typecheck: install
 
 # The whole suite: lint, types, import contracts, unit, service (real NATS) and
 # integration (real kube-apiserver) tests.
-test: controlplane browser lint typecheck
+test: realnode controlplane browser lint typecheck
 	$(BIN)/python -m pytest
 
 # Unit tests of the pure core only: no servers.

@@ -80,9 +80,12 @@ def issue(
     hosts: Iterable[str],
     days: int = 365,
     client: bool = False,
+    organization: str = "",
 ) -> KeyPair:
     """A certificate signed by ``ca`` for ``hosts`` (DNS names or IP addresses), for
-    serving TLS (and, with ``client``, for presenting as a client too)."""
+    serving TLS (and, with ``client``, for presenting as a client too). ``organization``
+    is the subject's O: the group a Kubernetes API server reads from a client
+    certificate (``system:nodes`` for a kubelet)."""
     ca_key = serialization.load_pem_private_key(ca.key, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
         raise ValueError("the CA key must be ECDSA or RSA")
@@ -96,17 +99,23 @@ def issue(
             names.append(x509.DNSName(host))
     usages = [ExtendedKeyUsageOID.SERVER_AUTH, *([ExtendedKeyUsageOID.CLIENT_AUTH] * client)]
     start, end = _validity(days)
-    cert = (
+    subject = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        subject.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .subject_name(x509.Name(subject))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    )
+    if names:  # a client certificate names no host (an empty SAN is invalid)
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = (
+        builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
             critical=False,

@@ -57,6 +57,24 @@ def kubeconfig(kube: LocalCluster) -> Path:
     return kube.kubeconfig
 
 
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[LocalCluster]:
+    """A cluster of its own with kube-controller-manager and one real node (containerd,
+    runc and the pinned kubelet, tools/realnode.py) whose pods really run. Skips where a
+    real node cannot run (no root, a missing package), except in CI (``CI`` set), which
+    installs everything (``make realnode``) and must run these tests."""
+    from tools import realnode
+
+    why = realnode.unavailable()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"no real node in CI: {why}")
+        pytest.skip(f"no real node here: {why}; in CI this test fails instead")
+    with LocalCluster(with_kube=True, with_nats=False, real_node=True) as cluster:
+        cluster.service_kubeconfigs()
+        yield cluster
+
+
 @pytest.fixture(autouse=True)
 async def no_leaked_tasks() -> AsyncIterator[None]:
     """Fail a test that leaves asyncio tasks running after it returns."""

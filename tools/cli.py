@@ -135,11 +135,13 @@ def dev_config(path: Path, nats: dict[str, Any], kubeconfig: str, **sections: An
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from tools import localcluster
+    from tools import localcluster, realnode
 
     workdir = Path(args.dir).resolve()
     if args.action == "build":
         print(localcluster.ensure_binaries())
+        if realnode.unavailable() is None:  # containerd for a real node, where one can run
+            print(realnode.ensure_runtime())
         return 0
     if args.action == "down":
         stopped = localcluster.stop_detached(workdir)
@@ -163,6 +165,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         detach=True,
         with_scheduler=args.scheduler,
         nats_servers=args.nats_cluster,
+        real_node=args.real_node,
     )
     cluster.start()
     state = json.loads((workdir / "state.json").read_text())
@@ -170,6 +173,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
     print(f"kube-apiserver {cluster.server}  (kubeconfig {cluster.kubeconfig})")
     print(f"nats-server    {cluster.nats_url}")
     print(f"config         {cfg}")
+    if args.real_node:
+        print(
+            f"real node     {cluster.node_name} (kubelet, containerd, runc; pods use image "
+            f"{realnode.BUSYBOX_IMAGE}; its device plugins in {realnode.DEVICE_PLUGIN_DIR})"
+        )
     print(f"try: kubectl --kubeconfig {cluster.kubeconfig} get ns")
     return 0
 
@@ -454,6 +462,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("action", choices=["build", "up", "down", "status"])
     p.add_argument("--dir", default=os.environ.get("TESSERA_DEV_DIR", str(DEV_DIR)))
     p.add_argument("--scheduler", action="store_true", help="also run kube-scheduler")
+    p.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also run kube-controller-manager and a real node (root: kubelet, containerd, runc)",
+    )
     p.add_argument(
         "--nats-cluster",
         type=int,

@@ -9,8 +9,10 @@ reachable from outside the machine.
 The API server runs with RBAC on, a static admin token, a CA and serving certificate
 made here (shared/pki.py), and a generated service-account key pair. NATS runs with TLS
 and one user per service with the permissions of shared/busauth.py, as in a cluster.
-There is no kubelet: a bound pod stays Pending with ``nodeName`` set, which is the end
-state integration tests expect.
+By default there is no kubelet: a bound pod stays Pending with ``nodeName`` set, which
+is the end state most integration tests expect. ``real_node=True`` adds the pinned
+kube-controller-manager and one real node (containerd, runc and the pinned kubelet,
+tools/realnode.py) whose pods really run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import yaml
 
 from shared import busauth, pki
 from shared.config import NatsConfig
+from tools import realnode
 
 TOOLS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TOOLS_DIR.parent
@@ -76,6 +79,9 @@ _PACKAGES = {
     "etcd": "go.etcd.io/etcd/server/v3",
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
     "tessera-parity": "github.com/tessera-sched/tessera/tools/parity",
+    # a real node (tools/realnode.py) and the controllers that act on its pods
+    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
 }
 
 
@@ -334,6 +340,13 @@ class LocalCluster:
     nats_ports: list[int] = field(default_factory=list)
     secure_bus: bool = True
     """NATS with TLS and one user per service (shared/busauth.py), as in a cluster."""
+    real_node: bool = False
+    """Also run kube-controller-manager and a real node, ``node_name`` (tools/realnode.py):
+    needs root and Linux; one per machine at a time."""
+    node_name: str = "real-0"
+    with_controllers: bool = False
+    """Run kube-controller-manager (always with ``real_node``): Deployments, Jobs, garbage
+    collection, PodDisruptionBudget status, ResourceClaims from templates."""
     procs: list[_Proc] = field(default_factory=list)
     _route_ports: list[int] = field(default_factory=list)
     _monitor_ports: list[int] = field(default_factory=list)
@@ -413,6 +426,9 @@ class LocalCluster:
             if self.with_kube:
                 names = ["etcd", "kube-apiserver"]
                 names += ["kube-scheduler"] if self.with_scheduler else []
+                controllers = self.with_controllers or self.real_node
+                names += ["kube-controller-manager"] if controllers else []
+                names += ["kubelet"] if self.real_node else []
                 bins = self._bins = ensure_binaries(names)
                 self._start_etcd(bins)
                 self._start_apiserver(bins)
@@ -421,6 +437,10 @@ class LocalCluster:
                     install_crds(self.kubeconfig)
                 if self.with_scheduler:
                     self._start_scheduler(bins)
+                if controllers:
+                    realnode.start_controller_manager(self, bins)
+                if self.real_node:
+                    realnode.start(self, bins)
             self._write_state()
         except BaseException:
             self.stop()
@@ -582,7 +602,9 @@ class LocalCluster:
                 f"--tls-private-key-file={pki / 'server.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
                 f"--token-auth-file={self.workdir / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
+                # Node: a kubelet may touch its own Node and its pods only (tools/realnode.py).
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -740,15 +762,39 @@ class LocalCluster:
             "nats": self.nats_settings() if self.with_nats else None,
             "pids": {p.name: p.popen.pid for p in self.procs},
             "workdir": str(self.workdir),
+            "real_node": self.node_name if self.real_node else None,
         }
         (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
 
     def stop(self) -> None:
+        node = self.real_node and self.workdir is not None
+        if node:  # the kubelet first, then the node's containers while containerd runs
+            for proc in [p for p in self.procs if p.name == "kubelet"]:
+                _terminate(proc.popen.pid, proc.popen)
+            assert self.workdir is not None
+            realnode.stop_pods(self.workdir)
         for proc in reversed(self.procs):
             _terminate(proc.popen.pid, proc.popen)
         self.procs.clear()
+        if node:
+            assert self.workdir is not None
+            realnode.clean_machine(self.workdir)
         if self.workdir is not None and not self.keep and not self.detach:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def node_ready(self, name: str) -> bool:
+        """The Node ``name`` is registered and its Ready condition is True."""
+        assert self.workdir is not None
+        ctx = ssl.create_default_context(cafile=str(self.workdir / "pki" / "ca.crt"))
+        request = urllib.request.Request(f"{self.server}/api/v1/nodes/{name}")
+        request.add_header("Authorization", f"Bearer {ADMIN_TOKEN}")
+        try:
+            with urllib.request.urlopen(request, timeout=2, context=ctx) as resp:
+                node = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        conditions = node.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         assert self.workdir is not None
@@ -797,8 +843,15 @@ def stop_detached(workdir: Path) -> bool:
     if services.exists():
         for pid in services.read_text().split():
             _terminate(int(pid))
-    for pid in reversed(list(state["pids"].values())):
+    pids = state["pids"]
+    if state.get("real_node"):
+        if "kubelet" in pids:
+            _terminate(int(pids["kubelet"]))
+        realnode.stop_pods(workdir)
+    for pid in reversed(list(pids.values())):
         _terminate(int(pid))
+    if state.get("real_node"):
+        realnode.clean_machine(workdir)
 
     shutil.rmtree(workdir, ignore_errors=True)
     return True

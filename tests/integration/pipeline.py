@@ -21,6 +21,7 @@ from shared import busauth, kube
 from shared.bus import connect
 from shared.config import KubernetesConfig, NatsConfig
 from tests.helpers import eventually
+from tools import realnode
 from tools.cli import SERVICES, _ping
 from tools.localcluster import free_port, service_kubeconfig, service_settings
 
@@ -316,8 +317,11 @@ async def start_pipeline(
     inv.write_text(yaml.safe_dump(inventory))
     api = await kube.connect(KubernetesConfig(kubeconfig=str(kubeconfig)))
     # Nodes an earlier module simulated are still in the (session's) API server: each
-    # pipeline starts with its own inventory's only, so what it counts is its own.
-    await kube.request(api, "DELETE", "/api/v1/nodes")
+    # pipeline starts with its own inventory's only, so what it counts is its own. A real
+    # node's kubelet registers its Node once: it stays.
+    await kube.request(
+        api, "DELETE", "/api/v1/nodes", query={"labelSelector": f"!{realnode.NODE_LABEL}"}
+    )
     p = Pipeline(workdir, path, simulator, inv, nats_admin, api)
     shards = [str(s["name"]) for s in (settings or {}).get("shards", [])]
     for service in SERVICES:
