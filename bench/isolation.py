@@ -14,9 +14,10 @@ services/node_agent/inventory.py ``NvmlSource`` reads it, the node's ``operating
 set to the mode): the environment, with container paths mapped to the host paths of the
 handout's mounts, and ``LD_PRELOAD`` of the libraries its ``/etc/ld.so.preload`` mount
 names. ``NVIDIA_VISIBLE_DEVICES`` becomes ``CUDA_VISIBLE_DEVICES`` (no container runtime
-here). For the MPS modes the MPS control daemon is started, and stopped at the end, by
-the node agent's own supervisor (services/node_agent/mps.py ``MpsDaemon``), its pipe and
-log directories under ``--workdir``.
+here). For the MPS modes the card's MPS control daemon is started, and stopped at the
+end, by the node's own supervisor (services/node_agent/mps/supervisor.py ``Supervisor``),
+its directories under ``--workdir``; the workers run on this host, so the daemon keeps
+the host's ``/dev/shm`` (``privateShm: false``), as they do.
 
 Modes: ``hami-core`` (the isolation library's core and memory limits), ``mps`` (MPS
 active-thread percentage and pinned memory limit, plus the library for memory: the
@@ -150,8 +151,8 @@ class Bench:
         }
         mps = {
             "controlCommand": self.args.mps_control,
-            "pipeHostDir": str(self.workdir / "mps" / "pipe"),
-            "logHostDir": str(self.workdir / "mps" / "log"),
+            "hostDir": str(self.workdir / "mps"),
+            "privateShm": False,
             "hamiCore": mode != "mps-only",
         }
         return parse(
@@ -265,6 +266,22 @@ def _fmt(rate: float | None, kind: str) -> str:
     return f"{rate / 1e12:.1f} TFLOP/s" if kind == "gemm" else f"{rate / 1e9:.0f} GB/s"
 
 
+@dataclass
+class OneCard:
+    """The devices the MPS supervisor sees: the bench's card alone, or none."""
+
+    card: Any
+
+    def read(self) -> tuple[Any, ...]:
+        return () if self.card is None else (self.card,)
+
+    def usage(self) -> dict[str, tuple[int, float]]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+
 def prepare(args: argparse.Namespace) -> tuple[Bench, list[str]] | None:
     """The local card (as the node agent reads it), the work directory with the preload
     file the node agent's ``prepare_host`` writes, and the modes that can run here."""
@@ -295,7 +312,9 @@ def prepare(args: argparse.Namespace) -> tuple[Bench, list[str]] | None:
 
 
 async def bench(args: argparse.Namespace, b: Bench, modes: list[str]) -> int:
-    from services.node_agent.mps import MpsDaemon
+    from services.node_agent.mps.reader import MpsReader
+    from services.node_agent.mps.supervisor import Supervisor
+    from shared.core.model import NodeName
 
     card, workdir = b.card, b.workdir
     sets = _shares(args.shares)
@@ -310,9 +329,11 @@ async def bench(args: argparse.Namespace, b: Bench, modes: list[str]) -> int:
     try:
         for mode in modes:
             if mode.startswith("mps") and daemon is None:
-                daemon = MpsDaemon(b.config(mode).node_agent.mps, NODE, [card.uuid])
-                await daemon.start()
-                if daemon.state().state != "running":
+                daemon = Supervisor(b.config(mode), NodeName(NODE), OneCard(card))
+                await daemon.check()
+                reader = MpsReader(b.config(mode).node_agent.mps, NODE, [card.uuid])
+                await reader.check()
+                if reader.state().states.get(card.uuid) != "running":
                     print("the MPS daemon does not run: skipping the MPS modes", file=sys.stderr)
                     modes = [m for m in modes if not m.startswith("mps")]
                     continue
@@ -355,9 +376,9 @@ async def bench(args: argparse.Namespace, b: Bench, modes: list[str]) -> int:
                     f"{mem['total_mib']} MiB | past the limit: {past}; half of it: {within} |"
                 )
     finally:
-        if daemon is not None:
-            daemon.set_cards([])
-            await daemon.stop_if_idle()
+        if daemon is not None:  # the card leaves mps mode: its idle daemon quits
+            daemon.source = OneCard(None)
+            await daemon.check()
     plain_row = " ".join(f"{w}: {_fmt(alone[w], w)}." for w in workloads)
     print(f"One process alone, nothing handed (plain): {plain_row}")
     if launches_plain:

@@ -244,22 +244,33 @@ class IsolationConfig(_Cfg, frozen=True, kw_only=True):
 
 
 class MpsConfig(_Cfg, frozen=True, kw_only=True):
-    """NVIDIA MPS on the cards whose sharing mode is ``mps`` (``operatingMode``): the node
-    agent runs and supervises the control daemon (services/node_agent/mps.py), and hands
-    each MPS container the pipe directory and its limits (services/node_agent/isolation.py).
-    One daemon serves one Linux user per card at a time, so the scheduler puts two pods on
-    one MPS card only when they run as the same UID (shared/core/ledger.py)."""
+    """NVIDIA MPS on the cards whose sharing mode is ``mps`` (``operatingMode``): one control
+    daemon per card, run by the node's MPS supervisor (``tessera node-agent mps-control``,
+    services/node_agent/mps/supervisor.py), read by the node agent
+    (services/node_agent/mps/reader.py), which hands each MPS container its card's pipe and
+    shared-memory directories and its limits (services/node_agent/isolation.py). A daemon
+    serves one Linux user at a time, so the scheduler puts two pods on one MPS card only
+    when they run as the same UID (shared/core/ledger.py)."""
 
     control_command: str = "nvidia-cuda-mps-control"
-    """The MPS control binary (on the PATH the NVIDIA runtime gives the agent)."""
-    pipe_host_dir: str = "/run/tessera/mps/pipe"
-    """``CUDA_MPS_PIPE_DIRECTORY`` of the daemon, on the host: mounted into every MPS
-    container at ``pipe_container_dir``."""
+    """The MPS control binary (on the PATH the NVIDIA runtime gives the supervisor and the
+    agent)."""
+    host_dir: str = "/run/tessera/mps"
+    """On the host, one directory per card in ``mps`` mode, ``<hostDir>/<card UUID>/``, with
+    ``pipe/`` (the daemon's ``CUDA_MPS_PIPE_DIRECTORY``, mounted into each of the card's
+    MPS containers at ``pipe_container_dir``), ``log/`` (its ``CUDA_MPS_LOG_DIRECTORY``)
+    and ``shm/`` (its ``/dev/shm`` and its clients', see ``private_shm``). Keep it on a
+    tmpfs (the host's ``/run`` is one): an MPS server and its clients share memory there."""
     pipe_container_dir: str = "/tmp/nvidia-mps"
-    log_host_dir: str = "/run/tessera/mps/log"
-    """``CUDA_MPS_LOG_DIRECTORY`` of the daemon."""
+    """Where an MPS container finds its card's pipes (``CUDA_MPS_PIPE_DIRECTORY``)."""
+    private_shm: bool = True
+    """Run each card's daemon in a mount namespace of its own with the card's ``shm/`` on
+    ``/dev/shm`` (``unshare`` and ``mount``; the supervisor runs privileged), the directory
+    every client container of the card gets at ``/dev/shm``. Off only where the daemon and
+    its clients already share one ``/dev/shm`` (processes on one host, no containers)."""
     check_interval_s: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
-    """How often the daemon is asked for its servers (and started again when dead)."""
+    """How often each card's daemon is asked for its servers and clients (by the agent), and
+    started again when dead (by the supervisor)."""
     hami_core: bool = True
     """Also preload HAMi-core with the same memory limit, so the container sees its limit
     as the card's memory and its use is in the node's metrics (MPS alone stops an

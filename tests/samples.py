@@ -45,6 +45,19 @@ REQUEST = PodRequest(
             ),
             core_policy="force",
         ),
+        ContainerRequest(
+            name="share",
+            devices=(
+                DeviceRequest(
+                    vendor="nvidia",
+                    kind="gpu-share",
+                    resource="volcano.sh/gpu-memory",
+                    memory_resource="volcano.sh/gpu-memory",
+                    memory_mib=2048,
+                    units=2048,
+                ),
+            ),
+        ),
     ),
     constraints=Constraints(
         use_types=("A100",),
@@ -118,6 +131,18 @@ GRANTS = (
                 cores=30,
                 mig_profile="1g.10gb",
                 mig_placement=3,
+            ),
+        ),
+    ),
+    ContainerGrant(
+        container="share",
+        devices=(
+            DeviceGrant(
+                uuid=DeviceUUID("GPU-0"),
+                index=0,
+                model="NVIDIA-A100-SXM4-80GB",
+                memory_mib=2048,
+                units=2048,
             ),
         ),
     ),

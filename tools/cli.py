@@ -3,6 +3,7 @@
 tessera <service> [--config FILE]     run watcher | gang-coordinator | device-allocator
                                       | binder | job-controller | node-agent | webhook
                                       | dashboard
+tessera node-agent mps-control        a node's MPS daemons, one per card in mps mode
 tessera schema [--out F] [--check]    write (or check) the events' JSON Schema
 tessera config [--file F] [--hash]    validate a config and print the effective one
 tessera secrets [--namespace NS]      fresh Secrets for a cluster (grant key, bus users, TLS)
@@ -356,6 +357,103 @@ async def _demo_workloads(
         ]
 
 
+def _kubectl() -> str:
+    from tools import localcluster
+
+    return localcluster.kubectl()
+
+
+REAL_NODE_POD = "real-node-vgpu"
+REAL_NODE_SHOWS = ("NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT")
+
+
+def _demo_real_node(workdir: Path, cluster: Any, state: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """The real node's agent (two A100s read from a file: no GPU here), and one pod on
+    the node whose container prints the limits it was handed; returns the agent."""
+    from tools import realnode
+
+    node = cluster.node_name
+    vgpu = workdir / "vgpu"
+    vgpu.mkdir(exist_ok=True)
+    (vgpu / "libvgpu.so").touch()  # the DaemonSet's init container copies the real one
+    isolation = {
+        "libraryHostPath": str(vgpu / "libvgpu.so"),
+        "preloadHostPath": str(vgpu / "ld.so.preload"),
+        "cacheHostDir": str(vgpu / "containers"),
+        "lockDir": str(vgpu / "lock"),
+    }
+    cfg = dev_config(
+        workdir / "tessera-real-node.yaml",
+        state["nats"],
+        state["kubeconfig"],
+        nodeAgent={"isolation": isolation},
+    )
+    devices = [{"model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 2}]
+    source = workdir / f"{node}.yaml"
+    source.write_text(yaml.safe_dump({"nodes": [{"name": node, "devices": devices}]}))
+    # Only the demo's own pod goes there: the other examples name images this
+    # machine does not have.
+    taint = f"{realnode.NODE_LABEL}=true:NoSchedule"
+    kubectl = [_kubectl(), "--kubeconfig", str(cluster.kubeconfig)]
+    subprocess.run([*kubectl, "taint", "node", node, taint, "--overwrite"], check=True)
+    log = (workdir / f"node-agent-{node}.log").open("ab")
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            SERVICES["node-agent"],
+            "--config",
+            str(cfg),
+            "--node",
+            node,
+            "--source",
+            f"file:{source}",
+            "--http-port=0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    show = " ".join(f"${name}" for name in REAL_NODE_SHOWS)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": REAL_NODE_POD, "namespace": "default"},
+        "spec": {
+            "schedulerName": "tessera",
+            "restartPolicy": "Never",
+            "nodeSelector": {realnode.NODE_LABEL: "true"},
+            "tolerations": [{"key": realnode.NODE_LABEL, "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": realnode.BUSYBOX_IMAGE,
+                    "command": ["sh", "-c", f"for v in {show}; do echo $v; done; sleep 3600"],
+                    "resources": {
+                        "limits": {
+                            "nvidia.com/gpu": "1",
+                            "nvidia.com/gpumem": "20000",
+                            "nvidia.com/gpucores": "30",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps(pod).encode(), check=True)
+    deadline = time.monotonic() + 60
+    printed = ""
+    while time.monotonic() < deadline and len(printed.splitlines()) < len(REAL_NODE_SHOWS):
+        time.sleep(0.5)
+        printed = realnode.pod_logs("default", REAL_NODE_POD, "main")
+    print(f"\nreal node {node} (kubelet, containerd, runc): pod {REAL_NODE_POD} printed:")
+    for name, value in zip(REAL_NODE_SHOWS, printed.splitlines(), strict=False):
+        print(f"  {name}={value}")
+    if not printed:
+        print(f"  nothing yet (see {workdir}/node-agent-{node}.log and {workdir}/kubelet.log)")
+    return agent
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The local control plane, NATS, the five services, a simulated cluster, example
     workloads from HAMi's and Volcano's vocabulary, and what became of each pod."""
@@ -366,7 +464,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     workdir = Path(args.dir).resolve()
     localcluster.stop_detached(workdir)
     started = time.monotonic()
-    cluster = localcluster.LocalCluster(workdir=workdir, detach=True)
+    cluster = localcluster.LocalCluster(workdir=workdir, detach=True, real_node=args.real_node)
     cluster.start()
     state = json.loads((workdir / "state.json").read_text())
     cfg = dev_config(
@@ -402,6 +500,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\n{'POD':<{width}}  {'NODE':<14}  GRANT (or why it waits)")
         for name, node, text in rows:
             print(f"{name:<{width}}  {node:<14}  {text}")
+        if args.real_node:
+            procs.append(_demo_real_node(workdir, cluster, state))
         kubectl = localcluster.kubectl()
         print(f"\nkubectl: {kubectl} --kubeconfig {cluster.kubeconfig} get pods -o wide")
         if args.keep:
@@ -508,6 +608,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--inventory", default=str(EXAMPLES / "inventory/demo.yaml"))
     p.add_argument("--workloads", default=str(EXAMPLES / "workloads/demo.yaml"))
     p.add_argument("--dir", default=os.environ.get("TESSERA_DEV_DIR", str(DEV_DIR)))
+    p.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also a real node (root: kubelet, containerd, runc) and a pod that prints its limits",
+    )
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("inventory", help="print the devices this node's agent would report")
     p.add_argument("--source", default="nvml", help="nvml, ascend or file:INVENTORY[#NODE]")

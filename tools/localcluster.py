@@ -309,6 +309,8 @@ class _Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
 
 
 @dataclass
@@ -458,9 +460,18 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=self.detach,
             )
-        proc = _Proc(name, popen, log)
+        proc = _Proc(name, popen, log, argv, env)
         self.procs.append(proc)
         return proc
+
+    def restart(self, name: str) -> None:
+        """Stop process ``name`` (SIGTERM, as systemd would) and start it again with the
+        same arguments: e.g. the real node's ``kubelet``."""
+        proc = self._proc(name)
+        _terminate(proc.popen.pid, proc.popen)
+        self.procs.remove(proc)
+        self._spawn(name, proc.argv, proc.env)
+        self._write_state()
 
     def _start_nats(self) -> None:
         assert self.workdir is not None

@@ -1,16 +1,21 @@
 """The node agent's half of admission: which pod each kubelet ``Allocate`` is for.
 
 Pure. The agent feeds it every ``allocation.bound`` for its node (the pods the kubelet
-will admit) and every deletion; ``match`` takes one ``Allocate`` container request (a
-vendor and a device count) and names the pod and container grant it is for. The rules
-and why they are unambiguous are in shared/core/admission.py; here:
+will admit) and every deletion; ``match`` takes one ``Allocate`` container request (the
+channel of the resource called, a vendor or a resource counted in units, and its number
+of device IDs) and names the pod and container grant it is for. The rules and why they
+are unambiguous are in shared/core/admission.py; here:
 
-- a pod whose first container was served gets the calls that follow, container after
-  container (the kubelet admits one pod at a time);
-- otherwise the call is for the one waiting pod whose first container of that vendor
-  asks that many devices. The allocator keeps that pod unique per node. Should two be
+- a pod whose first container was served on a channel gets the calls that follow on
+  it, container after container (the kubelet admits one pod at a time);
+- otherwise the call is for the one waiting pod whose first container on that channel
+  asks that many IDs. The allocator keeps that pod unique per node. Should two be
   waiting anyway (an allocator without the rule), identical grants are interchangeable
   and the oldest is taken; different grants are refused, never guessed.
+
+A container that names resources of two channels (``nvidia.com/gpu`` and
+``huawei.com/Ascend910B3``) gets one call on each, in any order; each is answered with
+the container's whole hand-out, the same both times, which the kubelet merges.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.core.admission import container_counts
-from shared.core.model import ContainerGrant, PodRef, PodUID, Vendor
+from shared.core.admission import Channel, amounts, container_amounts
+from shared.core.model import ContainerGrant, PodRef, PodUID
 
 
 @dataclass
@@ -30,17 +35,17 @@ class Waiting:
     pod: PodRef
     grants: tuple[ContainerGrant, ...]
     order: int
-    served: dict[Vendor, int] = field(default_factory=dict)
-    """Per vendor, how many of its containers were handed their grant."""
+    served: dict[Channel, int] = field(default_factory=dict)
+    """Per channel, how many of its containers were handed their grant."""
 
-    def next_grant(self, vendor: Vendor) -> ContainerGrant | None:
-        using = [c for c in self.grants if any(d.vendor == vendor for d in c.devices)]
-        i = self.served.get(vendor, 0)
+    def next_grant(self, channel: Channel) -> ContainerGrant | None:
+        using = [c for c in self.grants if channel in amounts(c)]
+        i = self.served.get(channel, 0)
         return using[i] if i < len(using) else None
 
     def done(self) -> bool:
-        counts = container_counts(self.grants)
-        return all(self.served.get(v, 0) >= len(n) for v, n in counts.items())
+        calls = container_amounts(self.grants)
+        return all(self.served.get(ch, 0) >= len(n) for ch, n in calls.items())
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,8 @@ class Admissions:
 
     def __init__(self) -> None:
         self.waiting: dict[PodUID, Waiting] = {}
-        self.current: dict[Vendor, PodUID] = {}
-        """Per vendor, the pod whose containers are being served."""
+        self.current: dict[Channel, PodUID] = {}
+        """Per channel, the pod whose containers are being served."""
         self._order = 0
 
     def bound(self, pod: PodRef, grants: tuple[ContainerGrant, ...]) -> None:
@@ -74,60 +79,57 @@ class Admissions:
 
     def gone(self, uid: PodUID) -> None:
         self.waiting.pop(uid, None)
-        for vendor, current in list(self.current.items()):
+        for channel, current in list(self.current.items()):
             if current == uid:
-                del self.current[vendor]
+                del self.current[channel]
 
-    def match(self, vendor: Vendor, count: int) -> Match | None:
-        """The pod and container this Allocate is for, or None while none is known
-        (its ``allocation.bound`` has not reached the node yet). Raises ``AmbiguousError``."""
+    def match(self, channel: Channel, count: int) -> Match | None:
+        """The pod and container this Allocate of ``count`` device IDs on ``channel`` is
+        for, or None while none is known (its ``allocation.bound`` has not reached the
+        node yet). Raises ``AmbiguousError``."""
         chosen: Waiting | None = None
-        uid = self.current.get(vendor)
+        uid = self.current.get(channel)
         if uid is not None:
             w = self.waiting.get(uid)
-            nxt = w.next_grant(vendor) if w is not None else None
-            if w is not None and nxt is not None and _count(nxt, vendor) == count:
+            nxt = w.next_grant(channel) if w is not None else None
+            if w is not None and nxt is not None and amounts(nxt)[channel] == count:
                 chosen = w
             else:
-                del self.current[vendor]  # that pod is through (or its admission failed)
+                del self.current[channel]  # that pod is through (or its admission failed)
         if chosen is None:
             fresh = [
                 w
                 for w in self.waiting.values()
-                if w.served.get(vendor, 0) == 0
-                and (g := w.next_grant(vendor)) is not None
-                and _count(g, vendor) == count
+                if w.served.get(channel, 0) == 0
+                and (g := w.next_grant(channel)) is not None
+                and amounts(g)[channel] == count
             ]
             if not fresh:
                 return None
             fresh.sort(key=lambda w: w.order)
             first = fresh[0]
-            if any(_shape(w, vendor) != _shape(first, vendor) for w in fresh[1:]):
+            if any(_shape(w, channel) != _shape(first, channel) for w in fresh[1:]):
                 names = ", ".join(str(w.pod) for w in fresh)
                 raise AmbiguousError(
-                    f"{len(fresh)} pods bound here wait for {count} {vendor} device(s) with "
-                    f"different grants ({names}); refusing to guess which one this is"
+                    f"{len(fresh)} pods bound here wait for {count} {channel} device ID(s) "
+                    f"with different grants ({names}); refusing to guess which one this is"
                 )
             chosen = first
-        grant = chosen.next_grant(vendor)
+        grant = chosen.next_grant(channel)
         assert grant is not None
-        chosen.served[vendor] = chosen.served.get(vendor, 0) + 1
+        chosen.served[channel] = chosen.served.get(channel, 0) + 1
         admitted = chosen.done()
         if admitted:
             self.gone(chosen.pod.uid)
         else:
-            self.current[vendor] = chosen.pod.uid
+            self.current[channel] = chosen.pod.uid
         return Match(pod=chosen.pod, grant=grant, admitted=admitted)
 
 
-def _count(grant: ContainerGrant, vendor: Vendor) -> int:
-    return sum(1 for d in grant.devices if d.vendor == vendor)
-
-
-def _shape(w: Waiting, vendor: Vendor) -> tuple[object, ...]:
+def _shape(w: Waiting, channel: Channel) -> tuple[object, ...]:
     """What the container would be handed, less who it is (two equal shapes are
     interchangeable)."""
-    g = w.next_grant(vendor)
+    g = w.next_grant(channel)
     assert g is not None
     return (g.devices, g.priority, g.disable_isolation, g.core_policy)
 

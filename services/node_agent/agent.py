@@ -7,8 +7,9 @@ the grants of the pods bound here from ``tessera.v1.allocation.bound.<node>``: a
 ``Allocate`` hands each container exactly its grant, and the last one for a pod
 publishes ``allocation.admitted``. Health is re-read every ``healthIntervalS`` and at
 once on an NVML XID event; a changed inventory is published and streamed to the kubelet.
-Cards in ``mps`` mode get the node's MPS control daemon (mps.py), whose state and client
-counts the inventory carries (published again when they change).
+Cards in ``mps`` mode: the agent reads each one's MPS control daemon (run by the node's
+MPS supervisor, never by the agent: services/node_agent/mps/) and the inventory carries
+its state and client count (published again when they change).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import re
 import socket
 from pathlib import Path
 
+from kubernetes_asyncio.client import ApiException
+
 from services.node_agent.admission import KUBELET_CHECKPOINT, admitted_in_checkpoint
 from services.node_agent.deviceplugin.server import Desk, ResourceServer
 from services.node_agent.inventory import InventorySource, NvmlSource
 from services.node_agent.metrics import NodeMetrics
 from services.node_agent.mig import MigDriver, MigError, NvmlMig, changes_for, reconfigure
-from services.node_agent.mps import MpsDaemon, mps_cards, with_state
+from services.node_agent.mps import mps_cards
+from services.node_agent.mps.reader import MpsReader, with_state
 from services.node_agent.resources import count_resources
 from shared import events as ev
 from shared import kube
@@ -35,6 +39,13 @@ from shared.core.model import ContainerGrant, DeviceInfo, DeviceUUID, NodeName, 
 from shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+LISTED_WAIT_S = 5.0
+"""How long a starting agent waits for the kubelet to take its device IDs before it
+publishes its inventory anyway (a kubelet that never asks must not keep the node out)."""
+
+_LIST_FAILED: tuple[type[Exception], ...] = (*kube.UNREACHABLE, ApiException)
+"""A list of the node's pods that failed: the API server unreachable, or refusing."""
 
 
 def consumer_name(node: NodeName) -> str:
@@ -61,9 +72,8 @@ class Agent:
         self.mig: MigDriver | None = (
             NvmlMig(source.nvml) if isinstance(source, NvmlSource) else None
         )
-        self.mps = MpsDaemon(rt.cfg.node_agent.mps, node)
-        """The MPS control daemon of the cards in mps mode (none: it only stops one a
-        previous run left, once idle)."""
+        self.mps = MpsReader(rt.cfg.node_agent.mps, node)
+        """The state of each card's MPS control daemon (cards in mps mode)."""
         self.metrics = NodeMetrics(
             rt.metrics,
             node,
@@ -79,12 +89,16 @@ class Agent:
         service's consumer of binds exists already, so none published meanwhile is lost."""
         await asyncio.to_thread(self.prepare_host)
         self.devices = await self._read()
-        await self.mps.start()  # adopt or start the daemon before the first publish
+        await self.mps.start()  # read the MPS daemons before the first publish
         self.devices = with_state(self.devices, self.mps.state())
         if api is not None:
             await self.recover(api)
-        await self._publish()
+            self.desk.foreign = lambda resource, count: self.foreign(api, resource, count)
+        # The kubelet first, then the scheduler: a pod placed here before the kubelet
+        # has this node's device IDs would fail its admission for good.
         await self._serve()
+        await self._kubelet_listed()
+        await self._publish()
         if isinstance(self.source, NvmlSource):
             loop = asyncio.get_running_loop()
 
@@ -99,6 +113,21 @@ class Agent:
             len(self.devices),
             ", ".join(self.servers) or "no resources",
         )
+
+    async def _kubelet_listed(self) -> None:
+        """Wait (up to ``LISTED_WAIT_S``) until the kubelet has the device IDs of every
+        resource registered with it (docs/architecture.md, "A real node")."""
+        waits = [s.listed.wait() for s in self.servers.values() if s.registrations]
+        if not waits:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), LISTED_WAIT_S)
+        except TimeoutError:
+            log.warning(
+                "the kubelet has not asked for the device IDs within %.0f s: publishing "
+                "the inventory anyway",
+                LISTED_WAIT_S,
+            )
 
     async def recover(self, api: kube.Client) -> None:
         """What a restarted agent knew: the grants of the pods bound here (their events
@@ -140,6 +169,37 @@ class Agent:
         log.info(
             "recovered %d pods bound here, %d waiting for the kubelet", len(self.held), waiting
         )
+
+    async def foreign(self, api: kube.Client, resource: str, count: int) -> list[str]:
+        """The pods bound here without a grant of Tessera's, not started yet, with a
+        container asking ``count`` of ``resource`` (the kubelet would call Allocate for
+        them too: docs/architecture.md, "A real node"). An unreadable API server counts
+        as none (the grant rules alone then decide)."""
+        try:
+            items, _ = await kube.list_all(
+                api, "/api/v1/pods", {"fieldSelector": f"spec.nodeName={self.node}"}
+            )
+        except _LIST_FAILED as exc:
+            log.warning("cannot list the pods bound here (%s): foreign pods not checked", exc)
+            return []
+        found = []
+        for obj in items:
+            meta, status = obj["metadata"], obj.get("status") or {}
+            if ann.read_grants(meta.get("annotations") or {}) is not None:
+                continue
+            if status.get("phase", "Pending") != "Pending" or status.get("containerStatuses"):
+                continue
+            spec = obj.get("spec") or {}
+            containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+            for c in containers:
+                res = c.get("resources") or {}
+                asked = (res.get("limits") or {}).get(
+                    resource, (res.get("requests") or {}).get(resource)
+                )
+                if asked is not None and str(asked) == str(count):
+                    found.append(f"pod {meta.get('namespace')}/{meta.get('name')}")
+                    break
+        return found
 
     def prepare_host(self) -> None:
         """The host side of the isolation library: the file mounted over a container's
@@ -238,13 +298,13 @@ class Agent:
 
     async def _read(self) -> tuple[DeviceInfo, ...]:
         """The devices as published: read from the source, the cards in mps mode with
-        the MPS daemon's state (which learns the cards now in mps mode)."""
+        their MPS daemon's state (the reader learns the cards now in mps mode)."""
         devices = await asyncio.to_thread(self.source.read)
         self.mps.set_cards(mps_cards(self.rt.cfg, self.node, devices))
         return with_state(devices, self.mps.state())
 
     async def _mps_changed(self) -> None:
-        """The MPS daemon's state or client counts changed: publish them."""
+        """An MPS daemon's state or client count changed: publish them."""
         devices = with_state(self.devices, self.mps.state())
         if devices != self.devices:
             self.devices = devices

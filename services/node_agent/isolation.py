@@ -12,9 +12,12 @@ existing ``libvgpu.so`` works.
   card, the core policy, log level and priority; the library, its accounting and lock
   directories, and ``/etc/ld.so.preload`` (not when the container set
   ``CUDA_DISABLE_CONTROL=true``).
-- MPS devices: the node's MPS daemon's pipe directory, the active-thread percentage (the
-  cores) and the pinned memory limit per device, and HAMi-core as above for memory only
-  (``nodeAgent.mps.hamiCore``), so the container sees its limit as the card's memory.
+- MPS devices (one card per container: the scheduler refuses more): the card's MPS daemon's
+  pipe directory and its shared-memory directory at ``/dev/shm``
+  (services/node_agent/mps/__init__.py), the active-thread percentage (the cores) and the
+  pinned memory limit of device 0, the one the container sees; and HAMi-core as above for
+  memory only (``nodeAgent.mps.hamiCore``), so the container sees its limit as the card's
+  memory.
 - MIG instances: their UUIDs in ``NVIDIA_VISIBLE_DEVICES``; MIG isolates in hardware.
 - Ascend: ``ASCEND_VISIBLE_DEVICES`` (device indexes), ``ASCEND_VNPU_SPECS`` for a vNPU
   template, and the davinci device nodes.
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from services.node_agent.mps import card_dirs
 from shared.config import Config
 from shared.core.ledger import sharing_mode
 from shared.core.model import ContainerGrant, DeviceGrant, DeviceInfo, DeviceUUID, NodeName, PodRef
@@ -129,24 +133,8 @@ def _sliced(
     cores = max(d.cores for d in devices)
 
     if mode == "mps":
-        down = [d.uuid for d in devices if (c := inventory.get(d.uuid)) and c.mps == "unavailable"]
-        if down:
-            raise HandoutError(
-                f"no MPS daemon runs for {', '.join(down)} (see the node agent's log): "
-                "the container would run without its core limit"
-            )
-        # The client of the node's MPS daemon (services/node_agent/mps.py): its pipe, its
-        # share of the SMs (all when no cores were asked) and its pinned memory; HAMi-core
-        # below only for memory (MPS alone stops allocations at the limit but reports the
-        # whole card), unless nodeAgent.mps.hamiCore is off.
-        mps = cfg.node_agent.mps
-        out.envs["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_container_dir
-        out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cores or 100)
-        out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-            f"{i}={d.memory_mib}M" for i, d in enumerate(devices)
-        )
-        out.mounts.append(Mount(mps.pipe_container_dir, mps.pipe_host_dir, read_only=False))
-        if not mps.hami_core:
+        _mps_client(out, cfg, devices, inventory, cores)
+        if not cfg.node_agent.mps.hami_core:
             return
     for i, d in enumerate(devices):
         out.envs[f"{iso.memory_limit_env}_{i}"] = f"{d.memory_mib}m"
@@ -176,6 +164,40 @@ def _sliced(
     out.mounts.append(Mount(iso.lock_dir, iso.lock_dir, read_only=False))
     if not grant.disable_isolation:
         out.mounts.append(Mount("/etc/ld.so.preload", iso.preload_host_path, read_only=True))
+
+
+def _mps_client(
+    out: Handout,
+    cfg: Config,
+    devices: list[DeviceGrant],
+    inventory: Mapping[DeviceUUID, DeviceInfo],
+    cores: int,
+) -> None:
+    """A client of its card's MPS daemon (services/node_agent/mps/): the daemon's pipes and
+    shared memory, its share of the SMs (all when no cores were asked) and its pinned
+    memory. HAMi-core is added by the caller for memory only (MPS alone stops allocations
+    at the limit but reports the whole card), unless nodeAgent.mps.hamiCore is off."""
+    down = [d.uuid for d in devices if (c := inventory.get(d.uuid)) is None or c.mps != "running"]
+    if down:
+        raise HandoutError(
+            f"no MPS daemon is known to run for {', '.join(down)} (see the node agent's log): "
+            "the container would run without its core limit"
+        )
+    if len(devices) != 1:
+        raise HandoutError(
+            f"{len(devices)} MPS devices for one container: a client reaches one card's "
+            "MPS daemon only"
+        )
+    mps = cfg.node_agent.mps
+    (device,) = devices
+    dirs = card_dirs(mps, device.uuid)
+    out.envs["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_container_dir
+    out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cores or 100)
+    # Device 0: the one card the container sees (NVIDIA_VISIBLE_DEVICES), whatever its
+    # index on the node.
+    out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={device.memory_mib}M"
+    out.mounts.append(Mount(mps.pipe_container_dir, str(dirs.pipe), read_only=False))
+    out.mounts.append(Mount("/dev/shm", str(dirs.shm), read_only=False))
 
 
 def _ascend(out: Handout, devices: list[DeviceGrant]) -> None:

@@ -12,8 +12,9 @@ plus Tessera's own:
   container (``nodeAgent.isolation.cacheHostDir/<pod uid>_<container>/``);
 - ``tessera_node_devices`` (by vendor, model, health), ``tessera_allocate_total`` (by
   resource and result) and ``tessera_admissions_waiting``;
-- ``tessera_mps_daemon_up`` (1 or 0 per node) and ``tessera_mps_clients`` per device, for
-  the cards in ``mps`` mode only (services/node_agent/mps.py, as the inventory carries it).
+- ``tessera_mps_daemon_up`` (1 or 0) and ``tessera_mps_clients`` per device, for the cards
+  in ``mps`` mode only (each card's own daemon, services/node_agent/mps/reader.py, as the
+  inventory carries it).
 
 The accounting file is HAMi-core's ``shared_region_t`` (layout version 1.2, x86-64): a
 header with the device UUIDs and limits, then 1,024 process slots with each process's
@@ -146,7 +147,7 @@ class NodeMetrics:
             ("tessera_node_devices", "Devices of this node.", self._inventory),
             (
                 "tessera_mps_daemon_up",
-                "The MPS control daemon of this node's cards in mps mode answers (1) or not (0).",
+                "The MPS control daemon of a card in mps mode answers (1) or not (0).",
                 self._mps_up,
             ),
             (
@@ -209,10 +210,7 @@ class NodeMetrics:
         ]
 
     def _mps_up(self) -> list[tuple[float, dict[str, str]]]:
-        states = {d.mps for d in self.devices() if d.mps}
-        if not states:  # no card in mps mode: no daemon to report
-            return []
-        return [(int("running" in states), {"node": self.node})]
+        return [(int(d.mps == "running"), self._device_labels(d)) for d in self.devices() if d.mps]
 
     def _mps_clients(self) -> list[tuple[float, dict[str, str]]]:
         return [(d.mps_clients, self._device_labels(d)) for d in self.devices() if d.mps]

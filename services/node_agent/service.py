@@ -37,11 +37,18 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The agent's options: ``--simulate``, or a real node's ``--source`` and ``--node``."""
     parser.add_argument(
         "--simulate",
         metavar="INVENTORY",
         help="play every node of this inventory file (no kubelet, no device plugin)",
     )
+    source_arguments(parser)
+
+
+def source_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--source`` and ``--node``: which node's devices, read from where (the agent's and
+    the MPS supervisor's, services/node_agent/mps/supervisor.py)."""
     parser.add_argument(
         "--source",
         default="auto",

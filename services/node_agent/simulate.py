@@ -30,11 +30,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from kubernetes_asyncio.client import ApiException
 
+from services.node_agent.mps import mps_cards
+from services.node_agent.mps.reader import MpsReport, with_state
 from services.node_agent.resources import capacity
 from shared import events as ev
 from shared import kube
-from shared.config import ConfigError, read_yaml
-from shared.core.model import DeviceInfo, DeviceUUID, NodeName, SharingMode, Vendor
+from shared.config import Config, ConfigError, read_yaml
+from shared.core.model import DeviceInfo, DeviceUUID, MpsState, NodeName, SharingMode, Vendor
 from shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -163,13 +165,26 @@ def expand(inventory: Inventory) -> dict[NodeName, tuple[SimNode, tuple[DeviceIn
     return out
 
 
+def _mps_running(
+    cfg: Config, node: NodeName, devices: tuple[DeviceInfo, ...]
+) -> tuple[DeviceInfo, ...]:
+    """A simulated node's cards in ``mps`` mode report their MPS daemon ``running``, as a real
+    agent does once the card's daemon answers (services/node_agent/mps/reader.py): no
+    process runs on a simulated card, so there is no daemon to ask."""
+    running: dict[DeviceUUID, MpsState] = dict.fromkeys(mps_cards(cfg, node, devices), "running")
+    return with_state(devices, MpsReport(states=running)) if running else devices
+
+
 class Simulator:
     """Plays every node of an inventory: their Node objects and their inventories on the bus."""
 
     def __init__(self, rt: Runtime, api: kube.Client, inventory: Inventory) -> None:
         self.rt = rt
         self.api = api
-        self.nodes = expand(inventory)
+        self.nodes = {
+            name: (spec, _mps_running(rt.cfg, name, devices))
+            for name, (spec, devices) in expand(inventory).items()
+        }
         self.seq = 0
         self.agent = f"{socket.gethostname()}/simulated"
 

@@ -3,7 +3,12 @@ is created.
 
 - ``/mutate``: a pod that asks for a device Tessera manages and names no scheduler (or
   ``default-scheduler``) gets the first of ``scheduler.names`` (HAMi's webhook does the
-  same for its scheduler), unless ``webhook.setSchedulerName`` is off.
+  same for its scheduler), unless ``webhook.setSchedulerName`` is off. Each container of
+  a pod of ``scheduler.names`` that asks a vendor's memory, memory percentage or cores
+  but none of its count names gets the count name (``defaultGPUNum``) in its limits and
+  requests, as HAMi's webhook does: the kubelet calls the node agent's ``Allocate``
+  only for a registered name the container asks for (the watcher refuses the pod
+  otherwise, shared/core/request.py).
 - ``/validate``: a pod of one of ``scheduler.names`` whose device request can never be
   placed is refused with the message the watcher would put in its Event; any pod that
   carries a grant annotation at creation (Tessera's ``tessera.io/grant`` and its
@@ -70,15 +75,50 @@ class Webhook:
 
     def mutate(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
         """The JSON patch for a new pod (empty: nothing to change)."""
-        if not self.cfg.webhook.set_scheduler_name:
-            return []
+        patch: list[dict[str, Any]] = []
+        scheduler = (pod.get("spec") or {}).get("schedulerName")
+        if (
+            self.cfg.webhook.set_scheduler_name
+            and scheduler in (None, "", DEFAULT_SCHEDULER)
+            and self.parser.wants_devices(pod)
+        ):
+            scheduler = self.cfg.scheduler.names[0]
+            patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler})
+        if scheduler in self.cfg.scheduler.names:
+            patch.extend(self.add_counts(pod))
+        return patch
+
+    def add_counts(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
+        """The JSON patch giving each container that asks memory or cores without a
+        device count the count (``RequestParser.missing_counts``). Limits and requests
+        alike: the API server wants an extended resource's request equal to its limit."""
         spec = pod.get("spec") or {}
-        if spec.get("schedulerName") not in (None, "", DEFAULT_SCHEDULER):
-            return []
-        if not self.parser.wants_devices(pod):
-            return []
-        name = self.cfg.scheduler.names[0]
-        return [{"op": "add", "path": "/spec/schedulerName", "value": name}]
+        added: dict[tuple[str, int], dict[str, str]] = {}
+        for missing in self.parser.missing_counts(pod):
+            where = (missing.key, missing.index)
+            added.setdefault(where, {})[missing.count_name] = str(missing.count)
+            log.info(
+                "pod %s: container %s names no device count; adding %s: %d",
+                (pod.get("metadata") or {}).get("name", "?"),
+                missing.container,
+                missing.count_name,
+                missing.count,
+            )
+        patch: list[dict[str, Any]] = []
+        for (key, index), counts in added.items():
+            base = f"/spec/{key}/{index}/resources"
+            resources = spec[key][index].get("resources")
+            if not isinstance(resources, dict):
+                patch.append({"op": "add", "path": base, "value": {}})
+                resources = {}
+            for part in ("limits", "requests"):
+                if not isinstance(resources.get(part), dict):
+                    patch.append({"op": "add", "path": f"{base}/{part}", "value": dict(counts)})
+                    continue
+                for name, value in counts.items():
+                    pointer = name.replace("~", "~0").replace("/", "~1")
+                    patch.append({"op": "add", "path": f"{base}/{part}/{pointer}", "value": value})
+        return patch
 
     def validate(self, pod: dict[str, Any]) -> str | None:
         """Why a new pod is refused, or None."""

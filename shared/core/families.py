@@ -74,6 +74,9 @@ GROUP_SPREAD = Reason(kind="group-spread")
 MPS_UNAVAILABLE = Reason(kind="mps-unavailable")
 MPS_USER_UNSET = Reason(kind="mps-user-unset", code=UNRESOLVABLE)
 MPS_OTHER_USER = Reason(kind="mps-other-user")
+MPS_MULTI_CARD = Reason(kind="mps-multi-card", code=UNRESOLVABLE)
+"""A container asking two or more cards in MPS mode: an MPS client reaches one card's
+daemon only (one daemon per card, services/node_agent/mps/), so no node can serve it."""
 
 
 def mps_refusal(d: Dev, run_as: int | None) -> Reason | None:
@@ -262,6 +265,10 @@ class SlicedFamily(_Family):
         percent = request.memory_percent or 100
         cores = request.cores
         exclusive = request.exclusive
+        if request.count > 1 and not exclusive and any(d.mode == "mps" for d in devs):
+            devs = [d for d in devs if d.mode != "mps"]  # MPS cards serve one per container
+            if not devs:
+                return MPS_MULTI_CARD
 
         def need_of(d: Dev) -> int:
             need = memory if memory is not None else d.phys_mem * percent // 100

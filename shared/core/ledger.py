@@ -186,7 +186,9 @@ class Dev:
         self.used_ai_cores = 0
         self.used_ai_cpus = 0
         self.pool: PoolKey = (self.vendor, mode, self.chip)
-        self.mps_ready = info.mps != "unavailable"
+        self.mps_ready = info.mps == "running"
+        """(Mode ``mps``) the card's MPS daemon was reported running: a card whose state is
+        ``unavailable`` or was never reported is offered to no MPS pod."""
         self.mps_user: int | None = None
         """The UID of the MPS clients on it while ``used_slots`` (mode ``mps``)."""
 

@@ -139,6 +139,10 @@ class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     npu_cores: NonNegInt | None = None
     """MindCluster AI cores (``huawei.com/npu-core``)."""
     priority: NonNegInt | None = None
+    units: NonNegInt = 0
+    """Device IDs the kubelet asks per device when the resource counts units, not
+    devices: Volcano gpu-share (memory units of ``gpuMemoryFactor`` MiB, as written) and
+    MindCluster ``npu-core`` (AI cores); 0 for a count resource (shared/core/admission.py)."""
 
 
 class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -262,6 +266,9 @@ class DeviceGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     """Ascend AI cores the vNPU template holds."""
     ai_cpus: NonNegInt = 0
     """Ascend AI CPUs the vNPU template holds."""
+    units: NonNegInt = 0
+    """Device IDs of a resource counted in units that the kubelet asks for this device
+    (its request's ``units``); 0 when the device is asked by count."""
 
 
 class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from typing import Literal
 
+import msgspec
+
 from shared.core.admission import keys_of_grants
 from shared.core.families import (
     DeviceFamily,
@@ -330,9 +332,9 @@ class Placer:
         ordered = tuple(grants[i] for i in range(len(containers)))
         busy = self.ledger.admitting.get(node.name)
         if busy:
-            for vendor, count in keys_of_grants(ordered):
-                if (vendor, count) in busy:
-                    return fail(Reason(kind="admitting", resource=vendor, requested=count))
+            for channel, amount in keys_of_grants(ordered):
+                if (channel, amount) in busy:
+                    return fail(Reason(kind="admitting", resource=channel, requested=amount))
         return ordered
 
     def _reuse(
@@ -393,6 +395,8 @@ class Placer:
             tried.add(id(family))
             found = family.filter(node, r, request.constraints, ctx)
             if not isinstance(found, Reason):
+                if r.units:  # what the kubelet will ask of the resource counted in units
+                    return [(dev, msgspec.structs.replace(g, units=r.units)) for dev, g in found]
                 return found
             if reason is None or (reason.unresolvable and not found.unresolvable):
                 reason = found

@@ -3,9 +3,14 @@
 Every resource name of docs/compat.md (section 1) is recognised through the configured names
 (HAMi's and Volcano's at once by default), together with the annotations of section 2.
 The semantics follow upstream (``count`` devices, memory and cores per device,
-``defaultMemory``/``defaultCores``/``defaultGPUNum``, ``gpuMemoryFactor``, exclusivity).
+``defaultMemory``/``defaultCores``, ``gpuMemoryFactor``, exclusivity).
 Where upstream silently does something surprising, Tessera says so instead:
 
+- memory or cores without a count name is an error naming the count to add: the
+  kubelet calls a device plugin only for the names it registers, so such a container
+  would run with no devices and no limits. The admission webhook adds the count
+  (``defaultGPUNum``, as HAMi's webhook does) before the pod reaches the watcher
+  (``missing_counts``);
 - ``cores`` above 100 is an error naming the fix (upstream clamps; set
   ``clamp_cores=True`` to clamp as upstream does);
 - memory and memory-percentage together is an error (upstream ignores one);
@@ -87,6 +92,11 @@ class Role(enum.Enum):
     NPU_CORES = "npu cores"
     NPU_MINDCLUSTER = "npu-core"
 
+
+_SLICING = frozenset({Role.MEMORY, Role.MEMORY_PERCENT, Role.CORES})
+"""Roles that slice devices whose number a count name gives."""
+_COUNTING = frozenset({Role.COUNT, Role.WHOLE, Role.SHARE_MEMORY})
+"""Roles that say how many devices (or, gpu-share, itself a kubelet resource)."""
 
 _MOST: dict[Role, tuple[int, str]] = {
     Role.COUNT: (MAX_DEVICES, "devices per container"),
@@ -198,6 +208,35 @@ class RequestParser:
                         return True
         return False
 
+    def missing_counts(self, pod: Mapping[str, Any]) -> list[MissingCount]:
+        """Every container that names a vendor's memory, percentage or core resource but
+        none of its count names (the webhook adds one; ``parse`` refuses the pod)."""
+        spec = pod.get("spec") or {}
+        out = []
+        for key in ("initContainers", "containers"):
+            for i, c in enumerate(spec.get(key) or ()):
+                if not isinstance(c, Mapping):
+                    continue
+                resources = c.get("resources") or {}
+                written = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+                asked: dict[Vendor, list[str]] = {}
+                counted: set[Vendor] = set()
+                for rname in written:
+                    res = self.table.by_name.get(rname)
+                    if res is None or res.vendor not in self.table.vendors:
+                        continue
+                    if res.role in _SLICING:
+                        asked.setdefault(res.vendor, []).append(rname)
+                    elif res.role in _COUNTING:
+                        counted.add(res.vendor)
+                for vendor, asked_names in asked.items():
+                    vendor_spec = self.table.vendors[vendor]
+                    name = count_name(vendor_spec, asked_names)
+                    if vendor not in counted and name:
+                        cname = str(c.get("name", ""))
+                        out.append(MissingCount(key, i, cname, name, vendor_spec.default_gpu_num))
+        return out
+
     def parse(self, pod: Mapping[str, Any]) -> PodRequest | tuple[RequestError, ...]:
         """The pod's request, or every error found (never only the first)."""
         meta = pod.get("metadata") or {}
@@ -219,6 +258,7 @@ class RequestParser:
                     user = _run_as_user(c.get("securityContext"))
                     users.add(pod_user if user is None else user)
         constraints = self._run_as(constraints, users, errors)
+        _mps_one_card(constraints, containers, errors)
         if errors:
             return tuple(errors)
         return PodRequest(containers=tuple(containers), constraints=constraints)
@@ -383,10 +423,18 @@ class RequestParser:
             if whole is not None:  # Volcano gpu-number: whole devices, exclusive
                 whole_cards = {"memory_percent": 100, "cores": 100, "exclusive": True}
                 return [replace(asked, kind="gpu-number", count=whole, **whole_cards)]
-            # Volcano gpu-share: a memory slice of one device, no cores
-            return [replace(asked, memory_mib=share, memory_resource=asked.resource)]
+            # Volcano gpu-share: a memory slice of one device, no cores; the kubelet asks
+            # its device plugin for one ID per memory unit (shared/core/admission.py)
+            assert share is not None
+            memory_mib = share * spec.gpu_memory_factor
+            return [
+                replace(asked, memory_mib=memory_mib, memory_resource=asked.resource, units=share)
+            ]
         if not slicing:
             return []  # priority alone asks for nothing
+        if count is None:
+            asked_names = [g.name(r) for r in slicing]
+            self._err(errors, g, slicing[0], cname, missing_count(spec, g.vendor, asked_names))
         for role, value in ((Role.MEMORY, memory), (Role.MEMORY_PERCENT, percent)):
             if value == 0 and count != 0:
                 self._err(
@@ -433,8 +481,8 @@ class RequestParser:
             return []
         if len(errors) > n_errors:
             return []
-        resource = g.name(slicing[0]) if count is None else g.name(Role.COUNT)
-        count = count if count is not None else spec.default_gpu_num
+        assert count is not None  # refused above
+        resource = g.name(Role.COUNT)
         memory = memory * spec.gpu_memory_factor if memory else None
         percent = percent or None
         exclusive = (cores == 100 and spec.core_unit == "percent") or percent == 100
@@ -561,6 +609,56 @@ def _named(g: _Values, role: Role, configured: str | list[str]) -> str:
     return next(iter(names(configured)), "")
 
 
+def count_name(spec: VendorSpec, asked: Sequence[str]) -> str:
+    """The count name to add beside ``asked`` (a container's memory and core names of one
+    vendor): the vendor's count name sharing the longest prefix with one of them
+    (``nvidia.com/gpu`` for ``nvidia.com/gpumem``, ``volcano.sh/vgpu-number`` for
+    ``volcano.sh/vgpu-memory``), the first configured on a tie; "" when it has none."""
+
+    def shared(candidate: str) -> int:
+        return max((_common_prefix(candidate, a) for a in asked), default=0)
+
+    return max(names(spec.resource_count_name), key=shared, default="")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def missing_count(spec: VendorSpec, vendor: Vendor, asked: Sequence[str]) -> str:
+    """Why a container asking ``asked`` of ``vendor`` and no device count is refused,
+    and the fix (the admission webhook adds the count: services/webhook/service.py)."""
+    what = ", ".join(asked)
+    name = count_name(spec, asked)
+    if not name:
+        return (
+            f"{what} without a device count, and devices.{vendor}.resourceCountName names "
+            "none: the kubelet hands devices only to a container that asks for a count; "
+            "configure a count name and ask for it"
+        )
+    return (
+        f"{what} without a device count: the kubelet hands devices and limits only to a "
+        f"container that asks for a count, so it would run with none; add {name}: "
+        f"{spec.default_gpu_num} (Tessera's admission webhook adds it when the pod is "
+        "created: is it running?)"
+    )
+
+
+@dataclass(frozen=True)
+class MissingCount:
+    """A container that asks a vendor's memory or cores but no device count: the count
+    the admission webhook adds (``defaultGPUNum`` of ``count_name``), as HAMi's does."""
+
+    key: str
+    """``containers`` or ``initContainers``."""
+    index: int
+    container: str
+    count_name: str
+    count: int
+
+
 def _mindcluster(
     g: _Values, cname: str, constraints: Constraints, errors: list[RequestError]
 ) -> list[DeviceRequest]:
@@ -580,6 +678,7 @@ def _mindcluster(
                 memory_percent=100,
                 exclusive=True,
                 chip=chip,
+                units=8,
             )
         ]
     if cores not in (1, 2, 4):
@@ -593,7 +692,13 @@ def _mindcluster(
         return []
     return [
         DeviceRequest(
-            vendor="ascend", kind="npu-core", resource=name, count=1, npu_cores=cores, chip=chip
+            vendor="ascend",
+            kind="npu-core",
+            resource=name,
+            count=1,
+            npu_cores=cores,
+            chip=chip,
+            units=cores,
         )
     ]
 
@@ -714,6 +819,27 @@ def rejection(errors: Sequence[RequestError]) -> str:
     """What a pod whose request can never be placed is told, by the watcher (its Event)
     and the admission webhook (the refusal ``kubectl apply`` prints) alike."""
     return "invalid device request: " + "; ".join(f"{e.field}: {e.message}" for e in errors)
+
+
+def _mps_one_card(
+    constraints: Constraints, containers: Sequence[ContainerRequest], errors: list[RequestError]
+) -> None:
+    """A pod in MPS mode whose container asks two or more cards to share: refused, as no
+    node can serve it (an MPS client reaches one card's daemon; shared/core/families.py
+    ``MPS_MULTI_CARD`` says the same of a pod that names no mode)."""
+    if constraints.mode != "mps":
+        return
+    for c in containers:
+        for d in c.devices:
+            if d.vendor == "nvidia" and d.count > 1 and not d.exclusive:
+                errors.append(
+                    RequestError(
+                        field=f"{d.resource} (container {c.name})",
+                        message=f"{d.count} cards asked in MPS mode: an MPS client reaches one "
+                        "card's MPS daemon, so a container shares one card (ask for 1, or for "
+                        "whole cards, or another vgpu-mode)",
+                    )
+                )
 
 
 def _run_as_user(context: Any) -> int | None:

@@ -74,6 +74,7 @@ _TEXT: dict[str, str] = {
     "mps-unavailable": "device(s) in MPS mode have no MPS daemon running",
     "mps-user-unset": "device(s) in MPS mode serve only pods that set runAsUser",
     "mps-other-user": "device(s) serve another user's MPS clients",
+    "mps-multi-card": "device(s) in MPS mode serve one card per container",
     "numa": "not enough devices on one NUMA node",
     "larger-than-card": "{resource} larger than the card",
     "too-few-devices": "{resource}: {requested} devices asked, {free} eligible on the node{detail}",
@@ -123,9 +124,12 @@ _HINT: dict[str, str] = {
     "split-reached": "one of the pods sharing the device must end (its share count is reached)",
     "busy": "an idle card: all pods on one card must end",
     "group-spread": "another card, not used by the PodGroup",
-    "mps-unavailable": "the node's MPS daemon must run (see the node agent's log)",
+    "mps-unavailable": "the card's MPS daemon must run (the node's tessera-mps-control pod "
+    "starts it; see its log and the node agent's)",
     "mps-user-unset": "set runAsUser on the pod (MPS serves one user per card)",
     "mps-other-user": "the other user's MPS pods on the card must end, or run as their user",
+    "mps-multi-card": "ask for one card per container (an MPS client reaches one card's "
+    "daemon), or for another mode",
     "numa": "enough free devices on one NUMA node",
     "larger-than-card": "ask for at most {capacity} {resource}",
     "too-few-devices": "ask for at most {free} devices, or a node with more",

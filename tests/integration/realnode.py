@@ -24,7 +24,8 @@ from tools import realnode
 from tools.localcluster import LocalCluster
 
 PRINT = (
-    "echo '--- env'; env; echo '--- mounts'; cat /proc/self/mountinfo; echo '--- end'; "
+    "echo '--- env'; env; echo '--- mounts'; cat /proc/self/mountinfo; echo '--- dev'; "
+    "ls /dev; echo '--- shm'; ls /dev/shm; echo '--- end'; "
     '[ -n "$STAY" ] && exec sleep 3600; true'
 )
 """What each container runs: prints, then stays (``STAY`` set) or exits."""
@@ -71,6 +72,10 @@ class Handed:
 
     env: dict[str, str]
     mount_points: frozenset[str]
+    dev: frozenset[str]
+    """The names in its ``/dev``."""
+    shm: frozenset[str]
+    """The names in its ``/dev/shm``."""
 
 
 def parse_printed(text: str) -> Handed | None:
@@ -78,12 +83,14 @@ def parse_printed(text: str) -> Handed | None:
     if "--- end" not in text:
         return None
     env_part = text.split("--- env", 1)[1].split("--- mounts", 1)[0]
-    mounts_part = text.split("--- mounts", 1)[1].split("--- end", 1)[0]
+    mounts_part = text.split("--- mounts", 1)[1].split("--- dev", 1)[0]
+    dev_part = text.split("--- dev", 1)[1].split("--- shm", 1)[0]
+    shm_part = text.split("--- shm", 1)[1].split("--- end", 1)[0]
     env = dict(line.split("=", 1) for line in env_part.strip().splitlines() if "=" in line)
     points = frozenset(
         line.split()[4] for line in mounts_part.strip().splitlines() if len(line.split()) > 4
     )
-    return Handed(env, points)
+    return Handed(env, points, frozenset(dev_part.split()), frozenset(shm_part.split()))
 
 
 async def handed(ns: str, name: str, container: str, timeout_s: float = 60) -> Handed:

@@ -201,7 +201,7 @@ async def test_min_task_member_holds_a_gang_until_every_role_is_there(
     pipeline: Pipeline, ns: str
 ) -> None:
     await podgroup(pipeline, ns, "roles", 2, min_task_member={"ps": 1, "worker": 1})
-    small = {"nvidia.com/gpumem": 1000}
+    small = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}
     for n in ("worker-0", "worker-1"):
         await pipeline.create(ns, member(n, "roles", small, task="worker"))
     await asyncio.sleep(3.0)  # minMember 2 is met by the workers alone; no ps yet
@@ -230,7 +230,7 @@ async def test_gang_of_4_that_fits_3_waits_whole_while_a_later_pod_is_placed(
 
     cond = await eventually(unschedulable, what="the PodGroup's Unschedulable condition")
     assert cond["message"].startswith("4/4 tasks in gang unschedulable: 0/1 nodes are available")
-    await pipeline.create(ns, pod("small", {"nvidia.com/gpumem": 1000}))
+    await pipeline.create(ns, pod("small", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))
     await pipeline.bound(ns, "small")
     assert set((await nodes_of(pipeline, ns, names)).values()) == {None}
     told = [e for e in await pipeline.events(ns, "worker-0") if e["reason"] == "FailedScheduling"]
@@ -259,7 +259,9 @@ async def test_gang_that_fits_is_placed_whole_and_the_podgroup_runs(
 async def test_closed_queue_holds_its_pods_with_a_reason(pipeline: Pipeline, ns: str) -> None:
     await queue(pipeline, f"closed-{ns}", weight=1, state="Closed")
     await podgroup(pipeline, ns, "held", 1, queue=f"closed-{ns}")
-    await pipeline.create(ns, member("held-0", "held", {"nvidia.com/gpumem": 1000}))
+    await pipeline.create(
+        ns, member("held-0", "held", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+    )
 
     async def told() -> str | None:
         found = [
@@ -280,7 +282,9 @@ async def test_capability_caps_a_queue_even_with_the_cluster_free(
     await podgroup(pipeline, ns, "capped", 1, queue=f"capped-{ns}")
     names = [f"c-{i}" for i in range(4)]
     for n in names:
-        await pipeline.create(ns, member(n, "capped", {"nvidia.com/gpumem": 20480}))
+        await pipeline.create(
+            ns, member(n, "capped", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20480})
+        )
 
     async def bound() -> list[str]:
         return [n for n, v in (await nodes_of(pipeline, ns, names)).items() if v is not None]
@@ -313,9 +317,13 @@ async def test_queues_weighted_1_to_3_share_a_contended_cluster_1_to_3(
     light_pods = [f"l-{i}" for i in range(12)]
     heavy_pods = [f"h-{i}" for i in range(12)]
     for n in light_pods:
-        await pipeline.create(ns, member(n, "pg-light", {"nvidia.com/gpumem": 20480}))
+        await pipeline.create(
+            ns, member(n, "pg-light", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20480})
+        )
     for n in heavy_pods:
-        await pipeline.create(ns, member(n, "pg-heavy", {"nvidia.com/gpumem": 20480}))
+        await pipeline.create(
+            ns, member(n, "pg-heavy", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20480})
+        )
 
     async def all_told() -> bool:
         for n in [*light_pods, *heavy_pods]:

@@ -174,7 +174,9 @@ async def test_get_jobs_and_queues_show_a_job_and_a_podgroup_waiting(
     pipeline: Pipeline, ns: str, kubeconfig: Path
 ) -> None:
     await podgroup(pipeline, ns, "huge", 1)
-    await pipeline.create(ns, member("huge-0", "huge", {"nvidia.com/gpumem": 200000}))
+    await pipeline.create(
+        ns, member("huge-0", "huge", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 200000})
+    )
     job = vcjob("mnist", 1, 1, {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 1000})
     await kube.request(pipeline.api, "POST", f"{JOBS}/namespaces/{ns}/jobs", job)
     try:

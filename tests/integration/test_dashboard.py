@@ -87,7 +87,7 @@ INVENTORY = {
 PODS = {
     "train-llama": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 30000, "nvidia.com/gpucores": 40},
     "infer-bert": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000, "nvidia.com/gpucores": 25},
-    "notebook": {"nvidia.com/gpumem": 6000},
+    "notebook": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 6000},
     "npu-infer": {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 12000},
 }
 TIMEOUT_MS = 30_000
@@ -314,7 +314,7 @@ async def events_followed(page: Page, pipeline: Pipeline, ns: str) -> None:
     await expect(refused.first).to_be_visible()
 
     # Live: a pod created now shows up in the tail and in the bars without a reload.
-    await pipeline.create(ns, pod("late-arrival", {"nvidia.com/gpumem": 4096}))
+    await pipeline.create(ns, pod("late-arrival", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096}))
     late = page.locator('.event[data-type="allocation.bound"]', has_text=f"{ns}/late-arrival")
     await expect(late).to_be_visible(timeout=TIMEOUT_MS)
     await expect(late).to_contain_text("main: #")

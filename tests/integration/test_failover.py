@@ -71,7 +71,7 @@ async def test_killing_the_active_replica_pauses_binds_for_seconds(
     pipeline: Pipeline, service: str
 ) -> None:
     ns = await pipeline.namespace()
-    await pipeline.create(ns, pod("before", {"nvidia.com/gpumem": 1024}))
+    await pipeline.create(ns, pod("before", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}))
     await pipeline.bound(ns, "before")
     dead = await pipeline.holder(service)
     killed = time.monotonic()
@@ -86,7 +86,7 @@ async def test_killing_the_active_replica_pauses_binds_for_seconds(
             return None  # between the old lease's expiry and the new one
         return holder if holder != dead else None
 
-    await pipeline.create(ns, pod("after", {"nvidia.com/gpumem": 1024}))
+    await pipeline.create(ns, pod("after", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}))
     successor = await eventually(taken_over, timeout_s=20, what=f"a standby {service}")
     took_over_s = time.monotonic() - killed
     await pipeline.bound(ns, "after", timeout_s=30)

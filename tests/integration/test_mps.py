@@ -1,7 +1,9 @@
 """One user per MPS card, on the real API server: an MPS daemon serves one Linux user
 per card at a time, so pods of two UIDs never share an MPS card (the second waits, told
-why), one of the first UID joins, and a pod in MPS mode that sets no UID is refused with
-the reason (shared/core/request.py, shared/core/families.py)."""
+why), one of the first UID joins, and a pod in MPS mode that sets no UID, or whose
+container asks two MPS cards, is refused with the reason (shared/core/request.py,
+shared/core/families.py). The simulated node's MPS card reports its daemon running
+(services/node_agent/simulate.py), as a real agent does once the card's daemon answers."""
 
 from __future__ import annotations
 
@@ -46,8 +48,8 @@ async def pipeline(
     await p.close()
 
 
-def mps_pod(name: str, user: int | None) -> dict[str, Any]:
-    obj = pod(name, SLICE, annotations={"nvidia.com/vgpu-mode": "mps"})
+def mps_pod(name: str, user: int | None, limits: dict[str, int] = SLICE) -> dict[str, Any]:
+    obj = pod(name, limits, annotations={"nvidia.com/vgpu-mode": "mps"})
     if user is not None:
         obj["spec"]["securityContext"] = {"runAsUser": user}
     return obj
@@ -92,3 +94,12 @@ async def test_an_mps_pod_without_a_user_is_told_to_set_one(pipeline: Pipeline) 
     message = await told(pipeline, ns, "anyone", "must set runAsUser")
     assert message.startswith("invalid device request: securityContext.runAsUser: ")
     assert "nodeAgent.mps.unsetUser: exclusive" in message
+
+
+async def test_an_mps_pod_asking_two_cards_in_one_container_is_told_why(pipeline: Pipeline) -> None:
+    """A client reaches one card's MPS daemon: the watcher refuses the request as invalid,
+    as it does a pod without a user (the webhook gives the same message at creation)."""
+    ns = await pipeline.namespace()
+    await pipeline.create(ns, mps_pod("two-cards", 1000, {**SLICE, "nvidia.com/gpu": 2}))
+    message = await told(pipeline, ns, "two-cards", "2 cards asked in MPS mode")
+    assert message.startswith("invalid device request: nvidia.com/gpu (container main): ")

@@ -3,9 +3,10 @@ grant while pods bind to the node concurrently.
 
 The test plays the kubelet of node ``gpu-0`` as the real one behaves: it serves
 ``Registration`` on ``kubelet.sock``, watches the pods bound to its node and admits them
-one at a time, calling ``Allocate`` on the registered ``nvidia.com/gpu`` plugin once per
-container with as many device IDs as the container asks. Admitting takes a while (as a
-real kubelet's does), so binds to the node pile up meanwhile.
+one at a time, calling ``Allocate`` on each registered plugin (``nvidia.com/gpu``,
+Volcano's ``volcano.sh/gpu-memory``) once per container that names it, with as many
+device IDs as the container asks of it. Admitting takes a while (as a real kubelet's
+does), so binds to the node pile up meanwhile.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from services.node_agent.deviceplugin import api_pb2 as pb
 from shared import kube
 from shared.config import NatsConfig
 from shared.core import annotations as ann
+from shared.core.quantity import parse_whole
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, register_node, start_pipeline
 from tests.kubelet import Kubelet, allocate
@@ -37,8 +39,23 @@ GPU_NODE = {
         }
     ]
 }
+SHARE_NODE = {
+    "nodes": [
+        {
+            "name": NODE,
+            "devices": [{"model": "Tesla-V100-SXM2-16GB", "memory": 16384, "count": 2}],
+        }
+    ]
+}
+"""A node whose gpu-share IDs (one per MiB) fit in what the kubelet reads of a list."""
 ADMIT_S = 0.3
 """How long this kubelet takes to admit a pod."""
+
+
+@pytest.fixture
+def node_inventory() -> dict[str, Any]:
+    """The devices of ``NODE`` (a test parametrizes another)."""
+    return GPU_NODE
 
 
 @pytest.fixture
@@ -47,9 +64,10 @@ async def pipeline(
     nats_admin: NatsConfig,
     tmp_path_factory: pytest.TempPathFactory,
     kubelet: Kubelet,
+    node_inventory: dict[str, Any],
 ) -> AsyncIterator[Pipeline]:
     workdir = tmp_path_factory.mktemp("agent")
-    (workdir / f"{NODE}.yaml").write_text(yaml.safe_dump(GPU_NODE))
+    (workdir / f"{NODE}.yaml").write_text(yaml.safe_dump(node_inventory))
     p = await start_pipeline(
         workdir,
         kubeconfig,
@@ -84,13 +102,18 @@ async def pipeline(
 
 
 class PlayedKubelet:
-    """Admits the pods bound to ``NODE`` one at a time, in the order it sees them."""
+    """Admits the pods bound to ``NODE`` one at a time, in the order it sees them: each
+    container's calls to the plugins of ``endpoints`` (resource name: socket) it names."""
 
-    def __init__(self, p: Pipeline, k: Kubelet, ns: str, endpoint: str) -> None:
+    def __init__(self, p: Pipeline, k: Kubelet, ns: str, endpoints: dict[str, str]) -> None:
         self.p = p
-        self.channel = k.channel(endpoint)
+        self.channels = {name: k.channel(endpoint) for name, endpoint in endpoints.items()}
         self.ns = ns
         self.handed: dict[str, pb.ContainerAllocateResponse] = {}
+        """Per pod, the answer to its last call."""
+        self.by_container: dict[tuple[str, str], dict[str, str]] = {}
+        """Per (pod, container), the environment its calls handed, merged as the
+        kubelet merges them."""
         self.in_flight_max = 0
         self.seen: set[str] = set()
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -117,9 +140,23 @@ class PlayedKubelet:
             # Bound and not admitted yet, right now (this pod included).
             self.in_flight_max = max(self.in_flight_max, self.queue.qsize() + 1)
             await asyncio.sleep(ADMIT_S)
-            count = int(obj["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
-            (handed,) = (await allocate(self.channel, count)).container_responses
-            self.handed[obj["metadata"]["name"]] = handed
+            name = obj["metadata"]["name"]
+            for container in obj["spec"]["containers"]:
+                for resource, value in container["resources"]["limits"].items():
+                    if resource not in self.channels:
+                        continue
+                    channel = self.channels[resource]
+                    # The API server writes 1000 as "1k"; the kubelet reads the quantity.
+                    ids = parse_whole(value)
+                    (handed,) = (await allocate(channel, ids)).container_responses
+                    self.handed[name] = handed
+                    merged = self.by_container.setdefault((name, container["name"]), {})
+                    for key, env in handed.envs.items():
+                        assert merged.setdefault(key, env) == env, (name, key)
+
+    async def close(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
 
 
 async def test_twenty_pods_bound_at_once_each_get_their_own_limits(
@@ -135,7 +172,7 @@ async def test_twenty_pods_bound_at_once_each_get_their_own_limits(
 
     await eventually(gpu_registered, timeout_s=30, what="nvidia.com/gpu registered")
     ns = await pipeline.namespace()
-    played = PlayedKubelet(pipeline, kubelet, ns, registered["nvidia.com/gpu"])
+    played = PlayedKubelet(pipeline, kubelet, ns, {"nvidia.com/gpu": registered["nvidia.com/gpu"]})
     tasks = [asyncio.create_task(played.watch()), asyncio.create_task(played.admit())]
     try:
         # Four shapes (1-4 devices), five pods each, every pod its own memory size.
@@ -157,7 +194,7 @@ async def test_twenty_pods_bound_at_once_each_get_their_own_limits(
     finally:
         for t in tasks:
             t.cancel()
-        await played.channel.close()
+        await played.close()
 
     for name, (n, memory) in pods.items():
         obj = await pipeline.get(ns, name)
@@ -184,6 +221,82 @@ async def test_twenty_pods_bound_at_once_each_get_their_own_limits(
     assert admitted == len(pods)
     # The agent prepared the host side: the preload file names the library.
     assert (pipeline.workdir / "vgpu/ld.so.preload").read_text() == "/usr/local/vgpu/libvgpu.so\n"
+
+
+@pytest.mark.parametrize("node_inventory", [SHARE_NODE])
+async def test_gpu_share_pods_bound_at_once_each_get_their_own_limits(
+    pipeline: Pipeline, kubelet: Kubelet
+) -> None:
+    registered: dict[str, pb.RegisterRequest] = {}
+    wanted = ("nvidia.com/gpu", "volcano.sh/gpu-memory")
+
+    async def both_registered() -> bool:
+        while not kubelet.registered.empty():
+            r = kubelet.registered.get_nowait()
+            registered[r.resource_name] = r
+        return all(name in registered for name in wanted)
+
+    await eventually(both_registered, timeout_s=30, what="both resources registered")
+    share = registered["volcano.sh/gpu-memory"]
+    assert not share.options.get_preferred_allocation_available
+    ns = await pipeline.namespace()
+    played = PlayedKubelet(pipeline, kubelet, ns, {n: registered[n].endpoint for n in wanted})
+    tasks = [asyncio.create_task(played.watch()), asyncio.create_task(played.admit())]
+    # Volcano gpu-share pods of several sizes, two of one size, and a pod whose first
+    # container asks a count and whose second a gpu-share slice: bound at once.
+    sizes = {"s1": 1000, "s2": 2000, "s3": 3000, "s4": 1500, "twin": 2000}
+    mixed = pod("mixed", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 700})
+    mixed["spec"]["containers"].append(
+        {
+            "name": "side",
+            "image": "busybox",
+            "resources": {"limits": {"volcano.sh/gpu-memory": 300}},
+        }
+    )
+    try:
+        await asyncio.gather(
+            pipeline.create(ns, mixed),
+            *(
+                pipeline.create(ns, pod(name, {"volcano.sh/gpu-memory": units}))
+                for name, units in sizes.items()
+            ),
+        )
+
+        async def all_admitted() -> bool:
+            return len(played.handed) == len(sizes) + 1
+
+        await eventually(all_admitted, timeout_s=90, what="all gpu-share pods admitted")
+    finally:
+        for t in tasks:
+            t.cancel()
+        await played.close()
+
+    for name, units in {**sizes, "mixed": 0}.items():
+        obj = await pipeline.get(ns, name)
+        grants = ann.read_grants(obj["metadata"]["annotations"])
+        assert grants is not None
+        for grant in grants:
+            envs = played.by_container[(name, grant.container)]
+            (device,) = grant.devices
+            assert envs["NVIDIA_VISIBLE_DEVICES"] == device.uuid
+            assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{device.memory_mib}m"
+            assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].endswith(
+                f"{obj['metadata']['uid']}_{grant.container}.cache"
+            )
+        if units:
+            assert grants[0].devices[0].memory_mib == units
+    assert played.by_container[("mixed", "side")]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "300m"
+    log = pipeline.log(f"node-agent@{NODE}")
+    assert log.count("Allocate volcano.sh/gpu-memory") == len(sizes) + 1
+    # The two pods of 2000 MiB were never in flight together (one Allocate could mean
+    # either): the second waited, told why, until the first was admitted.
+    told = [
+        e["message"]
+        for name in ("s2", "twin")
+        for e in await pipeline.events(ns, name)
+        if e["reason"] == "FailedScheduling"
+    ]
+    assert any("another pod asking 2000 gpu-share device(s)" in m for m in told), told
 
 
 async def test_a_restarted_agent_still_hands_over_a_grant_bound_before_it(

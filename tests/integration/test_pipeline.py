@@ -148,7 +148,12 @@ async def test_every_request_kind_is_bound_with_the_right_grant(
     assert "Successfully assigned" in told[0]["message"]
     # Volcano's scheduler name is served too (configured), with the same result
     await pipeline.create(
-        ns, pod("volcano-named", {"volcano.sh/vgpu-memory": 1024}, scheduler="volcano")
+        ns,
+        pod(
+            "volcano-named",
+            {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 1024},
+            scheduler="volcano",
+        ),
     )
     await pipeline.bound(ns, "volcano-named")
 
@@ -179,20 +184,27 @@ async def test_unfittable_pod_waits_with_reasons_then_binds_when_capacity_frees(
     assert placed["spec"]["nodeName"] == "pl-310p"
 
 
-async def test_invalid_pod_gets_an_event_and_a_condition(pipeline: Pipeline, ns: str) -> None:
-    await pipeline.create(ns, pod("typo", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}))
+async def told_invalid(pipeline: Pipeline, ns: str, name: str) -> tuple[str, str]:
+    """The pod's ``PodScheduled=False`` (``InvalidRequest``) message and its Warning
+    ``FailedScheduling`` Event's, once the watcher has written both."""
 
     async def condition() -> dict[str, Any] | None:
-        obj = await pipeline.get(ns, "typo")
+        obj = await pipeline.get(ns, name)
         found = [c for c in obj["status"].get("conditions", []) if c["type"] == "PodScheduled"]
         return found[0] if found else None
 
     cond = await eventually(condition, what="the PodScheduled condition")
     assert (cond["status"], cond["reason"]) == ("False", "InvalidRequest")
-    assert "nvidia.com/gpucores (container main): 150 exceeds 100" in cond["message"]
-    [event] = [e for e in await pipeline.events(ns, "typo") if e["reason"] == "FailedScheduling"]
+    [event] = [e for e in await pipeline.events(ns, name) if e["reason"] == "FailedScheduling"]
     assert event["type"] == "Warning"
-    assert "ask for at most 100" in event["message"]
+    return str(cond["message"]), str(event["message"])
+
+
+async def test_invalid_pod_gets_an_event_and_a_condition(pipeline: Pipeline, ns: str) -> None:
+    await pipeline.create(ns, pod("typo", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}))
+    condition, event = await told_invalid(pipeline, ns, "typo")
+    assert "nvidia.com/gpucores (container main): 150 exceeds 100" in condition
+    assert "ask for at most 100" in event
     big = pod("huge", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 300000})
     await pipeline.create(ns, big)
 
@@ -204,6 +216,36 @@ async def test_invalid_pod_gets_an_event_and_a_condition(pipeline: Pipeline, ns:
     assert "typo" not in pipeline.log("watcher").lower() or "Traceback" not in pipeline.log(
         "watcher"
     )
+
+
+async def test_a_pod_asking_memory_without_a_count_is_told_the_fix_not_placed(
+    pipeline: Pipeline, ns: str
+) -> None:
+    """Without the webhook (none runs here) a container asking only memory would be
+    placed and then get no Allocate from its kubelet: no devices, no limits, and its
+    shape held on the node. It is refused instead, naming the container and the fix."""
+    two = pod("mem-only", {"nvidia.com/gpumem": 2048, "nvidia.com/gpucores": 20})
+    two["spec"]["containers"].append(
+        {
+            "name": "side",
+            "image": "busybox",
+            "resources": {"limits": {"volcano.sh/vgpu-memory-percentage": 10}},
+        }
+    )
+    await pipeline.create(ns, two)
+    condition, message = await told_invalid(pipeline, ns, "mem-only")
+    assert message == condition
+    assert message.startswith(
+        "invalid device request: nvidia.com/gpumem (container main): nvidia.com/gpumem, "
+        "nvidia.com/gpucores without a device count"
+    )
+    assert "add nvidia.com/gpu: 1 (Tessera's admission webhook adds it" in message
+    assert (
+        "volcano.sh/vgpu-memory-percentage (container side): volcano.sh/vgpu-memory-percentage "
+        "without a device count" in message
+    )
+    assert "add volcano.sh/vgpu-number: 1" in message
+    assert not (await pipeline.get(ns, "mem-only"))["spec"].get("nodeName")
 
 
 async def test_deleting_a_pod_frees_its_grant(pipeline: Pipeline, ns: str) -> None:
@@ -241,7 +283,7 @@ async def test_external_subscriber_sees_decided_then_bound_and_the_schema_valida
     try:
         names = [f"ext-{i}" for i in range(3)]
         for name in names:
-            await pipeline.create(ns, pod(name, {"nvidia.com/gpumem": 2048}))
+            await pipeline.create(ns, pod(name, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2048}))
         uids = {(await pipeline.bound(ns, n))["metadata"]["uid"] for n in names}
 
         async def both() -> bool:
@@ -270,7 +312,10 @@ async def test_killing_the_allocator_mid_stream_double_books_nothing(
 ) -> None:
     names = [f"burst-{i}" for i in range(24)]
     creating = asyncio.gather(
-        *(pipeline.create(ns, pod(n, {"nvidia.com/gpumem": 30000})) for n in names)
+        *(
+            pipeline.create(ns, pod(n, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 30000}))
+            for n in names
+        )
     )
     await asyncio.sleep(0.3)
     pipeline.kill("device-allocator")  # restarted by its keeper, as a kubelet would
@@ -308,10 +353,10 @@ async def test_a_pod_with_a_600_kb_variable_is_placed_and_the_watcher_stays_up(
 ) -> None:
     """Regression: one watch event over 512 KiB stopped the watcher (aiohttp's line
     limit), and it died again on each restart: any user could stop all scheduling."""
-    big = pod("big-env", {"nvidia.com/gpumem": 1024})
+    big = pod("big-env", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024})
     big["spec"]["containers"][0]["env"] = [{"name": "BLOB", "value": "x" * 600_000}]
     await pipeline.create(ns, big)
     await pipeline.bound(ns, "big-env")
-    await pipeline.create(ns, pod("after-it", {"nvidia.com/gpumem": 1024}))
+    await pipeline.create(ns, pod("after-it", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}))
     await pipeline.bound(ns, "after-it")
     assert not [r for r in pipeline.restarts if r.startswith("watcher")]

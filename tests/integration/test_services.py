@@ -139,7 +139,7 @@ async def test_one_trace_spans_the_four_services_for_one_pod(
 ) -> None:
     memory, p = traced
     ns = await p.namespace()
-    created = await p.create(ns, pod("traced", {"nvidia.com/gpumem": 4096}))
+    created = await p.create(ns, pod("traced", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096}))
     await p.bound(ns, "traced")
     uid = created["metadata"]["uid"]
 

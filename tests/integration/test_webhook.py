@@ -153,6 +153,53 @@ async def test_a_pod_asking_for_gpu_memory_gets_tesseras_scheduler(
     assert plain["spec"]["schedulerName"] == "default-scheduler"
 
 
+async def test_a_container_asking_memory_or_cores_gets_the_count_the_kubelet_allocates_by(
+    webhook: dict[str, Any], api: kube.Client, kubeconfig: Path
+) -> None:
+    """HAMi's and Volcano's users leave the count to ``defaultGPUNum``; the kubelet calls
+    the device plugin only for a registered name the container asks for, so the webhook
+    writes the count (limits and requests, which the API server wants equal)."""
+    ns = await _namespace(api, LABEL)
+    pod = _pod("mem-only", {"nvidia.com/gpumem": 2048})
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "fetch",
+            "image": "busybox",
+            "resources": {
+                "limits": {"volcano.sh/vgpu-memory": 1024, "cpu": "1"},
+                "requests": {"volcano.sh/vgpu-memory": 1024, "cpu": "500m"},
+            },
+        }
+    ]
+    pod["spec"]["containers"].append(
+        {
+            "name": "counted",
+            "image": "busybox",
+            "resources": {"limits": {"nvidia.com/gpu": 2, "nvidia.com/gpucores": 10}},
+        }
+    )
+    created = await kube.request(api, "POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    [fetch] = created["spec"]["initContainers"]
+    main, counted = created["spec"]["containers"]
+    assert fetch["resources"]["limits"]["volcano.sh/vgpu-number"] == "1"
+    assert fetch["resources"]["requests"]["volcano.sh/vgpu-number"] == "1"
+    assert fetch["resources"]["requests"]["cpu"] == "500m"  # the rest as written
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert main["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert counted["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    # kubectl apply of a pod asking cores alone, for Volcano's scheduler name: accepted
+    # (the validating webhook sees the count the mutating one added).
+    cores = _pod("cores-only", {"volcano.sh/vgpu-cores": 30})
+    cores["spec"]["schedulerName"] = "volcano"
+    proc = _apply(kubeconfig, ns, cores)
+    assert proc.returncode == 0, proc.stderr
+    applied = await kube.request(api, "GET", f"/api/v1/namespaces/{ns}/pods/cores-only")
+    assert applied["spec"]["containers"][0]["resources"]["limits"] == {
+        "volcano.sh/vgpu-cores": "30",
+        "volcano.sh/vgpu-number": "1",
+    }
+
+
 async def test_an_invalid_request_is_refused_at_kubectl_apply_with_the_watchers_message(
     webhook: dict[str, Any], api: kube.Client, kubeconfig: Path
 ) -> None:

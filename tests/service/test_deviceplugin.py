@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
 
 from services.node_agent.deviceplugin import api_pb2 as pb
-from services.node_agent.deviceplugin.server import Desk, ResourceServer
+from services.node_agent.deviceplugin.server import Desk, ResourceServer, list_size
 from services.node_agent.resources import count_resources
 from shared.config import Config, NodeAgentConfig
+from shared.config import parse as parse_config
 from shared.core.model import (
     ContainerGrant,
     DeviceGrant,
@@ -36,14 +38,13 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 
 
 def gpu(i: int, **kw: object) -> DeviceInfo:
+    fields: dict[str, object] = {"memory_mib": 81920, "numa": i // 2, **kw}
     return DeviceInfo(
         uuid=DeviceUUID(f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd"),
         index=i,
         vendor="nvidia",
         model=A100,
-        memory_mib=81920,
-        numa=i // 2,
-        **kw,  # type: ignore[arg-type]
+        **fields,  # type: ignore[arg-type]
     )
 
 
@@ -71,21 +72,38 @@ class Plugin:
 
 
 async def start_plugin(
-    kubelet: Kubelet, devices: tuple[DeviceInfo, ...], cfg: Config | None = None, resource: int = 0
+    kubelet: Kubelet,
+    devices: tuple[DeviceInfo, ...],
+    cfg: Config | None = None,
+    resource: int | str = 0,
+    desk: Desk | None = None,
 ) -> Plugin:
     cfg = cfg or Config(
         node_agent=NodeAgentConfig(device_plugin_dir=str(kubelet.directory), admission_wait_s=1.0)
     )
-    desk = Desk()
+    desk = desk or Desk()
     admitted: list[PodRef] = []
 
     async def on_admitted(p: PodRef) -> None:
         admitted.append(p)
 
-    res = count_resources(cfg, NODE, devices)[resource]
+    resources = count_resources(cfg, NODE, devices)
+    if isinstance(resource, str):
+        [res] = [r for r in resources if r.name == resource]
+    else:
+        res = resources[resource]
     server = ResourceServer(cfg, NODE, res, desk, lambda: {d.uuid: d for d in devices}, on_admitted)
     await server.start()
     return Plugin(server, desk, admitted, kubelet.channel(server.socket.name))
+
+
+def list_and_watch(channel: grpc.aio.Channel) -> Any:
+    """The kubelet's ListAndWatch stream of a plugin: ``read()`` each device list."""
+    return channel.unary_stream(
+        "/v1beta1.DevicePlugin/ListAndWatch",
+        request_serializer=pb.Empty.SerializeToString,
+        response_deserializer=pb.ListAndWatchResponse.FromString,
+    )(pb.Empty())
 
 
 async def test_registers_and_streams_a_health_change(kubelet: Kubelet) -> None:
@@ -100,11 +118,7 @@ async def test_registers_and_streams_a_health_change(kubelet: Kubelet) -> None:
         )
         assert req.options.get_preferred_allocation_available
 
-        stream = plugin.channel.unary_stream(
-            "/v1beta1.DevicePlugin/ListAndWatch",
-            request_serializer=pb.Empty.SerializeToString,
-            response_deserializer=pb.ListAndWatchResponse.FromString,
-        )(pb.Empty())
+        stream = list_and_watch(plugin.channel)
         first = await asyncio.wait_for(stream.read(), 5)
         assert len(first.devices) == 20  # 2 cards x deviceSplitCount 10
         assert {d.health for d in first.devices} == {"Healthy"}
@@ -304,5 +318,120 @@ async def test_a_kubelet_restart_is_followed_by_a_new_registration(kubelet: Kube
         assert options.get_preferred_allocation_available
     finally:
         supervisor.cancel()
+        await plugin.channel.close()
+        await plugin.server.stop()
+
+
+def agent_config(kubelet: Kubelet, **devices: object) -> Config:
+    """The config of a node whose kubelet plays in ``kubelet``'s directory."""
+    return parse_config(
+        {
+            "devices": devices,
+            "nodeAgent": {"devicePluginDir": str(kubelet.directory), "admissionWaitS": 1.0},
+        }
+    )
+
+
+async def test_gpu_share_memory_is_served_one_id_per_unit_and_allocated_by_units(
+    kubelet: Kubelet,
+) -> None:
+    cards = (gpu(0, memory_mib=4096), gpu(1, memory_mib=2048))
+    cfg = agent_config(kubelet)
+    desk = Desk()
+    share = await start_plugin(kubelet, cards, cfg, "volcano.sh/gpu-memory", desk)
+    count = await start_plugin(kubelet, cards, cfg, "nvidia.com/gpu", desk)
+    try:
+        req = await asyncio.wait_for(kubelet.registered.get(), 5)
+        assert req.resource_name == "volcano.sh/gpu-memory"
+        # Its free IDs would not fit in a GetPreferredAllocation request: not offered.
+        assert not req.options.get_preferred_allocation_available
+        stream = list_and_watch(share.channel)
+        listed = await asyncio.wait_for(stream.read(), 5)
+        stream.cancel()
+        # One ID per MiB of each card: what the Node's capacity says.
+        assert len(listed.devices) == 4096 + 2048
+        assert list_size(share.server.resource) == listed.ByteSize()  # weighed unbuilt
+        assert listed.devices[0].ID == "0-0"
+        assert {d.ID.split("-")[0] for d in listed.devices} == {"0", "1"}
+
+        # Three gpu-share pods bound at once and a counted one of the same number: each
+        # Allocate is matched by its resource and its number of IDs.
+        bound = {"a": (1000, cards[0]), "b": (2000, cards[0]), "c": (1, cards[1])}
+        for name, (units, card) in bound.items():
+            grant = ContainerGrant(container="main", devices=(sliced(card, units, 0, units=units),))
+            await desk.bound(pod(name), (grant,))
+        await desk.bound(
+            pod("counted"),
+            (ContainerGrant(container="main", devices=(sliced(cards[1], 512, 20),)),),
+        )
+        (c,) = (await allocate(count.channel, 1)).container_responses
+        assert c.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "512m"
+        for name in ("b", "c", "a"):
+            units, card = bound[name]
+            (c,) = (await allocate(share.channel, units)).container_responses
+            assert c.envs["NVIDIA_VISIBLE_DEVICES"] == card.uuid
+            assert c.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{units}m"
+            assert c.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].endswith(f"uid-{name}_main.cache")
+        assert [p.name for p in share.admitted] == ["b", "c", "a"]
+        assert [p.name for p in count.admitted] == ["counted"]
+    finally:
+        for plugin in (share, count):
+            await plugin.channel.close()
+            await plugin.server.stop()
+
+
+async def test_a_gpu_share_list_the_kubelet_could_not_read_is_not_registered(
+    kubelet: Kubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    cards = (gpu(0), gpu(1), gpu(2))  # 3 x 81920 MiB: 245760 IDs, too many
+    plugin = await start_plugin(kubelet, cards, agent_config(kubelet), "volcano.sh/gpu-memory")
+    try:
+        assert plugin.server.registrations == 0
+        assert kubelet.registered.empty()
+        assert "set devices.nvidia.gpuMemoryFactor (one ID per that many MiB) to at least 2" in (
+            caplog.text
+        )
+    finally:
+        await plugin.channel.close()
+        await plugin.server.stop()
+    # One ID per 16 MiB: 5120 per card, registered.
+    cfg = agent_config(kubelet, nvidia={"gpuMemoryFactor": 16})
+    plugin = await start_plugin(kubelet, cards, cfg, "volcano.sh/gpu-memory")
+    try:
+        req = await asyncio.wait_for(kubelet.registered.get(), 5)
+        assert req.resource_name == "volcano.sh/gpu-memory"
+        assert sum(n for _, n in plugin.server.resource.devices) == 3 * 5120
+    finally:
+        await plugin.channel.close()
+        await plugin.server.stop()
+
+
+async def test_mindcluster_npu_core_is_served_one_id_per_ai_core(kubelet: Kubelet) -> None:
+    cards = tuple(
+        DeviceInfo(
+            uuid=DeviceUUID(f"ASCEND-{i}"),
+            index=i,
+            vendor="ascend",
+            model="Ascend310P3",
+            chip="310P3",
+            memory_mib=21527,
+        )
+        for i in range(2)
+    )
+    plugin = await start_plugin(kubelet, cards, agent_config(kubelet), "huawei.com/npu-core")
+    try:
+        req = await asyncio.wait_for(kubelet.registered.get(), 5)
+        assert req.resource_name == "huawei.com/npu-core"
+        assert sum(n for _, n in plugin.server.resource.devices) == 16
+        template = DeviceGrant(
+            uuid=cards[1].uuid, index=1, vendor="ascend", vnpu_template="vir04", units=4
+        )
+        await plugin.desk.bound(
+            pod("vnpu"), (ContainerGrant(container="npu", devices=(template,)),)
+        )
+        (c,) = (await allocate(plugin.channel, 4)).container_responses
+        assert dict(c.envs) == {"ASCEND_VISIBLE_DEVICES": "1", "ASCEND_VNPU_SPECS": "vir04"}
+        assert plugin.admitted == [pod("vnpu")]
+    finally:
         await plugin.channel.close()
         await plugin.server.stop()

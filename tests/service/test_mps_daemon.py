@@ -1,17 +1,17 @@
-"""The node agent's MPS control daemon supervisor (services/node_agent/mps.py), run
-against tests/fakes/nvidia-cuda-mps-control: a real process that daemonizes, answers the
-control commands from a file the test writes, and records how it was started."""
+"""One MPS control daemon per card: the supervisor that runs them
+(services/node_agent/mps/supervisor.py) and the agent's reader of their state
+(services/node_agent/mps/reader.py), against tests/fakes/nvidia-cuda-mps-control: real
+processes that daemonize per pipe directory, serve one user at a time, and record how
+they were started (tests/mpsfake.py drives them)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 import os
+import shutil
 import signal
 import stat
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import msgspec
@@ -19,74 +19,88 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.node_agent import metrics as m
-from services.node_agent.mps import (
-    MpsDaemon,
-    MpsReport,
-    mps_cards,
-    parse_device_clients,
-    with_state,
-)
-from shared.config import Config, MpsConfig
-from shared.core.model import DeviceInfo, DeviceUUID
+from services.node_agent.mps import card_dirs, mps_cards
+from services.node_agent.mps.control import Once
+from services.node_agent.mps.reader import MpsReader, MpsReport, with_state
+from services.node_agent.mps.supervisor import Supervisor
+from shared.config import Config, MpsConfig, NodeAgentConfig
+from shared.core.model import DeviceInfo, DeviceUUID, NodeName
 from shared.metrics import Metrics
-from tests.helpers import eventually
+from tests.mpsfake import FAKE, FakeClient, daemon_up, need_unshare, starts, unshare_missing
 
-FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
 A, B = DeviceUUID("GPU-aaaa1111"), DeviceUUID("GPU-bbbb2222")
+NODE = NodeName("gpu-0")
 INTERVAL = 0.1
-CARDS = tuple(
-    DeviceInfo(uuid=u, index=i, vendor="nvidia", model="NVIDIA-H100", memory_mib=81920)
-    for i, u in enumerate((A, B))
-)
+
+
+def card(uuid: DeviceUUID, index: int, mode: str = "mps") -> DeviceInfo:
+    return msgspec.convert(
+        {"uuid": uuid, "index": index, "vendor": "nvidia", "model": "NVIDIA-H100"}
+        | {"memory_mib": 81920, "mode": mode},
+        DeviceInfo,
+    )
+
+
+CARDS = (card(A, 0), card(B, 1))
+
+
+class Devices:
+    """The node's devices as the supervisor reads them (an InventorySource); a test edits
+    ``devices`` as an operator changes a card's mode."""
+
+    def __init__(self, devices: tuple[DeviceInfo, ...]) -> None:
+        self.devices = devices
+
+    def read(self) -> tuple[DeviceInfo, ...]:
+        return self.devices
+
+    def usage(self) -> dict[str, tuple[int, float]]:
+        return {}
+
+    def close(self) -> None:
+        return None
 
 
 @pytest.fixture
 def mps(tmp_path: Path) -> Iterator[MpsConfig]:
-    """The fake as the control binary, pipe and log directories in ``tmp_path``; any
-    fake daemon still running at the end is killed."""
+    """The fake as the control binary, the card directories in ``tmp_path``; each daemon
+    in its own mount namespace where this machine can make one. Removing the directories
+    at the end ends every fake daemon and client (they watch their pipe directory)."""
     cfg = MpsConfig(
         control_command=str(FAKE),
-        pipe_host_dir=str(tmp_path / "mps" / "pipe"),
-        log_host_dir=str(tmp_path / "mps" / "log"),
+        host_dir=str(tmp_path / "mps"),
         check_interval_s=INTERVAL,
+        private_shm=unshare_missing() is None,
     )
     yield cfg
-    pid = daemon_pid(cfg)
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(cfg.host_dir, ignore_errors=True)
 
 
-def daemon_pid(cfg: MpsConfig) -> int | None:
-    """The fake daemon's PID while it runs (a zombie counts as gone)."""
-    try:
-        pid = int((Path(cfg.pipe_host_dir) / "fake-daemon.pid").read_text())
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, ValueError):
-        return None
-    return None if state in ("Z", "X") else pid
+@pytest.fixture
+async def clients() -> AsyncIterator[list[FakeClient]]:
+    """Fake clients a test starts (appended here), stopped at its end."""
+    started: list[FakeClient] = []
+    yield started
+    for c in started:
+        await c.stop()
 
 
-def starts(cfg: MpsConfig) -> list[dict[str, object]]:
-    """Every start of the fake daemon: its PID and environment."""
-    path = Path(cfg.pipe_host_dir) / "fake-daemon.log"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def supervisor(mps: MpsConfig, devices: Devices) -> Supervisor:
+    return Supervisor(Config(node_agent=NodeAgentConfig(mps=mps)), NODE, devices)
 
 
-def mode_of(path: str) -> int | None:
-    """A directory's permission bits, or None when it does not exist."""
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return None
+def pipe(mps: MpsConfig, uuid: DeviceUUID) -> Path:
+    return card_dirs(mps, uuid).pipe
 
 
-def clients(cfg: MpsConfig, servers: dict[str, dict[str, list[int]]], **modes: str) -> None:
-    (Path(cfg.pipe_host_dir) / "fake-clients.json").write_text(
-        json.dumps({"servers": servers, **modes})
-    )
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def listed(directory: str) -> list[str] | None:
+    """The names in ``directory``, sorted; None when it does not exist."""
+    path = Path(directory)
+    return sorted(p.name for p in path.iterdir()) if path.exists() else None
 
 
 def warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
@@ -97,250 +111,281 @@ def warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     ]
 
 
-async def test_it_starts_the_daemon_for_the_mps_cards_with_its_directories(
-    mps: MpsConfig,
+async def join(clients: list[FakeClient], mps: MpsConfig, uuid: DeviceUUID, uid: int) -> FakeClient:
+    client = await FakeClient.start(pipe(mps, uuid), uid)
+    clients.append(client)
+    return client
+
+
+# --- the supervisor -----------------------------------------------------------------------
+
+
+async def test_each_mps_card_gets_a_daemon_of_its_own(mps: MpsConfig) -> None:
+    await supervisor(mps, Devices(CARDS)).check()
+    for uuid in (A, B):
+        dirs = card_dirs(mps, uuid)
+        (started,) = starts(dirs.pipe)
+        assert started["env"] == {
+            "CUDA_VISIBLE_DEVICES": uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(dirs.log),
+        }
+        assert daemon_up(dirs.pipe)
+        # Clients of every UID reach the pipes and share the memory directory.
+        assert mode_of(dirs.pipe) == 0o777
+        assert mode_of(dirs.shm) == 0o1777
+        assert dirs.log.is_dir()
+    assert listed(mps.host_dir) == [A, B]
+
+
+async def test_two_users_are_served_at_once_on_two_cards(
+    mps: MpsConfig, clients: list[FakeClient]
 ) -> None:
-    daemon = MpsDaemon(mps, "gpu-0", [A, B])
-    await daemon.start()
-    assert daemon.state() == MpsReport("running", {A: 0, B: 0})
-    assert daemon.up
-    (started,) = starts(mps)
-    assert started["env"] == {
-        "CUDA_VISIBLE_DEVICES": f"{A},{B}",
-        "CUDA_MPS_PIPE_DIRECTORY": mps.pipe_host_dir,
-        "CUDA_MPS_LOG_DIRECTORY": mps.log_host_dir,
-    }
-    assert started["pid"] == daemon_pid(mps)
-    # Clients of every UID reach the pipes.
-    assert mode_of(mps.pipe_host_dir) == 0o777
-    assert mode_of(mps.log_host_dir) is not None
-    assert (Path(mps.pipe_host_dir) / "tessera-cards").read_text().split() == [A, B]
+    """A daemon serves one user at a time for every card it controls: with one daemon per
+    card, a user on each card runs at once; a second user on one card still waits."""
+    await supervisor(mps, Devices(CARDS)).check()
+    first = await join(clients, mps, A, 1000)
+    await first.reaches("ready")
+    other_card = await join(clients, mps, B, 2000)
+    await other_card.reaches("ready")
+    same_card = await join(clients, mps, A, 2000)
+    await same_card.reaches("pending")
+    await first.stop()
+    await same_card.reaches("ready")
 
 
-async def killed_daemon(mps: MpsConfig) -> tuple[MpsDaemon, int]:
-    """A supervisor whose daemon was started, then SIGKILLed; and the dead one's pid."""
-    daemon = MpsDaemon(mps, "gpu-0", [A])
-    await daemon.start()
-    first = daemon_pid(mps)
-    assert first is not None
-    os.kill(first, signal.SIGKILL)
-    return daemon, first
+async def test_each_daemon_uses_its_cards_shm_directory_as_dev_shm(mps: MpsConfig) -> None:
+    """An MPS server and its clients share memory in /dev/shm: the daemon's is the card's
+    shm directory, the one its client containers get at /dev/shm."""
+    need_unshare()
+    assert mps.private_shm
+    await supervisor(mps, Devices(CARDS)).check()
+    for uuid in (A, B):
+        dirs = card_dirs(mps, uuid)
+        (started,) = starts(dirs.pipe)
+        seen = os.stat(dirs.shm)
+        assert started["shm"] == [seen.st_dev, seen.st_ino]
+    host = os.stat("/dev/shm")  # the supervisor's own is left alone
+    assert [host.st_dev, host.st_ino] != starts(pipe(mps, A))[0]["shm"]
 
 
-async def test_a_dead_daemon_is_started_again(mps: MpsConfig) -> None:
-    daemon, first = await killed_daemon(mps)
-    changes = 0
-
-    async def changed() -> None:
-        nonlocal changes
-        changes += 1
-
-    async def restarted() -> int | None:
-        pid = daemon_pid(mps)
-        return pid if pid != first else None
-
-    loop = asyncio.create_task(daemon.supervise(changed))
-    try:  # generous for a loaded machine: test_one_round_is_enough_to_restart counts rounds
-        again = await eventually(restarted, timeout_s=10, interval_s=INTERVAL / 2, what="restart")
-    finally:
-        loop.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop
-    assert again != first
-    assert [s["pid"] for s in starts(mps)] == [first, again]
-    assert daemon.state() == MpsReport("running", {A: 0})
-    assert changes == 0  # it was running before and after
+async def test_a_dead_daemon_is_started_again_alone(mps: MpsConfig) -> None:
+    sup = supervisor(mps, Devices(CARDS))
+    await sup.check()
+    (dead,) = starts(pipe(mps, A))
+    os.kill(dead["pid"], signal.SIGKILL)
+    await sup.check()
+    first, again = starts(pipe(mps, A))
+    assert first["pid"] == dead["pid"] != again["pid"]
+    assert daemon_up(pipe(mps, A))
+    assert len(starts(pipe(mps, B))) == 1  # the other card's daemon was left alone
 
 
-async def test_one_round_is_enough_to_restart(mps: MpsConfig) -> None:
-    daemon, first = await killed_daemon(mps)
-    await daemon.check()
-    assert daemon_pid(mps) not in (None, first)
-    assert len(starts(mps)) == 2
-
-
-async def test_a_restarted_agent_adopts_the_running_daemon(
+async def test_a_restarted_supervisor_adopts_the_running_daemons(
     mps: MpsConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await MpsDaemon(mps, "gpu-0", [A]).start()
-    pid = daemon_pid(mps)
-    clients(mps, {"4242": {A: [101]}})
+    await supervisor(mps, Devices(CARDS)).check()
     caplog.set_level(logging.INFO)
-    again = MpsDaemon(mps, "gpu-0", [A])  # the next run of the agent
-    await again.start()
-    assert daemon_pid(mps) == pid
-    assert len(starts(mps)) == 1
-    assert again.state() == MpsReport("running", {A: 1})
-    assert any("adopted the running MPS control daemon" in r.getMessage() for r in caplog.records)
+    await supervisor(mps, Devices(CARDS)).check()  # the next run of the supervisor
+    assert [len(starts(pipe(mps, u))) for u in (A, B)] == [1, 1]
+    adopted = [r.getMessage() for r in caplog.records if "adopted" in r.getMessage()]
+    assert len(adopted) == 2
 
 
-async def test_an_adopted_daemon_for_other_cards_is_restarted_only_when_idle(
-    mps: MpsConfig,
+async def test_a_card_leaving_mps_mode_stops_its_daemon_once_idle(
+    mps: MpsConfig, clients: list[FakeClient], caplog: pytest.LogCaptureFixture
 ) -> None:
-    await MpsDaemon(mps, "gpu-0", [A]).start()
-    pid = daemon_pid(mps)
-    clients(mps, {"4242": {A: [101]}})
-    daemon = MpsDaemon(mps, "gpu-0", [A, B])  # B was set to mps since
-    await daemon.start()
-    assert daemon_pid(mps) == pid  # a client runs: kept
-    assert daemon.state().waiting == {B}  # B is offered to no MPS pod meanwhile
-    assert [d.mps for d in with_state(CARDS, daemon.state())] == ["running", "unavailable"]
-    clients(mps, {})
-    await daemon.check()
-    assert daemon_pid(mps) not in (None, pid)
-    assert starts(mps)[-1]["env"]["CUDA_VISIBLE_DEVICES"] == f"{A},{B}"  # type: ignore[index]
-    assert daemon.state() == MpsReport("running", {A: 0, B: 0})
-    assert [d.mps for d in with_state(CARDS, daemon.state())] == ["running", "running"]
-
-
-async def test_no_binary_makes_the_cards_unavailable_with_one_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    cfg = MpsConfig(
-        control_command="tessera-no-such-mps-control",
-        pipe_host_dir=str(tmp_path / "pipe"),
-        log_host_dir=str(tmp_path / "log"),
-        check_interval_s=INTERVAL,
-    )
-    daemon = MpsDaemon(cfg, "gpu-0", [A, B])
-    await daemon.start()
-    for _ in range(3):
-        assert not await daemon.check()
-    assert daemon.state() == MpsReport("unavailable", {A: 0, B: 0})
-    assert not daemon.up
-    assert warnings(caplog, "set to mps") == [
-        "node gpu-0: 2 card(s) set to mps but no tessera-no-such-mps-control on the PATH: "
-        "they are offered to no MPS pod"
-    ]
-    assert mode_of(cfg.pipe_host_dir) is None
-
-
-async def test_the_daemon_stops_when_no_card_is_in_mps_mode_and_no_client_is_left(
-    mps: MpsConfig,
-) -> None:
-    daemon = MpsDaemon(mps, "gpu-0", [A])
-    await daemon.start()
-    pid = daemon_pid(mps)
-    clients(mps, {"4242": {A: [101, 102]}})
-    assert not await daemon.stop_if_idle()  # a card is still in mps mode
-    daemon.set_cards([])
-    assert not await daemon.stop_if_idle()  # clients remain
-    await daemon.check()
-    assert daemon_pid(mps) == pid
-    clients(mps, {"4242": {A: []}})  # the server is idle
-    await daemon.check()
-    assert daemon_pid(mps) is None
-    assert daemon.state() == MpsReport()
-    assert not daemon.up
-    await daemon.check()  # nothing left to do: no new start
-    assert len(starts(mps)) == 1
+    devices = Devices(CARDS)
+    sup = supervisor(mps, devices)
+    await sup.check()
+    client = await join(clients, mps, A, 1000)
+    await client.reaches("ready")
+    devices.devices = (card(A, 0, mode="hami-core"), CARDS[1])
+    for _ in range(2):
+        await sup.check()
+    assert daemon_up(pipe(mps, A))  # a client runs: kept
+    assert len(warnings(caplog, "stops once its clients are gone")) == 1
+    await client.stop()
+    await sup.check()
+    assert not daemon_up(pipe(mps, A))
+    assert daemon_up(pipe(mps, B))
+    await sup.check()  # nothing left to do for A: no new start
+    assert len(starts(pipe(mps, A))) == 1
+    assert list(sup.daemons) == [B]
 
 
 async def test_a_daemon_left_by_a_previous_run_stops_when_idle(mps: MpsConfig) -> None:
-    await MpsDaemon(mps, "gpu-0", [A]).start()
-    assert daemon_pid(mps) is not None
-    await MpsDaemon(mps, "gpu-0", []).start()  # the node is in another mode now
-    assert daemon_pid(mps) is None
+    await supervisor(mps, Devices(CARDS)).check()
+    await supervisor(mps, Devices(())).check()  # the node is in another mode now
+    assert not daemon_up(pipe(mps, A))
+    assert not daemon_up(pipe(mps, B))
 
 
-async def test_clients_are_counted_per_card(mps: MpsConfig) -> None:
-    daemon = MpsDaemon(mps, "gpu-0", [A, B])
-    await daemon.start()
-    clients(mps, {"4242": {A: [101, 102], B: [103]}, "4343": {A: [201]}})
-    assert await daemon.check()
-    assert daemon.state() == MpsReport("running", {A: 3, B: 1})
-    assert not await daemon.check()
-
-
-async def test_without_the_device_list_clients_are_counted_per_server(mps: MpsConfig) -> None:
-    two = MpsDaemon(mps, "gpu-0", [A, B])
-    await two.start()
-    clients(mps, {"4242": {A: [101], B: [102]}}, device_list="unknown")
-    await two.check()
-    # Which card a server's client uses is not said: each card reports all of them.
-    assert two.state() == MpsReport("running", {A: 2, B: 2})
-    one = MpsDaemon(mps, "gpu-0", [A])  # exact with one card
-    clients(mps, {"4242": {A: [101, 102]}, "4343": {A: [201]}}, device_list="unknown")
-    await one.start()
-    assert one.state() == MpsReport("running", {A: 3})
-
-
-async def test_unreadable_client_lists_report_zero_and_warn_once(
+async def test_devices_that_cannot_be_read_stop_no_daemon(
     mps: MpsConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    daemon = MpsDaemon(mps, "gpu-0", [A])
-    await daemon.start()
-    clients(mps, {"4242": {A: [101]}}, device_list="garbage", client_list="garbage")
+    devices = Devices(CARDS[:1])
+    sup = supervisor(mps, devices)
+    await sup.check()
+
+    def broken() -> tuple[DeviceInfo, ...]:
+        raise RuntimeError("NVML: driver/library version mismatch")
+
+    devices.read = broken  # type: ignore[method-assign]
     for _ in range(3):
-        await daemon.check()
-    assert daemon.state() == MpsReport("running", {A: 0})
-    assert len(warnings(caplog, "get_device_client_list")) == 1
-    assert len(warnings(caplog, "cannot read the clients")) == 1
-    # Clients it cannot count keep the daemon when the node leaves mps mode.
-    daemon.set_cards([])
-    assert not await daemon.stop_if_idle()
-    assert daemon_pid(mps) is not None
+        await sup.check()
+    assert daemon_up(pipe(mps, A))
+    assert len(starts(pipe(mps, A))) == 1
+    assert len(warnings(caplog, "cannot read the devices")) == 1
+
+
+async def test_no_binary_warns_once_and_makes_no_directory(
+    mps: MpsConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = msgspec.structs.replace(mps, control_command="tessera-no-such-mps-control")
+    sup = supervisor(cfg, Devices(CARDS))
+    reader = MpsReader(cfg, NODE, [A, B])
+    for _ in range(3):
+        await sup.check()
+        await reader.check()
+    assert reader.state() == MpsReport({A: "unavailable", B: "unavailable"}, {A: 0, B: 0})
+    assert warnings(caplog, "no tessera-no-such-mps-control") == [
+        "node gpu-0: 2 card(s) set to mps but no tessera-no-such-mps-control on the PATH: no "
+        "MPS daemon runs",
+        "node gpu-0: 2 card(s) set to mps but no tessera-no-such-mps-control on the agent's "
+        "PATH: they are offered to no MPS pod",
+    ]
+    assert listed(cfg.host_dir) is None
 
 
 async def test_a_daemon_that_will_not_start_is_unavailable(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    mps: MpsConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     broken = tmp_path / "nvidia-cuda-mps-control"
     broken.write_text("#!/bin/sh\necho 'no GPU here' >&2\nexit 3\n")
     broken.chmod(0o755)
-    cfg = MpsConfig(
-        control_command=str(broken),
-        pipe_host_dir=str(tmp_path / "pipe"),
-        log_host_dir=str(tmp_path / "log"),
-        check_interval_s=INTERVAL,
-    )
-    daemon = MpsDaemon(cfg, "gpu-0", [A])
-    await daemon.start()
-    await daemon.check()
-    assert daemon.state() == MpsReport("unavailable", {A: 0})
+    cfg = msgspec.structs.replace(mps, control_command=str(broken))
+    sup = supervisor(cfg, Devices(CARDS[:1]))
+    for _ in range(2):
+        await sup.check()
     (line,) = warnings(caplog, "cannot start the MPS control daemon")
-    assert "exited with 3: no GPU here" in line
+    assert "exit 3: no GPU here" in line
+    reader = MpsReader(cfg, NODE, [A])
+    await reader.check()
+    assert reader.state().states == {A: "unavailable"}
 
 
-def test_device_client_lists_are_parsed_in_either_layout() -> None:
-    assert parse_device_clients(f"{A}\n  101\n  102\n{B}\n") == {A: {101, 102}, B: set()}
-    assert parse_device_clients(f"{A}: 101, 102\n{B}: 103\n") == {A: {101, 102}, B: {103}}
-    assert parse_device_clients("Device 1:\n7\n", order=[A, B]) == {B: {7}}
-    assert parse_device_clients("") == {}
-    assert parse_device_clients("101\n") is None  # a PID of no device
-    assert parse_device_clients(f"{A}\nPID 101\n") is None
-    assert parse_device_clients("Device 3:\n7\n", order=[A]) is None
+# --- the agent's reader ----------------------------------------------------------------
 
 
-def test_the_inventory_carries_the_state_on_the_mps_cards_only() -> None:
-    cards = CARDS
+async def test_the_agent_reads_each_cards_state_and_clients(
+    mps: MpsConfig, clients: list[FakeClient]
+) -> None:
+    await supervisor(mps, Devices(CARDS)).check()
+    reader = MpsReader(mps, NODE, [A, B])
+    await reader.start()
+    assert reader.state() == MpsReport({A: "running", B: "running"}, {A: 0, B: 0})
+    for uuid, uid in ((A, 1000), (A, 1000), (B, 1000)):
+        await (await join(clients, mps, uuid, uid)).reaches("ready")
+    await (await join(clients, mps, B, 2000)).reaches("pending")  # not served yet
+    assert await reader.check()
+    assert reader.state() == MpsReport({A: "running", B: "running"}, {A: 2, B: 1})
+    assert not await reader.check()
+    reader.set_cards([B])  # A left mps mode: not reported any more
+    assert reader.state() == MpsReport({B: "running"}, {B: 1})
+
+
+async def test_the_agent_never_starts_a_daemon(
+    mps: MpsConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No supervisor on the node: the agent reports the card unavailable, says where the
+    daemon should come from, and starts none (a daemon it started would die with it)."""
+    reader = MpsReader(mps, NODE, [A])
+    for _ in range(3):
+        await reader.check()
+    assert reader.state() == MpsReport({A: "unavailable"}, {A: 0})
+    assert not starts(pipe(mps, A))
+    (line,) = warnings(caplog, "no MPS control daemon answers")
+    assert "tessera-mps-control" in line
+    # Once the supervisor runs it, the next reading says so.
+    await supervisor(mps, Devices(CARDS[:1])).check()
+    assert await reader.check()
+    assert reader.state().states == {A: "running"}
+
+
+async def test_unreadable_client_lists_count_zero_and_keep_a_leaving_cards_daemon(
+    mps: MpsConfig, clients: list[FakeClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    devices = Devices(CARDS[:1])
+    sup = supervisor(mps, devices)
+    await sup.check()
+    await (await join(clients, mps, A, 1000)).reaches("ready")
+    (pipe(mps, A) / "fake-setup.json").write_text('{"client_list": "garbage"}')
+    reader = MpsReader(mps, NODE, [A])
+    for _ in range(3):
+        await reader.check()
+    assert reader.state() == MpsReport({A: "running"}, {A: 0})
+    assert len(warnings(caplog, "cannot read the clients")) == 1
+    # Clients it cannot count keep the daemon when the card leaves mps mode.
+    devices.devices = ()
+    await sup.check()
+    assert daemon_up(pipe(mps, A))
+
+
+async def test_a_failing_look_is_logged_once_and_made_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug in one look (the supervisor's or the agent's) neither ends its loop nor
+    floods the log."""
+    once = Once()
+
+    async def look(fail: bool) -> int:
+        if fail:
+            raise RuntimeError("a bug")
+        return 7
+
+    for _ in range(3):
+        assert await once.guarded("bug", "gpu-0: looking", look(True)) is None
+    assert await once.guarded("bug", "gpu-0: looking", look(False)) == 7
+    assert await once.guarded("bug", "gpu-0: looking", look(True)) is None
+    logged = [r for r in caplog.records if r.getMessage() == "node gpu-0: looking failed"]
+    assert len(logged) == 2  # once, and once more after it had recovered
+    assert logged[0].exc_info is not None
+
+
+# --- what the inventory and the metrics carry ----------------------------------------------
+
+
+def test_the_inventory_carries_each_cards_state_on_the_mps_cards_only() -> None:
+    soft = (card(A, 0, mode="hami-core"), card(B, 1, mode="hami-core"))
     cfg = msgspec.convert({"nodeConfigs": [{"name": "gpu-0", "operatingMode": "mps"}]}, Config)
-    assert mps_cards(cfg, "gpu-0", cards) == (A, B)
-    assert mps_cards(cfg, "gpu-1", cards) == ()
-    out = with_state(cards, MpsReport("running", {A: 2}))
-    assert (out[0].mps, out[0].mps_clients) == ("running", 2)
-    assert out[1] == cards[1]
-    assert with_state(cards, MpsReport()) == cards
+    assert mps_cards(cfg, "gpu-0", soft) == (A, B)
+    assert mps_cards(cfg, "gpu-1", soft) == ()
+    odd = card(DeviceUUID("../GPU-x"), 2)  # no directory can be named after it: no daemon
+    assert mps_cards(Config(), "gpu-1", (*CARDS, odd)) == (A, B)
+    out = with_state(soft, MpsReport({A: "running", B: "unavailable"}, {A: 2}))
+    assert [(d.mps, d.mps_clients) for d in out] == [("running", 2), ("unavailable", 0)]
+    assert with_state(soft, MpsReport({A: "running"}))[1] == soft[1]
+    assert with_state(soft, MpsReport()) == soft
 
 
-def test_the_metrics_report_the_daemon_and_its_clients(tmp_path: Path) -> None:
-    base = DeviceInfo(uuid=A, index=0, vendor="nvidia", model="NVIDIA-H100", memory_mib=81920)
-    other = msgspec.structs.replace(base, uuid=B, index=1)
-    devices = with_state((base, other), MpsReport("running", {A: 3}))
+def test_the_metrics_report_each_cards_daemon_and_clients(tmp_path: Path) -> None:
+    base = card(A, 0)
+    other = card(B, 1)
+    devices = with_state((base, other), MpsReport({A: "running", B: "unavailable"}, {A: 3}))
     node = m.NodeMetrics(Metrics("test"), "gpu-0", lambda: devices, dict, tmp_path, dict, lambda: 0)
 
-    def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text.decode())
-            for s in family.samples
-        }
+    def samples() -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for family in text_string_to_metric_families(node.metrics.text().decode()):
+            for s in family.samples:
+                if s.name.startswith("tessera_mps"):
+                    out.setdefault(s.name, {})[s.labels["deviceuuid"]] = s.value
+        return out
 
-    got = samples(node.metrics.text())
-    assert got[("tessera_mps_daemon_up", (("node", "gpu-0"),))] == 1
-    clients = {dict(k)["deviceuuid"]: v for (n, k), v in got.items() if n == "tessera_mps_clients"}
-    assert clients == {A: 3}
-    devices = with_state((base,), MpsReport("unavailable", {A: 0}))
-    assert samples(node.metrics.text())[("tessera_mps_daemon_up", (("node", "gpu-0"),))] == 0
-    devices = (base,)  # no card in mps mode: no sample
-    assert not [k for k in samples(node.metrics.text()) if k[0].startswith("tessera_mps")]
+    assert samples() == {
+        "tessera_mps_daemon_up": {A: 1, B: 0},
+        "tessera_mps_clients": {A: 3, B: 0},
+    }
+    devices = (base,)  # no state read for any card: no sample
+    assert samples() == {}

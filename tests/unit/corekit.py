@@ -11,6 +11,7 @@ from shared.core.model import (
     DeviceUUID,
     GangKey,
     MigInstance,
+    MpsState,
     NodeName,
     PodRef,
     PodRequest,
@@ -42,7 +43,10 @@ def gpu(
     chip: str | None = None,
     uuid: str | None = None,
     mig: tuple[MigInstance, ...] = (),
+    mps: MpsState | None = None,
 ) -> DeviceInfo:
+    """A device as its agent reports it: a card in ``mps`` mode with its MPS daemon
+    ``running`` unless ``mps`` says otherwise."""
     return DeviceInfo(
         uuid=DeviceUUID(uuid or f"{vendor}-{next(_ids)}"),
         index=index,
@@ -55,6 +59,7 @@ def gpu(
         cores=cores,
         chip=chip,
         mig_geometry=mig,
+        mps=("running" if mode == "mps" else "") if mps is None else mps,
     )
 
 

@@ -2,7 +2,8 @@
 repository and in the build context (.dockerignore), every ``--from`` names an earlier stage,
 base images are pinned to exact versions, hadolint finds nothing (.hadolint.yaml lists the
 ignored rules and why), and the node agent's image, its install script and its DaemonSet agree
-on paths (deploy/images/, deploy/kustomize/base/node-agent.yaml, shared/config.py)."""
+on paths (deploy/images/, deploy/kustomize/base/node-agent.yaml and mps-control.yaml,
+shared/config.py)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.config import IsolationConfig
+from shared.config import IsolationConfig, MpsConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "deploy/images").glob("*.Dockerfile"))]
 NODE_AGENT_DOCKERFILE = REPO / "deploy/images/node-agent.Dockerfile"
 DAEMONSET = REPO / "deploy/kustomize/base/node-agent.yaml"
+MPS_DAEMONSET = REPO / "deploy/kustomize/base/mps-control.yaml"
 INSTALL_SCRIPT = REPO / "deploy/images/install-isolation.sh"
 
 
@@ -306,8 +308,8 @@ def _copied_to(source: str) -> str:
     raise AssertionError(f"{NODE_AGENT_DOCKERFILE.name} does not copy {source}")
 
 
-def _daemonset() -> dict[str, Any]:
-    docs = [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
+def _daemonset(path: Path = DAEMONSET) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
     return dict(ds)
 
@@ -329,6 +331,23 @@ def test_init_container_runs_the_script_the_image_carries() -> None:
     assert posixpath.dirname(defaults.preload_host_path) == target
     mounts = {m["mountPath"] for m in init["volumeMounts"]}
     assert {target, defaults.lock_dir} <= mounts
+
+
+def test_the_agent_and_the_mps_supervisor_share_the_mps_directories() -> None:
+    """The supervisor runs each card's daemon below ``nodeAgent.mps.hostDir``; the agent
+    reads the daemons there and hands their directories to containers: both DaemonSets
+    mount that host path at the same place."""
+    host_dir = MpsConfig().host_dir
+    for path in (DAEMONSET, MPS_DAEMONSET):
+        spec = _daemonset(path)["spec"]["template"]["spec"]
+        [volume] = [v for v in spec["volumes"] if v.get("hostPath", {}).get("path") == host_dir]
+        mounted = {
+            m["mountPath"]
+            for c in spec["containers"]
+            for m in c["volumeMounts"]
+            if m["name"] == volume["name"]
+        }
+        assert mounted == {host_dir}, path.name
 
 
 def _run_script(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -122,6 +122,7 @@ def test_grant_annotations_round_trip_and_upstream_encodings() -> None:
     assert ann.read_grants(out) == GRANTS
     assert out["hami.io/vgpu-devices-to-allocate"] == (
         ";GPU-0,NVIDIA-A100-SXM4-80GB,10240,30:GPU-1,NVIDIA-A100-SXM4-80GB,10240,30:;"
+        "GPU-0,NVIDIA-A100-SXM4-80GB,2048,0:;"
     )
     assert out["hami.io/vgpu-node"] == "n1"
     volcano = ann.grant_annotations(ev.NodeName("n1"), GRANTS, 1700000000.0, "volcano")

@@ -406,11 +406,13 @@ def test_a_stale_answer_is_ignored_and_an_unanswered_gang_is_sent_again() -> Non
 
 def test_a_changed_request_unparks_a_pod() -> None:
     g = gangs()
-    m = member(limits={"nvidia.com/gpumem": 1_000_000})
+    m = member(limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1_000_000})
     g.pending(m)
     g.dispatch(0.0)
     g.failed([m.pod.uid], 1, unresolvable=True, now=0.0)
-    fixed = Member(pod=m.pod, key=m.key, request=request({"nvidia.com/gpumem": 1000}))
+    fixed = Member(
+        pod=m.pod, key=m.key, request=request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+    )
     assert g.pending(fixed)
     assert len(g.dispatch(1.0).ready) == 1
 

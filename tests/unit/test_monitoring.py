@@ -569,13 +569,15 @@ def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def _metrics_workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The Deployments and DaemonSets running a service that serves ``/metrics``."""
+    """The Deployments and DaemonSets running a service that serves ``/metrics`` (not the
+    MPS supervisor, ``node-agent mps-control``: the node agent reports its daemons)."""
     served = set(served_services())
     return [
         w
         for w in docs
         if w["kind"] in ("Deployment", "DaemonSet")
-        and w["spec"]["template"]["spec"]["containers"][0].get("args", [""])[0] in served
+        and (args := w["spec"]["template"]["spec"]["containers"][0].get("args", [""]))[0] in served
+        and args[1:2] != ["mps-control"]
     ]
 
 

@@ -408,16 +408,21 @@ def test_gang_members_repel_each_other_inside_the_transaction() -> None:
 def test_a_node_out_of_cpu_leaves_the_device_index_and_comes_back_when_freed() -> None:
     pl = placer_with({"n": node("n", cpu="2")}, gpu_nodes=("n",))
     spec = pod_spec(pod("2"), MANAGED)
-    first = pl.place(ref("first"), request({"nvidia.com/gpumem": 1000}), spec=spec)
+    first = pl.place(
+        ref("first"), request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}), spec=spec
+    )
     assert isinstance(first, Placement)
     host = pl.ledger.nodes[NodeName("n")].host
     assert host.full  # 0 of 2 cpu free: nothing seen so far fits
     assert all(
         d not in pl.ledger.pools[d.pool].where for d in pl.ledger.nodes[NodeName("n")].devices
     )
-    refused = pl.place(ref(), request({"nvidia.com/gpumem": 1000}), spec=spec)
+    refused = pl.place(ref(), request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}), spec=spec)
     assert isinstance(refused, Failure)
     assert "Insufficient cpu" in refused.message
     pl.release(first.pod)
     assert not host.full
-    assert isinstance(pl.place(ref(), request({"nvidia.com/gpumem": 1000}), spec=spec), Placement)
+    assert isinstance(
+        pl.place(ref(), request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}), spec=spec),
+        Placement,
+    )

@@ -109,9 +109,12 @@ def test_a_cores_0_request_may_not_land_on_a_card_whose_cores_are_used_up() -> N
 
 def test_split_count_limits_tasks_per_card() -> None:
     pl = placer({"n": gpus(1)}, overrides={"n": NodeOverride(name="n", device_split_count=2)})
-    place(pl, {"nvidia.com/gpumem": 100})
-    place(pl, {"nvidia.com/gpumem": 100})
-    assert "device split count reached" in fail(pl, {"nvidia.com/gpumem": 100}).message
+    place(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100})
+    place(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100})
+    assert (
+        "device split count reached"
+        in fail(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100}).message
+    )
 
 
 def test_memory_scaling_overcommits_and_core_scaling_adds_cores() -> None:
@@ -228,7 +231,10 @@ def test_modes_route_to_matching_nodes_only() -> None:
     )
     for mode in ("hami-core", "mps", "mig"):
         node = place(
-            pl, {"nvidia.com/gpumem": 4000}, annotations={"nvidia.com/vgpu-mode": mode}, run_as=7
+            pl,
+            {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000},
+            annotations={"nvidia.com/vgpu-mode": mode},
+            run_as=7,
         ).node
         assert node == {"hami-core": "soft", "mps": "mps", "mig": "mig"}[mode]
 
@@ -315,33 +321,33 @@ def test_mig_idle_card_gets_the_geometry_with_the_smallest_fitting_instance(
     memory: int, profile: str, geometry: str
 ) -> None:
     pl = placer({"n": gpus(1, **A100_40)})
-    g = devices_of(place(pl, {"nvidia.com/gpumem": memory}))[0]
+    g = devices_of(place(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": memory}))[0]
     assert (g.mig_profile, g.mig_geometry) == (profile, geometry)
 
 
 def test_mig_card_keeps_its_geometry_while_used() -> None:
     pl = placer({"n": gpus(1, **A100_40)})
-    place(pl, {"nvidia.com/gpumem": 3000})
+    place(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000})
     for placement in range(1, 7):
-        g = devices_of(place(pl, {"nvidia.com/gpumem": 3000}))[0]
+        g = devices_of(place(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}))[0]
         assert (g.mig_profile, g.mig_placement) == ("1g.5gb", placement)
-    failure = fail(pl, {"nvidia.com/gpumem": 3000})
+    failure = fail(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000})
     assert not failure.unresolvable
     # a request only another geometry could serve waits for the card to empty
-    assert not fail(pl, {"nvidia.com/gpumem": 15000}).unresolvable
+    assert not fail(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 15000}).unresolvable
 
 
 def test_mig_prefers_the_geometry_the_card_already_runs() -> None:
     running = tuple(MigInstance(profile="3g.20gb", memory_mib=19968, placement=i) for i in range(2))
     pl = placer({"n": [gpu(0, mig=running, **A100_40)]})
-    g = devices_of(place(pl, {"nvidia.com/gpumem": 15000}))[0]
+    g = devices_of(place(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 15000}))[0]
     assert g.mig_geometry == "3g.20gb,3g.20gb"
 
 
 def test_mig_request_larger_than_any_instance_is_unresolvable() -> None:
     failure = fail(
         placer({"n": gpus(1, **A100_40)}),
-        {"nvidia.com/gpumem": 40500},
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 40500},
         annotations={"nvidia.com/vgpu-mode": "mig"},
     )
     assert "no MIG instance large enough" in failure.message
@@ -369,7 +375,10 @@ def test_mig_whole_card_request_takes_the_largest_instance_and_several_from_one_
 
 def test_mig_h100_profiles() -> None:
     pl = placer({"n": gpus(1, model="NVIDIA-H100-80GB-HBM3", memory=81559, mode="mig")})
-    assert devices_of(place(pl, {"nvidia.com/gpumem": 12000}))[0].mig_profile == "1g.20gb"
+    assert (
+        devices_of(place(pl, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}))[0].mig_profile
+        == "1g.20gb"
+    )
 
 
 # --- Ascend templates (HAMi mode) ------------------------------------------------------
@@ -650,8 +659,8 @@ def test_an_init_containers_slice_reuses_the_app_containers_card() -> None:
     p = place(
         pl,
         {},
-        containers=[_container("main", {"nvidia.com/gpumem": 40000})],
-        init=[_container("fetch", {"nvidia.com/gpumem": 30000})],
+        containers=[_container("main", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 40000})],
+        init=[_container("fetch", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 30000})],
     )
     [init, main] = p.grants
     assert init.init
@@ -669,8 +678,8 @@ def test_an_init_container_larger_than_the_app_is_booked_beside_it() -> None:
     p = place(
         pl,
         {},
-        containers=[_container("main", {"nvidia.com/gpumem": 20000})],
-        init=[_container("fetch", {"nvidia.com/gpumem": 60000})],
+        containers=[_container("main", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000})],
+        init=[_container("fetch", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 60000})],
     )
     assert not any(g.reuses for g in p.grants)
     assert sum(_used(pl)) == 80000
@@ -681,8 +690,12 @@ def test_a_sidecar_runs_beside_the_app_so_its_slice_adds_to_theirs() -> None:
     p = place(
         pl,
         {},
-        containers=[_container("main", {"nvidia.com/gpumem": 40000})],
-        init=[_container("proxy", {"nvidia.com/gpumem": 10000}, restartPolicy="Always")],
+        containers=[_container("main", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 40000})],
+        init=[
+            _container(
+                "proxy", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000}, restartPolicy="Always"
+            )
+        ],
     )
     assert not any(g.reuses for g in p.grants)
     assert _used(pl) == [50000]
@@ -695,8 +708,8 @@ def test_a_card_too_small_for_init_plus_app_still_takes_the_pod() -> None:
     p = place(
         pl,
         {},
-        containers=[_container("main", {"nvidia.com/gpumem": 40000})],
-        init=[_container("fetch", {"nvidia.com/gpumem": 30000})],
+        containers=[_container("main", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 40000})],
+        init=[_container("fetch", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 30000})],
     )
     assert p.grants[0].reuses
     assert _used(pl) == [40000]

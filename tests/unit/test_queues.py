@@ -77,7 +77,11 @@ def test_a_pods_vector_counts_init_containers_as_kubernetes_does() -> None:
     """max(each init container with the sidecars before it, app containers + sidecars)."""
 
     def box(name: str, mem: int, **extra: object) -> dict[str, object]:
-        return {"name": name, "resources": {"limits": {"nvidia.com/gpumem": mem}}, **extra}
+        return {
+            "name": name,
+            "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}},
+            **extra,
+        }
 
     pod = request(
         {},

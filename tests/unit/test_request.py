@@ -51,7 +51,6 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
         30,
         False,
     ),
-    ({"nvidia.com/gpumem": 1024}, "nvidia", "vgpu", 1, 1024, None, 0, False),
     # Volcano vGPU
     ({"volcano.sh/vgpu-number": 1}, "nvidia", "vgpu", 1, None, 100, 100, True),
     (
@@ -290,10 +289,75 @@ def test_defaults_and_memory_factor_apply() -> None:
         }
     ).devices
     parser = RequestParser(specs)
-    d = only_device(request({"nvidia.com/gpucores": 40}, parser))
+    d = only_device(request({"nvidia.com/gpu": 2, "nvidia.com/gpucores": 40}, parser))
     assert (d.count, d.memory_mib, d.cores, d.exclusive) == (2, 2048, 40, False)
     d = only_device(request({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4}, parser))
     assert (d.memory_mib, d.cores) == (4096, 15)
+    # gpu-share is in the same unit: its device plugin offers one ID per 1024 MiB
+    d = only_device(request({"volcano.sh/gpu-memory": 4}, parser))
+    assert (d.kind, d.memory_mib, d.units) == ("gpu-share", 4096, 4)
+    # defaultGPUNum is the count the fix names (and the webhook adds)
+    assert "add nvidia.com/gpu: 2 " in errors({"nvidia.com/gpucores": 40}, parser)[0]
+
+
+def test_memory_or_cores_without_a_count_name_the_container_the_names_and_the_fix() -> None:
+    found = errors(
+        {},
+        containers=[
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpumem": 1024}}},
+            {
+                "name": "b",
+                "resources": {
+                    "limits": {"volcano.sh/vgpu-memory": 1024, "volcano.sh/vgpu-cores": 20}
+                },
+            },
+            {"name": "c", "resources": {"limits": {"amd.com/gpucores": 10}}},
+            {"name": "d", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5}}},
+        ],
+    )
+    assert found == [
+        f"{field}: {asked} without a device count: the kubelet hands devices and limits only "
+        f"to a container that asks for a count, so it would run with none; add {fix} "
+        "(Tessera's admission webhook adds it when the pod is created: is it running?)"
+        for field, asked, fix in (
+            ("nvidia.com/gpumem (container a)", "nvidia.com/gpumem", "nvidia.com/gpu: 1"),
+            (
+                "volcano.sh/vgpu-memory (container b)",
+                "volcano.sh/vgpu-memory, volcano.sh/vgpu-cores",
+                "volcano.sh/vgpu-number: 1",
+            ),
+            ("amd.com/gpucores (container c)", "amd.com/gpucores", "amd.com/gpu: 1"),
+        )
+    ]
+    # the names counted in units are registered with the kubelet themselves
+    assert only_device(request({"volcano.sh/gpu-memory": 100})).units == 100
+    assert only_device(request({"huawei.com/npu-core": 2})).units == 2
+    whole = only_device(request({"huawei.com/npu-core": 16}))
+    assert (whole.count, whole.units) == (2, 8)
+
+
+def test_missing_counts_are_what_the_webhook_adds() -> None:
+    pod = pod_json(
+        {},
+        init=[{"name": "fetch", "resources": {"limits": {"nvidia.com/gpumem-percentage": 10}}}],
+        containers=[
+            {"name": "main", "resources": {"requests": {"iluvatar.ai/MR-V50.vMem": 1000}}},
+            {
+                "name": "counted",
+                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1}},
+            },
+            {"name": "whole", "resources": {"limits": {"volcano.sh/gpu-number": 1}}},
+            {"name": "share", "resources": {"limits": {"volcano.sh/gpu-memory": 1}}},
+            {"name": "npu", "resources": {"limits": {"huawei.com/npu-core": 1}}},
+            {"name": "priority", "resources": {"limits": {"nvidia.com/priority": 1}}},
+        ],
+    )
+    assert [
+        (m.key, m.index, m.container, m.count_name, m.count) for m in PARSER.missing_counts(pod)
+    ] == [
+        ("initContainers", 0, "fetch", "nvidia.com/gpu", 1),
+        ("containers", 0, "main", "iluvatar.ai/MR-V50-vgpu", 1),
+    ]
 
 
 def test_configured_names_replace_the_defaults() -> None:
@@ -363,7 +427,10 @@ def test_init_containers_come_first_and_requests_fill_in_for_limits() -> None:
         init=[{"name": "setup", "resources": {"requests": {"nvidia.com/gpu": 1}}}],
         containers=[
             {"name": "main"},
-            {"name": "side", "resources": {"requests": {"nvidia.com/gpumem": 10}}},
+            {
+                "name": "side",
+                "resources": {"requests": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10}},
+            },
         ],
     )
     assert [(c.name, c.init, len(c.devices)) for c in req.containers] == [
@@ -496,7 +563,7 @@ def test_bad_input_names_the_field_and_the_fix(
 
 def test_every_error_is_reported_not_only_the_first() -> None:
     found = errors(
-        {"nvidia.com/gpumem": -1, "amd.com/gpucores": 500},
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": -1, "amd.com/gpu": 1, "amd.com/gpucores": 500},
         annotations={"nvidia.com/vgpu-mode": "x"},
     )
     assert len(found) == 3

@@ -5,12 +5,14 @@ registers its resource (``nvidia.com/gpu``, ``huawei.com/Ascend910B3``...) with 
 kubelet's ``Registration`` service. It then serves:
 
 - ``ListAndWatch``: the resource's device IDs (a sliced card offers ``deviceSplitCount``
-  IDs, ``<uuid>::<slot>``), each with its health and NUMA node, and the list again
-  whenever health changes;
+  IDs, ``<uuid>::<slot>``; a resource counted in units one per unit, ``<index>-<unit>``,
+  short because a card has tens of thousands), each with its health and NUMA node, and
+  the list again whenever health changes;
 - ``GetPreferredAllocation``: any IDs (the placement was decided by the allocator, and
-  the IDs carry no meaning beyond their count);
-- ``Allocate``: for each container, the pod it is for (``Desk.claim``, see
-  services/node_agent/admission.py) and exactly that container's hand-out
+  the IDs carry no meaning beyond their count); not offered for a resource counted in
+  units, whose free IDs would not fit in the kubelet's request;
+- ``Allocate``: for each container, the pod it is for (``Desk.claim`` on the resource's
+  channel, see services/node_agent/admission.py) and exactly that container's hand-out
   (services/node_agent/isolation.py). An Allocate that cannot be resolved fails with a
   message the kubelet puts on the pod; it never hands over another pod's grant.
 
@@ -38,6 +40,7 @@ from services.node_agent.deviceplugin import api_pb2 as pb
 from services.node_agent.isolation import Handout, HandoutError, handout
 from services.node_agent.resources import CountResource
 from shared.config import Config
+from shared.core.admission import Channel
 from shared.core.model import (
     ContainerGrant,
     DeviceInfo,
@@ -45,7 +48,6 @@ from shared.core.model import (
     NodeName,
     PodRef,
     PodUID,
-    Vendor,
 )
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+KUBELET_MAX_MESSAGE = 4 << 20
+"""The largest message the kubelet's device-plugin client reads (gRPC's default: it
+sets no other), so the most a ListAndWatch answer may weigh."""
 
 
 class Desk:
@@ -62,6 +67,10 @@ class Desk:
     def __init__(self) -> None:
         self.admissions = Admissions()
         self._changed = asyncio.Condition()
+        self.foreign: Callable[[str, int], Awaitable[list[str]]] = _none_foreign
+        """The pods bound to this node by another scheduler, not admitted yet, with a
+        container asking ``count`` of ``resource`` (the agent reads them from the API
+        server): an Allocate of that shape may be theirs, so it takes no grant."""
 
     async def bound(self, pod: PodRef, grants: tuple[ContainerGrant, ...]) -> None:
         self.admissions.bound(pod, grants)
@@ -71,13 +80,13 @@ class Desk:
     def gone(self, uid: PodUID) -> None:
         self.admissions.gone(uid)
 
-    async def claim(self, vendor: Vendor, count: int, timeout_s: float) -> Match:
+    async def claim(self, channel: Channel, count: int, timeout_s: float) -> Match:
         """The pod and container grant this Allocate is for, waiting up to ``timeout_s``
         for its ``allocation.bound`` (the kubelet may see the pod first)."""
         deadline = time.monotonic() + timeout_s
         async with self._changed:
             while True:
-                found = self.admissions.match(vendor, count)
+                found = self.admissions.match(channel, count)
                 if found is not None:
                     return found
                 left = deadline - time.monotonic()
@@ -87,14 +96,40 @@ class Desk:
                     await asyncio.wait_for(self._changed.wait(), timeout=left)
 
 
+async def _none_foreign(_resource: str, _count: int) -> list[str]:
+    return []
+
+
 def device_ids(resource: CountResource) -> list[pb.Device]:
-    out = []
+    """The resource's device IDs as the kubelet lists them (see the module docstring)."""
+    return [
+        _device_id(resource, device, slot)
+        for device, slots in resource.devices
+        for slot in range(slots)
+    ]
+
+
+def list_size(resource: CountResource) -> int:
+    """The bytes of the resource's ListAndWatch answer, without building it: IDs whose
+    slot numbers have as many digits weigh the same."""
+    total = 0
     for device, slots in resource.devices:
-        health = HEALTHY if device.healthy else UNHEALTHY
-        topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=device.numa)])
-        for slot in range(slots):
-            out.append(pb.Device(ID=f"{device.uuid}::{slot}", health=health, topology=topology))
-    return out
+        start = 0
+        while start < slots:
+            end = min(slots, 10 ** len(str(start)))
+            one = pb.ListAndWatchResponse(devices=[_device_id(resource, device, start)])
+            total += (end - start) * one.ByteSize()
+            start = end
+    return total
+
+
+def _device_id(resource: CountResource, device: DeviceInfo, slot: int) -> pb.Device:
+    prefix = f"{device.index}-" if resource.units else f"{device.uuid}::"
+    return pb.Device(
+        ID=f"{prefix}{slot}",
+        health=HEALTHY if device.healthy else UNHEALTHY,
+        topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=device.numa)]),
+    )
 
 
 def to_proto(h: Handout) -> pb.ContainerAllocateResponse:
@@ -158,6 +193,9 @@ class ResourceServer:
         self._updated = asyncio.Condition()
         self._kubelet_inode = 0
         self.registrations = 0
+        self.listed = asyncio.Event()
+        """The kubelet has the device IDs (one ListAndWatch answer was sent): a pod bound
+        before that fails its admission for good ("no healthy devices present")."""
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -172,9 +210,34 @@ class ResourceServer:
         self.server = server
         await self.register()
 
+    def options(self) -> pb.DevicePluginOptions:
+        """What the kubelet may call: GetPreferredAllocation, except for a resource
+        counted in units (its request would list every free unit of the node)."""
+        return pb.DevicePluginOptions(get_preferred_allocation_available=not self.resource.units)
+
+    def too_large(self) -> str | None:
+        """Why the kubelet could not read this resource's device list, or None."""
+        size = list_size(self.resource)
+        if size <= KUBELET_MAX_MESSAGE:
+            return None
+        ids = sum(s for _, s in self.resource.devices)
+        spec = self.cfg.devices.vendor(self.resource.vendor)
+        factor = spec.gpu_memory_factor if spec is not None else 1
+        return (
+            f"{ids} device IDs of {self.resource.name} weigh {size} bytes, more than the "
+            f"{KUBELET_MAX_MESSAGE} the kubelet reads, so no pod asking it can start here: "
+            f"set devices.{self.resource.vendor}.gpuMemoryFactor (one ID per that many MiB) "
+            f"to at least {factor * -(-size // KUBELET_MAX_MESSAGE)}, or gpuShareMemoryName "
+            '"" to turn gpu-share off'
+        )
+
     async def register(self) -> None:
         kubelet = self.directory / KUBELET_SOCKET
         self._kubelet_inode = _inode(kubelet)
+        refused = self.too_large()
+        if refused is not None:
+            log.warning("not registering %s: %s", self.resource.name, refused)
+            return
         async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
             register = channel.unary_unary(
                 "/v1beta1.Registration/Register",
@@ -186,7 +249,7 @@ class ResourceServer:
                     version=API_VERSION,
                     endpoint=self.socket.name,
                     resource_name=self.resource.name,
-                    options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                    options=self.options(),
                 ),
                 timeout=10,
             )
@@ -264,7 +327,7 @@ class ResourceServer:
     async def get_options(
         self, _request: pb.Empty, _context: grpc.aio.ServicerContext
     ) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(get_preferred_allocation_available=True)
+        return self.options()
 
     async def list_and_watch(
         self, _request: pb.Empty, context: grpc.aio.ServicerContext
@@ -272,6 +335,7 @@ class ResourceServer:
         while True:
             sent = self._version
             yield pb.ListAndWatchResponse(devices=device_ids(self.resource))
+            self.listed.set()
             async with self._updated:
                 while self._version == sent:
                     await self._updated.wait()
@@ -294,26 +358,38 @@ class ResourceServer:
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateResponse:
         responses = []
-        vendor = self.resource.vendor
+        channel = self.resource.channel
         for c in request.container_requests:
             count = len(c.devices_ids)
+            log.debug("%s: an Allocate of %d ID(s) looks for its pod", self.resource.name, count)
+            foreign = await self.desk.foreign(self.resource.name, count)
+            if foreign:  # the kubelet may be admitting one of them: never hand it a grant
+                await self._refuse(
+                    context,
+                    "foreign-pod",
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{', '.join(foreign)} bound to {self.node} by another scheduler "
+                    f"ask(s) for {count} {self.resource.name}: Tessera hands its devices only "
+                    "to pods it placed, and cannot tell this Allocate from theirs",
+                )
             try:
-                match = await self.desk.claim(vendor, count, self.cfg.node_agent.admission_wait_s)
+                match = await self.desk.claim(channel, count, self.cfg.node_agent.admission_wait_s)
                 given = handout(self.cfg, self.node, match.pod, match.grant, self.devices())
                 await asyncio.to_thread(make_writable_dirs, given)
                 responses.append(to_proto(given))
             except TimeoutError:
-                self.record(self.resource.name, "unknown-pod")
                 await self._refuse(
                     context,
+                    "unknown-pod",
                     grpc.StatusCode.NOT_FOUND,
-                    f"no pod bound to {self.node} by Tessera waits for {count} {vendor} "
-                    f"device(s) of {self.resource.name} (waited "
+                    f"no pod bound to {self.node} by Tessera waits for {count} device ID(s) "
+                    f"of {self.resource.name} (waited "
                     f"{self.cfg.node_agent.admission_wait_s:.0f}s): was it scheduled by Tessera?",
                 )
             except (AmbiguousError, HandoutError, OSError) as exc:
-                self.record(self.resource.name, type(exc).__name__)
-                await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                await self._refuse(
+                    context, type(exc).__name__, grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+                )
             self.record(self.resource.name, "ok")
             log.info(
                 "Allocate %s x%d: %s container %s (%s)",
@@ -328,8 +404,15 @@ class ResourceServer:
         return pb.AllocateResponse(container_responses=responses)
 
     async def _refuse(
-        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
+        self,
+        context: grpc.aio.ServicerContext,
+        result: str,
+        code: grpc.StatusCode,
+        message: str,
     ) -> NoReturn:
+        """Answer the kubelet with ``message`` (it fails the pod with it), counted as
+        ``result``."""
+        self.record(self.resource.name, result)
         log.error("Allocate on %s refused: %s", self.node, message)
         await context.abort(code, message)  # raises
         raise AssertionError("unreachable")
