@@ -15,6 +15,7 @@ import shutil
 import signal
 import stat
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,7 @@ async def test_a_burst_of_pods_of_four_shapes_each_container_gets_its_own_grant(
             parts = make(i)
             name = f"{shape}-{i}"
             pods[name] = parts
+    began = time.monotonic()
     await asyncio.gather(
         *(
             p.create(ns, printing_pod(name, parts["containers"], init=parts.get("init")))
@@ -144,6 +146,7 @@ async def test_a_burst_of_pods_of_four_shapes_each_container_gets_its_own_grant(
     )
     for name in pods:
         await phase(p, ns, name, "Running", timeout_s=120)
+    print(f"\nburst: {len(pods)} pods Running {time.monotonic() - began:.1f} s after creation")
     for name, parts in pods.items():
         obj = await p.get(ns, name)
         assert obj["spec"]["nodeName"] == node
