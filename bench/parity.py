@@ -14,7 +14,20 @@ machine), and asks both sides which nodes would take the pod and why not the oth
 
 Per node it compares feasibility, the set of reason texts and the code (Unschedulable
 vs UnschedulableAndUnresolvable); a PreFilter rejection; and, when no node is feasible,
-the ``0/N nodes are available: ...`` message. It prints the cases and nodes compared,
+the ``0/N nodes are available: ...`` message. Each case index gives two cases (``cases``):
+
+- a scored one (``"score": true``): besides the filters, the node ``Placer.place``
+  (shared/core/placement.py) chooses under :data:`KUBE_LIKE` must be among the nodes of
+  kube's highest total score (kube breaks ties at random);
+- a device case (``generate_devices``): the same cluster, its nodes given NVIDIA cards
+  (Tessera's inventory) advertised as extended resources (``nvidia.com/gpu``,
+  ``gpumem``, ``gpucores``, or Volcano's ``vgpu-number``, ``vgpu-memory``,
+  ``vgpu-cores``, ``gpu-number``: totals, as kube-scheduler sees them), bound pods
+  holding slices or whole cards, and the incoming pod asking for some; Tessera's filters
+  and device fit (``Placer.verdicts``) against kube's filters with NodeResourcesFit on
+  those totals. Where Tessera's per-card view refuses a node that the totals allow, the
+  refusal is counted under its documented class (``device_class``; docs/compat.md), not
+  as a disagreement. It prints the cases and nodes compared,
 the disagreements by category (the filter plugin concerned and what differs), how often
 each feature and each kube reason came up (so a reason never seen is visible), and the
 time per case on each side: kube as wall time through the pipe (all ``-j`` workers) and
@@ -28,7 +41,11 @@ The generator (``generate``) is shared with tests/integration/test_parity.py. Ob
 are what the API server would store: valid labels, tolerations, selectors and
 resources, every namespace listed with its ``kubernetes.io/metadata.name`` label, bound
 pods Running or Pending; a few deliberately odd but valid values (node affinity
-``Gt: "abc"``, empty terms, zero requests) are in the mix.
+``Gt: "abc"``, empty terms, zero requests) are in the mix. A fifth of the pods mount
+PersistentVolumeClaims (bound, unbound, lost, being deleted, missing, generic ephemeral
+ones) with their PersistentVolumes (node affinity, zone and region labels) and
+StorageClasses, which shared/core/claims.py reads for Tessera; none binds late
+(``WaitForFirstConsumer`` and unbound), where Tessera waits on purpose (docs/compat.md).
 """
 
 from __future__ import annotations
@@ -48,8 +65,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import replace
+
+from shared.core import claims
 from shared.core.hosts import PodSpec, node_spec, pod_spec
+from shared.core.ledger import Ledger, PodGrant
+from shared.core.model import (
+    ContainerGrant,
+    DeviceGrant,
+    DeviceInfo,
+    DeviceUUID,
+    NodeName,
+    PodRef,
+    PodRequest,
+    PodUID,
+)
 from shared.core.nodefit import Hosts
+from shared.core.placement import GangMember, Placement, PlacementConfig, Placer
+from shared.core.request import RequestParser
+from shared.core.spec import DeviceSpecs
 from shared.core.status import Code, Status, counted
 
 Obj = dict[str, Any]
@@ -605,6 +639,120 @@ def _pod(rng: random.Random, nodes: Sequence[Obj], namespaces: Sequence[str]) ->
     return {"metadata": meta, "spec": spec}
 
 
+BETA_ZONE = "failure-domain.beta.kubernetes.io/zone"
+REGION = "topology.kubernetes.io/region"
+BETA_REGION = "failure-domain.beta.kubernetes.io/region"
+VOLUME_ZONES = ("a", "b", "c", "d", "a__b", "b__c", "a__")
+"""Zone label values of volumes (``__`` separates several; an empty one voids the label)."""
+STORAGE_CLASSES: tuple[Obj, ...] = (
+    {"metadata": {"name": "fast"}, "provisioner": "example.com/disk"},
+    {
+        "metadata": {"name": "late"},
+        "provisioner": "example.com/disk",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    },
+)
+CLAIM_STATES = (
+    ("bound", 60),
+    ("no-pv", 4),
+    ("unbound", 8),
+    ("half-bound", 3),
+    ("lost", 3),
+    ("deleting", 3),
+    ("missing", 5),
+    ("foreign", 3),
+)
+
+
+def _persistent_volume(rng: random.Random, name: str, nodes: Sequence[Obj]) -> Obj:
+    """A volume: node affinity (a node's hostname, or any node expression; now and
+    then a ``metadata.name`` field, which a volume's terms never match), zone labels."""
+    spec: Obj = {
+        "capacity": {"storage": "1Gi"},
+        "accessModes": ["ReadWriteOnce"],
+        "hostPath": {"path": f"/data/{name}"},
+    }
+    if rng.random() < 0.5:
+        terms = []
+        for _ in range(rng.choice((1, 1, 2))):
+            r = rng.random()
+            if r < 0.5:
+                hosts = [n["metadata"]["labels"][HOSTNAME] for n in nodes]
+                expr = {"key": HOSTNAME, "operator": "In", "values": rng.sample(hosts, 1)}
+                terms.append({"matchExpressions": [expr]})
+            elif r < 0.95:
+                terms.append({"matchExpressions": [_node_expression(rng)]})
+            else:
+                node = rng.choice(nodes)["metadata"]["name"]
+                field = {"key": "metadata.name", "operator": "In", "values": [node]}
+                terms.append({"matchFields": [field]})
+        spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": terms}}
+    meta: Obj = {"name": name}
+    if rng.random() < 0.4:
+        keys = rng.sample((ZONE, BETA_ZONE, REGION, BETA_REGION), rng.choice((1, 1, 2)))
+        meta["labels"] = {k: rng.choice(VOLUME_ZONES) for k in keys}
+    return {"metadata": meta, "spec": spec}
+
+
+def _volumes(rng: random.Random, case: Obj) -> None:
+    """Give the case's pod claim-backed volumes, with their claims, volumes and classes
+    in the case; some nodes get region and beta zone labels."""
+    pod = case["pod"]
+    ns, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
+    pvcs: list[Obj] = []
+    pvs: list[Obj] = []
+    volumes: list[Obj] = []
+    for i in range(rng.choice((1, 1, 2, 3))):
+        ephemeral = rng.random() < 0.2
+        name = f"vol-{i}"
+        claim = f"{pod['metadata']['name']}-{name}" if ephemeral else f"data-{i}"
+        if ephemeral:
+            template = {"spec": {"accessModes": ["ReadWriteOnce"]}}
+            volumes.append({"name": name, "ephemeral": {"volumeClaimTemplate": template}})
+        else:
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim}})
+        state = _pick(rng, CLAIM_STATES)
+        if state == "missing":
+            continue
+        meta: Obj = {"name": claim, "namespace": ns}
+        spec: Obj = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        }
+        storage_class = rng.choice((None, "", "fast", "late", "gone"))
+        if state == "unbound" and storage_class == "late":
+            storage_class = "fast"  # unbound and bound late: Tessera waits on purpose
+        if storage_class is not None:
+            spec["storageClassName"] = storage_class
+        owner = uid if state != "foreign" else "uid-other"
+        if ephemeral or state == "foreign":
+            meta["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Pod", "name": "x", "uid": owner, "controller": True}
+            ]
+        phase = "Pending"
+        if state != "unbound":
+            spec["volumeName"] = f"pv-{i}"
+            if state != "half-bound":
+                meta["annotations"] = {claims.BIND_COMPLETED: "yes"}
+            phase = "Lost" if state == "lost" else "Bound"
+            if state != "no-pv":
+                pvs.append(_persistent_volume(rng, f"pv-{i}", case["nodes"]))
+        if state == "deleting":
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            meta["finalizers"] = ["kubernetes.io/pvc-protection"]
+        pvcs.append({"metadata": meta, "spec": spec, "status": {"phase": phase}})
+    pod["spec"]["volumes"] = volumes
+    for n in case["nodes"]:
+        labels = n["metadata"]["labels"]
+        if rng.random() < 0.3:
+            labels[REGION] = rng.choice("abcd")
+        if rng.random() < 0.2:
+            labels[BETA_ZONE] = labels.get(ZONE) or rng.choice("abcd")
+    case["persistentVolumeClaims"] = pvcs
+    case["persistentVolumes"] = pvs
+    case["storageClasses"] = [copy.deepcopy(c) for c in STORAGE_CLASSES]
+
+
 def generate(seed: int, index: int) -> Obj:
     """Case ``index`` of ``seed``: the same on every run (its own random stream)."""
     rng = random.Random(f"parity:{seed}:{index}")
@@ -629,13 +777,17 @@ def generate(seed: int, index: int) -> Obj:
         _bound_pod(rng, j, rng.choice(on) if rng.random() < 0.99 else "node-gone", names)
         for j in range(count)
     ]
-    return {
+    case = {
         "id": index,
         "nodes": nodes,
         "pods": pods,
         "namespaces": namespaces,
         "pod": _pod(rng, nodes, names),
     }
+    volumes = random.Random(f"parity-volumes:{seed}:{index}")  # the cases before kept theirs
+    if volumes.random() < 0.2:
+        _volumes(volumes, case)
+    return case
 
 
 def features(case: Obj) -> set[str]:
@@ -686,6 +838,15 @@ def features(case: Obj) -> set[str]:
         out.add("pod: init containers")
     if isinstance(spec.get("resources"), dict):
         out.add("pod: pod-level resources")
+    if spec.get("volumes"):
+        out.add("pod: claimed volumes")
+    if any(v.get("ephemeral") for v in spec.get("volumes") or ()):
+        out.add("pod: generic ephemeral volume")
+    volumes = case.get("persistentVolumes") or ()
+    if any(v["spec"].get("nodeAffinity") for v in volumes):
+        out.add("volume: node affinity")
+    if any(v["metadata"].get("labels") for v in volumes):
+        out.add("volume: zone labels")
     return out
 
 
@@ -719,7 +880,13 @@ class Kube:
 
     def run(self, cases: Sequence[Obj]) -> list[Obj]:
         """The harness's answer to each case, in order."""
-        lines = [json.dumps(c, separators=(",", ":")).encode() + b"\n" for c in cases]
+        lines = [
+            json.dumps(
+                {k: v for k, v in c.items() if k not in TESSERA_ONLY}, separators=(",", ":")
+            ).encode()
+            + b"\n"
+            for c in cases
+        ]
         stdin, stdout = self.proc.stdin, self.proc.stdout
         assert stdin is not None
         assert stdout is not None
@@ -780,6 +947,10 @@ PLUGIN_OF = {
     "node(s) didn't match pod affinity rules": "InterPodAffinity",
     "node(s) didn't match pod anti-affinity rules": "InterPodAffinity",
     "node(s) didn't satisfy existing pods anti-affinity rules": "InterPodAffinity",
+    "pod has unbound immediate PersistentVolumeClaims": "VolumeBinding",
+    "node(s) didn't match PersistentVolume's node affinity": "VolumeBinding",
+    "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)": "VolumeBinding",
+    "node(s) had no available volume zone": "VolumeZone",
 }
 
 
@@ -835,20 +1006,47 @@ def tessera_answer(case: Obj, clock: list[float] | None = None) -> Answer:
         hosts.set_namespace(ns["metadata"]["name"], ns["metadata"].get("labels") or {})
     for n in case["nodes"]:
         hosts.set_spec(node_spec(n))
-    for p in case["pods"]:
-        if not p["spec"].get("nodeName"):
-            continue
-        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        hosts.add_pod(p["metadata"]["uid"], p["spec"]["nodeName"], pod_spec(p))
+    for uid, node, p in _assigned(case):
+        hosts.add_pod(uid, node, pod_spec(p))
     names = [n["metadata"]["name"] for n in case["nodes"]]
-    incoming = pod_spec(case["pod"])
+    incoming = _incoming(case)
     parsed = time.perf_counter()
     answer = _fit(hosts, incoming, names)
     if clock is not None:
         clock[0] += parsed - began
         clock[1] += time.perf_counter() - parsed
     return answer
+
+
+def _assigned(case: Obj) -> Iterator[tuple[PodUID, str, Obj]]:
+    """The case's pods the watcher counts on a node: bound, phase not terminal."""
+    for p in case["pods"]:
+        node = p["spec"].get("nodeName")
+        if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            yield PodUID(p["metadata"]["uid"]), node, p
+
+
+def _incoming(case: Obj, managed: frozenset[str] = frozenset()) -> PodSpec:
+    """The pod to schedule as node fit reads it (``managed``: device names left out),
+    its claims resolved against the case's."""
+    incoming = pod_spec(case["pod"], managed)
+    uses = claims.pod_uses(case["pod"])
+    if uses is not None:
+        incoming = replace(incoming, claims=claims.claims_of(uses, _records(case).get)[0])
+    return incoming
+
+
+def _records(case: Obj) -> dict[claims.Key, claims.Record]:
+    """The case's claims, volumes and classes as the watcher keeps them."""
+    records: dict[claims.Key, claims.Record] = {}
+    for c in case.get("persistentVolumeClaims") or ():
+        key = f"{c['metadata'].get('namespace') or 'default'}/{c['metadata']['name']}"
+        records["pvc", key] = claims.pvc_record(c)
+    for v in case.get("persistentVolumes") or ():
+        records["pv", v["metadata"]["name"]] = claims.pv_record(v)
+    for c in case.get("storageClasses") or ():
+        records["class", c["metadata"]["name"]] = claims.class_record(c)
+    return records
 
 
 def _fit(hosts: Hosts, incoming: PodSpec, names: list[str]) -> Answer:
@@ -923,9 +1121,7 @@ def _show(v: Verdict) -> Any:
 def check(kube: Kube, cases: Sequence[Obj]) -> list[list[Disagreement]]:
     """Both sides on ``cases``: each case's disagreements."""
     results = kube.run(cases)
-    return [
-        compare(kube_answer(r), _tessera_or_error(c)) for c, r in zip(cases, results, strict=True)
-    ]
+    return [evaluate(c, r).diffs for c, r in zip(cases, results, strict=True)]
 
 
 def _tessera_or_error(case: Obj, clock: list[float] | None = None) -> Answer:
@@ -933,6 +1129,391 @@ def _tessera_or_error(case: Obj, clock: list[float] | None = None) -> Answer:
         return tessera_answer(case, clock)
     except Exception as exc:  # a crash is a disagreement of its own
         return Answer(error=f"{type(exc).__name__}: {exc}")
+
+
+# --- device cases ----------------------------------------------------------------------
+
+SPECS = DeviceSpecs()
+PARSER = RequestParser(SPECS)
+MANAGED = frozenset(PARSER.table.by_name)
+"""Tessera's device names: its node fit leaves them to the device families."""
+SPLIT = SPECS.nvidia.device_split_count
+FLAVOURS: dict[str, dict[str, str]] = {
+    "hami": {
+        "count": "nvidia.com/gpu",
+        "memory": "nvidia.com/gpumem",
+        "cores": "nvidia.com/gpucores",
+    },
+    "volcano": {
+        "count": "volcano.sh/vgpu-number",
+        "memory": "volcano.sh/vgpu-memory",
+        "cores": "volcano.sh/vgpu-cores",
+        "whole": "volcano.sh/gpu-number",
+    },
+}
+"""The names a node's device plugin advertises and pods ask for, per upstream."""
+CARDS = (("NVIDIA-A100-SXM4-80GB", 81920), ("NVIDIA-A100-PCIE-40GB", 40960))
+BOUND_MIB = (2000, 5000, 10000, 20000, 40000)
+WANT_MIB = (None, 4000, 10000, 20000, 30000, 40000)
+"""Per-card memory the incoming pod asks (None: none named, the whole card's); never
+above the smallest card, so no request is refused as larger than every card."""
+TESSERA_ONLY = ("kind", "inventory", "grants")
+"""Case fields the harness is not sent: the devices as Tessera's inventory describes
+them, and what the bound pods hold of them (card index, MiB, cores, whole)."""
+
+
+def _limits(container: Obj, limits: dict[str, str]) -> None:
+    """Device names in a container's limits (and requests, which must then equal them)."""
+    res = container.setdefault("resources", {})
+    res.setdefault("limits", {}).update(limits)
+    if "requests" in res:
+        res["requests"].update(limits)
+
+
+def _advertise(node: Obj, names: dict[str, str], cards: list[list[Any]]) -> None:
+    """What the device plugin registers, as kube-scheduler sees it: totals per node."""
+    adv = {
+        names["count"]: str(len(cards) * SPLIT),
+        names["memory"]: str(sum(mib for _, mib in cards)),
+        names["cores"]: str(100 * len(cards)),
+    }
+    if "whole" in names:
+        adv[names["whole"]] = str(len(cards))
+    for key in ("capacity", "allocatable"):
+        if key in node["status"]:
+            node["status"][key].update(adv)
+
+
+def generate_devices(seed: int, index: int) -> Obj:
+    """A device case: case ``index`` of ``seed`` (the same cluster and filters), its nodes
+    given cards (advertised as extended resources), some bound pods holding slices or
+    whole cards of them, and the incoming pod asking for devices in one flavour's names."""
+    case = generate(seed, index)
+    rng = random.Random(f"parity-devices:{seed}:{index}")
+    names = FLAVOURS[rng.choice(sorted(FLAVOURS))]
+    inventory: dict[str, list[list[Any]]] = {}
+    for n in case["nodes"]:
+        k = rng.choice((0, 1, 1, 2, 2, 4))
+        if k:
+            model, mib = rng.choice(CARDS)
+            inventory[n["metadata"]["name"]] = cards = [[model, mib] for _ in range(k)]
+            _advertise(n, names, cards)
+    used = {node: [[0, 0, 0, False] for _ in cards] for node, cards in inventory.items()}
+    grants: dict[str, list[list[Any]]] = {}
+    for p in case["pods"]:
+        node = p["spec"]["nodeName"]
+        cards = inventory.get(node)
+        if not cards or rng.random() < 0.4:
+            continue
+        use = used[node]
+        if "whole" in names and rng.random() < 0.25:
+            idle = [i for i, u in enumerate(use) if not u[0]]
+            if not idle:
+                continue
+            i = rng.choice(idle)
+            use[i] = [1, cards[i][1], 100, True]
+            held = [[i, cards[i][1], 100, True]]
+            limits = {names["whole"]: "1"}
+        else:
+            count, mib = rng.choice((1, 1, 1, 2)), rng.choice(BOUND_MIB)
+            cores = rng.choice((0, 0, 10, 30))
+            room = [
+                i
+                for i, u in enumerate(use)
+                if not u[3] and u[0] < SPLIT and cards[i][1] - u[1] >= mib and u[2] + cores <= 90
+            ]
+            if len(room) < count:
+                continue
+            held = [[i, mib, cores, False] for i in sorted(rng.sample(room, count))]
+            for i, _, _, _ in held:
+                use[i][0] += 1
+                use[i][1] += mib
+                use[i][2] += cores
+            limits = {names["count"]: str(count), names["memory"]: str(mib)}
+            if cores:
+                limits[names["cores"]] = str(cores)
+        grants[p["metadata"]["uid"]] = held
+        _limits(p["spec"]["containers"][0], limits)
+    if "whole" in names and rng.random() < 0.2:
+        want = {names["whole"]: str(rng.choice((1, 1, 2)))}
+    else:
+        want = {names["count"]: str(rng.choice((1, 1, 1, 2, 3)))}
+        mib = rng.choice(WANT_MIB)
+        if mib:
+            want[names["memory"]] = str(mib)
+        cores = rng.choice((None, None, 10, 30, 60))
+        if cores:
+            want[names["cores"]] = str(cores)
+    _limits(case["pod"]["spec"]["containers"][0], want)
+    case.update(kind="devices", inventory=inventory, grants=grants)
+    return case
+
+
+def _uuid(node: str, index: int) -> DeviceUUID:
+    return DeviceUUID(f"GPU-{node}-{index}")
+
+
+def _ledger(case: Obj) -> Ledger:
+    """The case as the allocator's ledger holds it: Node objects, every card of the
+    inventory, the bound pods (those holding devices as their grants)."""
+    ledger = Ledger(SPECS)
+    hosts = ledger.hosts
+    for ns in case["namespaces"]:
+        hosts.set_namespace(ns["metadata"]["name"], ns["metadata"].get("labels") or {})
+    for n in case["nodes"]:
+        ledger.set_spec(node_spec(n))
+    inventory = case.get("inventory") or {}
+    for node, cards in inventory.items():
+        devices = [
+            DeviceInfo(uuid=_uuid(node, i), index=i, vendor="nvidia", model=m, memory_mib=mib)
+            for i, (m, mib) in enumerate(cards)
+        ]
+        ledger.set_node(NodeName(node), devices)
+    held = case.get("grants") or {}
+    for uid, node, p in _assigned(case):
+        spec = pod_spec(p, MANAGED)
+        if uid not in held:
+            hosts.add_pod(uid, node, spec)
+            continue
+        devices = tuple(
+            DeviceGrant(
+                uuid=_uuid(node, i),
+                index=i,
+                model=inventory[node][i][0],
+                memory_mib=mib,
+                cores=cores,
+                exclusive=whole,
+            )
+            for i, mib, cores, whole in held[uid]
+        )
+        container = ContainerGrant(container=p["spec"]["containers"][0]["name"], devices=devices)
+        ref = PodRef(namespace=p["metadata"]["namespace"], name=p["metadata"]["name"], uid=uid)
+        ledger.grant(PodGrant(pod=ref, node=NodeName(node), containers=(container,), spec=spec))
+    return ledger
+
+
+def _incoming_ref(case: Obj) -> PodRef:
+    meta = case["pod"]["metadata"]
+    return PodRef(namespace=meta["namespace"], name=meta["name"], uid=PodUID(meta["uid"]))
+
+
+def _request(case: Obj) -> PodRequest:
+    parsed = PARSER.parse(case["pod"])
+    if not isinstance(parsed, PodRequest):
+        raise ValueError(f"Tessera refuses the request: {[e.message for e in parsed]}")
+    return parsed
+
+
+@dataclass
+class DeviceAnswer:
+    """Tessera on a device case: its filters alone, and filters + device fit."""
+
+    filters: Answer
+    full: dict[str, Verdict]
+    request: PodRequest
+
+
+def tessera_devices(case: Obj) -> DeviceAnswer:
+    """Tessera's answer per node on a device case: shared/core/nodefit.py's filters (the
+    device names left out, as the allocator parses pods), then ``Placer.verdicts``
+    (shared/core/placement.py: the filters, then the device families on the node's cards
+    as the ledger holds them)."""
+    ledger = _ledger(case)
+    names = [n["metadata"]["name"] for n in case["nodes"]]
+    spec = _incoming(case, MANAGED)
+    request = _request(case)
+    filters = _fit(ledger.hosts, spec, names)
+    status, answers = Placer(ledger).verdicts(GangMember(_incoming_ref(case), request, spec=spec))
+    if not answers:  # refused before any node: every node says so
+        verdict = (CODE_NAMES[status.code], frozenset(r.text() for r in status.reasons))
+        return DeviceAnswer(filters, dict.fromkeys(names, verdict), request)
+    full = {
+        name: None if s is None else (CODE_NAMES[s.code], frozenset(r.text() for r in s.reasons))
+        for name, s in answers
+    }
+    return DeviceAnswer(filters, full, request)
+
+
+def device_class(case: Obj, node: str, request: PodRequest) -> str | None:
+    """Why Tessera's device fit may refuse ``node`` where kube-scheduler's totals take the
+    pod (docs/compat.md, "Devices as kube-scheduler sees them"): the first documented
+    class that applies, computed from the case's cards and grants alone; None if none
+    does (then the refusal is a disagreement)."""
+    cards = (case.get("inventory") or {}).get(node) or []
+    use = [[0, 0, 0, False] for _ in cards]
+    for p in case["pods"]:
+        if p["spec"].get("nodeName") == node:
+            for i, mib, cores, whole in (case.get("grants") or {}).get(p["metadata"]["uid"], ()):
+                u = use[i]
+                use[i] = [u[0] + 1, u[1] + mib, u[2] + cores, u[3] or whole]
+    for r in (d for c in request.containers for d in c.devices):
+        if r.count > len(cards):
+            return "count above the node's cards"
+        if r.exclusive:
+            if sum(1 for u in use if not u[0]) < r.count:
+                return "whole card already shared"
+            continue
+        shared = [i for i, u in enumerate(use) if not u[3] and u[0] < SPLIT]
+        if len(shared) < r.count:
+            return "card held whole"
+        mem_ok = [
+            i
+            for i in shared
+            if cards[i][1] - use[i][1]
+            >= (r.memory_mib if r.memory_mib is not None else cards[i][1])
+        ]
+        if len(mem_ok) < r.count:
+            return "per-card memory"
+        if sum(1 for i in mem_ok if use[i][2] + r.cores <= 100) < r.count:
+            return "per-card cores"
+    return None
+
+
+BEFORE_DEVICES = (
+    "NodeUnschedulable",
+    "NodeName",
+    "TaintToleration",
+    "NodeAffinity",
+    "NodePorts",
+    "NodeResourcesFit",
+)
+"""The filter plugins that run before (or as) NodeResourcesFit checks the device names
+(tools/parity/README.md, "What runs"): kube stops at the first that refuses."""
+
+
+def _managed(reason: str) -> bool:
+    return reason.startswith("Insufficient ") and reason[len("Insufficient ") :] in MANAGED
+
+
+def compare_devices(
+    case: Obj, kube: Answer, t: DeviceAnswer
+) -> tuple[list[Disagreement], Counter[str]]:
+    """A device case: the PreFilter and every node as :func:`compare` does, on kube's
+    reasons less those about device names (NodeResourcesFit on the advertised totals).
+    Where only those remain, kube's refusal must be a refusal of Tessera's devices; a
+    node Tessera's devices refuse while kube takes it must fall in a documented class
+    (counted, not a disagreement). The message is not compared (the device reasons are
+    Tessera's own)."""
+    if kube.error or t.filters.error or kube.prefilter is not None or t.filters.prefilter:
+        return [d for d in compare(kube, t.filters) if d.category != "message"], Counter()
+    out: list[Disagreement] = []
+    classes: Counter[str] = Counter()
+    for name, k in kube.nodes.items():
+        f, full = t.filters.nodes.get(name), t.full.get(name)
+        rest = frozenset(r for r in k[1] if not _managed(r)) if k is not None else frozenset()
+        devices = k is not None and rest != k[1]
+        if f is not None or rest:
+            if k is not None and f is not None and rest == f[1] and (devices or k[0] == f[0]):
+                continue
+            if devices and not rest and f is not None and plugin_of(f[1]) not in BEFORE_DEVICES:
+                continue  # kube stopped at NodeResourcesFit, before Tessera's plugin
+            kube_side = (k[0], rest) if k is not None and rest else (None if devices else k)
+            out.extend(compare(Answer(nodes={name: kube_side}), Answer(nodes={name: f})))
+            continue
+        if (k is None) == (full is None):
+            continue
+        if full is None:
+            out.append(Disagreement("devices: kube rejects, Tessera accepts", name, _show(k)))
+            continue
+        found = device_class(case, name, t.request)
+        if found is None:
+            cat = "devices: Tessera rejects, kube accepts (no documented class)"
+            out.append(Disagreement(cat, name, "feasible", _show(full)))
+        else:
+            classes[found] += 1
+    return out, classes
+
+
+# --- the node chosen -------------------------------------------------------------------
+
+KUBE_LIKE = PlacementConfig(node_policy="spread", fragmentation_guard=0)
+"""The profile that mimics kube-scheduler's default scores for a pod without devices
+(docs/compat.md, "Choosing a node"): ``nodePolicy: spread`` scores the feasible nodes of
+a window of ``scoreWindow`` (16, above any case's node count) with ``Prepared.score``
+(shared/core/nodefit.py: LeastAllocated, BalancedAllocation, PreferNoSchedule taints,
+preferred node and pod affinity, ScheduleAnyway spread, with kube's weights), and
+``fragmentationGuard: 0`` turns the FGD choice off."""
+
+
+def tessera_choice(case: Obj) -> str | None:
+    """The node ``Placer.place`` (shared/core/placement.py) picks under :data:`KUBE_LIKE`."""
+    placed = Placer(_ledger(case), KUBE_LIKE).place(
+        _incoming_ref(case), _request(case), spec=_incoming(case, MANAGED)
+    )
+    return placed.node if isinstance(placed, Placement) else None
+
+
+def compare_choice(result: Obj, chosen: str | None) -> list[Disagreement]:
+    """Tessera's node must be among the nodes of kube's highest total score (the
+    scheduler breaks ties at random); with no score (no feasible node) it places none."""
+    scores: dict[str, Obj] = result.get("scores") or {}
+    if not scores:
+        if chosen is None:
+            return []
+        return [Disagreement("choice: Tessera places, kube scores no node", chosen)]
+    best = max(s["total"] for s in scores.values())
+    top = sorted(n for n, s in scores.items() if s["total"] == best)
+    if chosen in top:
+        return []
+    theirs = scores.get(chosen or "", {}).get("total")
+    return [
+        Disagreement(
+            "choice: Tessera's node is not among kube's best",
+            chosen or "",
+            {"best": top, "total": best},
+            {"node": chosen, "kube's total for it": theirs},
+        )
+    ]
+
+
+SCORE_ERROR = ("running PreScore plugin", "running Score plugin")
+KUBE_SCORE_ERROR = "kube's scoring fails the cycle (preferred Gt/Lt not an integer)"
+
+
+def replace_error(answer: Answer) -> Answer:
+    """``answer`` without its error (the filters' verdicts stand)."""
+    return Answer(answer.prefilter, answer.nodes, answer.message)
+
+
+@dataclass
+class Outcome:
+    """One case's comparison: disagreements, documented device differences by class,
+    and whether a node choice was compared."""
+
+    diffs: list[Disagreement]
+    classes: Counter[str] = field(default_factory=Counter)
+    chose: bool = False
+
+
+def evaluate(case: Obj, result: Obj, clock: list[float] | None = None) -> Outcome:
+    """Both sides on one case of either kind (``kind``: ``devices``, or filters and, with
+    ``score`` set, the node chosen)."""
+    k = kube_answer(result)
+    try:
+        if case.get("kind") == "devices":
+            return Outcome(*compare_devices(case, k, tessera_devices(case)))
+        if case.get("score") and k.error.startswith(SCORE_ERROR):
+            # kube fails the cycle in scoring (an Error status): the filters still count
+            diffs = compare(replace_error(k), _tessera_or_error(case, clock))
+            return Outcome(diffs, Counter({KUBE_SCORE_ERROR: 1}) if not diffs else Counter())
+        diffs = compare(k, _tessera_or_error(case, clock))
+        if diffs or k.error or not case.get("score"):
+            return Outcome(diffs)
+        chose = bool(result.get("scores"))
+        return Outcome(compare_choice(result, tessera_choice(case)), chose=chose)
+    except Exception as exc:  # a crash is a disagreement of its own
+        return Outcome([Disagreement("Tessera raised", tessera=f"{type(exc).__name__}: {exc}")])
+
+
+def cases(seed: int, start: int, stop: int) -> list[Obj]:
+    """Cases ``start`` to ``stop`` of ``seed``, each twice: scored (filters and the node
+    chosen) and as a device case."""
+    out = []
+    for i in range(start, stop):
+        scored = generate(seed, i)
+        scored["score"] = True
+        out += [scored, generate_devices(seed, i)]
+    return out
 
 
 # --- shrinking -------------------------------------------------------------------------
@@ -1122,6 +1703,13 @@ class Tally:
     kube_reasons: Counter[str] = field(default_factory=Counter)
     no_fit: int = 0
     prefilter: int = 0
+    device_cases: int = 0
+    choices: int = 0
+    """Scored cases with a feasible node: Tessera's choice compared with kube's scores."""
+    tied: int = 0
+    """... of which kube's best total was shared by several nodes."""
+    differences: Counter[str] = field(default_factory=Counter)
+    """Documented differences (docs/compat.md) by class: nodes, or cases for scoring."""
     tessera_s: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """Seconds in Tessera: parsing into the host side; PreFilter + Filter + message."""
     first: list[tuple[Obj, Disagreement]] = field(default_factory=list)
@@ -1143,15 +1731,24 @@ class Tally:
 def run(kube: Kube, seed: int, count: int, batch: int = 250, keep: int = 0) -> Tally:
     tally = Tally()
     for start in range(0, count, batch):
-        cases = [generate(seed, i) for i in range(start, min(count, start + batch))]
-        results = kube.run(cases)
-        for case, result in zip(cases, results, strict=True):
-            t = _tessera_or_error(case, tally.tessera_s)
+        both = cases(seed, start, min(count, start + batch))
+        results = kube.run(both)
+        for case, result in zip(both, results, strict=True):
+            outcome = evaluate(case, result, tally.tessera_s)
+            diffs = outcome.diffs
             k = kube_answer(result)
-            diffs = compare(k, t)
+            devices = case.get("kind") == "devices"
             tally.cases += 1
+            tally.device_cases += devices
             tally.nodes += len(case["nodes"])
-            tally.features.update(features(case))
+            tally.differences.update(outcome.classes)
+            tally.choices += outcome.chose
+            if outcome.chose:
+                scores = result["scores"]
+                best = max(s["total"] for s in scores.values())
+                tally.tied += sum(1 for s in scores.values() if s["total"] == best) > 1
+            if not devices:
+                tally.features.update(features(case))
             if k.prefilter is not None:
                 tally.prefilter += 1
             if k.nodes and all(v is not None for v in k.nodes.values()):
@@ -1175,7 +1772,8 @@ def run(kube: Kube, seed: int, count: int, batch: int = 250, keep: int = 0) -> T
 
 
 def minimal(case: Obj) -> Obj:
-    return {k: case[k] for k in ("nodes", "pods", "namespaces", "pod")}
+    keys = ("nodes", "pods", "namespaces", "persistentVolumeClaims", "persistentVolumes")
+    return {k: case[k] for k in (*keys, "storageClasses", "pod") if k in case}
 
 
 def main() -> None:
@@ -1199,9 +1797,16 @@ def main() -> None:
     kube_ms = 1000 * kube.seconds / max(1, kube.cases)
     mean = re.search(r"mean (\d+)", stats)
     per_worker = f"{int(mean.group(1)) / 1000:.2f} ms" if mean else "?"
+    scored = tally.cases - tally.device_cases
     print(
-        f"parity: {tally.cases} cases (seed {args.seed}), {tally.nodes} nodes compared, "
+        f"parity: {tally.cases} cases (seed {args.seed}; {scored} scored, "
+        f"{tally.device_cases} with devices), {tally.nodes} nodes compared, "
         f"kube-scheduler v1.36.3 default profile vs Tessera's core"
+    )
+    print(
+        f"  node chosen: {tally.choices} scored cases with a feasible node ({tally.tied} with "
+        "a tie for kube's best), Tessera's choice under nodePolicy spread, "
+        "fragmentationGuard 0 among kube's best"
     )
     print(
         f"  no node feasible (kube): {tally.no_fit} cases; PreFilter rejections (kube): "
@@ -1211,7 +1816,7 @@ def main() -> None:
         f"  kube-scheduler: {kube_ms:.2f} ms/case wall through the pipe ({args.j} workers, "
         f"incl. JSON); {per_worker}/case per worker (harness -stats mean)"
     )
-    parse_ms, fit_ms = (1000 * x / max(1, tally.cases) for x in tally.tessera_s)
+    parse_ms, fit_ms = (1000 * x / max(1, scored) for x in tally.tessera_s)
     print(
         f"  Tessera core:   {parse_ms + fit_ms:.2f} ms/case on one core: {parse_ms:.2f} parsing "
         f"the objects into the host side, {fit_ms:.2f} PreFilter + Filter on every node + "
@@ -1224,6 +1829,9 @@ def main() -> None:
         print(f"    {'category':<{width}}  {'nodes':>6}  {'cases':>6}")
         for cat, n in tally.by_category.most_common():
             print(f"    {cat:<{width}}  {n:>6}  {tally.cases_by_category[cat]:>6}")
+    print(f"  documented differences (docs/compat.md): {sum(tally.differences.values())}")
+    for cls, n in tally.differences.most_common():
+        print(f"    {n:>6}  {cls}")
     print("  features exercised (cases):")
     for name, n in sorted(tally.features.items()):
         print(f"    {name:<32} {n:>6}")

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, cast
-from urllib.parse import urlsplit
+from urllib.parse import ParseResult, urlsplit
 
 import msgspec
 import nats
@@ -125,7 +125,8 @@ def credentials(cfg: NatsConfig, service: str) -> dict[str, str]:
 
 
 class _OneWriteTransport(TcpTransport):
-    """nats-py's TCP transport, with a flush written as ONE buffer.
+    """nats-py's TCP transport, with a flush written as ONE buffer, and a TLS upgrade
+    whose stream knows it is over TLS.
 
     nats-py queues each command as separate small byte strings and flushes the whole
     list with ``writelines``. On a TLS connection each of them then becomes a TLS record
@@ -138,6 +139,30 @@ class _OneWriteTransport(TcpTransport):
 
     def writelines(self, payload: list[bytes]) -> None:
         self.write(b"".join(payload))  # type: ignore[no-untyped-call]
+
+    async def connect_tls(
+        self,
+        uri: str | ParseResult,
+        ssl_context: ssl.SSLContext,
+        buffer_size: int,
+        connect_timeout: int,
+    ) -> None:
+        """nats-py's upgrade to TLS, then the ``connection_made`` that ``loop.start_tls``
+        leaves out (it never calls it on the protocol it is given).
+
+        nats-py upgrades with a fresh ``StreamReaderProtocol``. Told of no transport, that
+        protocol believes it is not over TLS, so its ``eof_received`` asks to keep the
+        connection half open, which TLS cannot do: each connection then closed made
+        asyncio (and uvloop) log "returning true from eof_received() has no effect when
+        using ssl" as a WARNING, dozens of times in a healthy run. Told of its transport,
+        as ``asyncio.open_connection(ssl=...)`` tells it (the way shared/http1.py opens
+        its connections), it answers as TLS wants, and its reader can pause the
+        transport when it is behind, as on a plain connection. Checked by
+        tests/service/test_bus.py."""
+        await super().connect_tls(uri, ssl_context, buffer_size, connect_timeout)
+        if self._io_writer is not None:
+            transport = self._io_writer.transport
+            transport.get_protocol().connection_made(transport)
 
 
 setattr(nats.aio.client, "TcpTransport", _OneWriteTransport)  # noqa: B010 (not exported)

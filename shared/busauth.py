@@ -74,6 +74,8 @@ ROLES: Mapping[str, Role] = {
             ev.NamespaceUpdated,
             ev.PodGroupUpdated,
             ev.PodGroupDeleted,
+            ev.BudgetUpdated,
+            ev.BudgetDeleted,
             ev.QueueUpdated,
             ev.QueueDeleted,
             ev.JobUpdated,

@@ -20,10 +20,11 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, ClassVar, Self, get_args
+from typing import Any, ClassVar, Literal, Self, get_args
 
 import msgspec
 
+from shared.core.disruption import Budget
 from shared.core.hosts import NodeSpec, PodSpec
 from shared.core.model import (
     ContainerGrant,
@@ -33,6 +34,7 @@ from shared.core.model import (
     NonNegInt,
     PodRef,
     PodRequest,
+    PodUID,
     PosInt,
     RequestError,
     VictimUnit,
@@ -175,6 +177,9 @@ class PodPending(Event, frozen=True, kw_only=True, tag="pod.pending"):
     spec: PodSpec | None = None
     """What node filters read of the pod (requests, selectors, affinity, tolerations,
     ports, spread); None from a watcher older than node fit (devices only then)."""
+    preemption_policy: str = ""
+    """``spec.preemptionPolicy`` (``Never``: it evicts no one; usually set from its
+    PriorityClass)."""
 
 
 VOLCANO_JOB = "vcjob"
@@ -304,6 +309,22 @@ class PodGroupDeleted(Event, frozen=True, kw_only=True, tag="podgroup.deleted"):
     name: str
 
 
+class BudgetUpdated(Event, frozen=True, kw_only=True, tag="pdb.updated"):
+    """A PodDisruptionBudget as preemption reads it: which pods it covers and the
+    disruptions it allows now (the watcher's reading, shared/core/disruption.py)."""
+
+    KEY = _key("budget.namespace")
+    budget: Budget
+
+
+class BudgetDeleted(Event, frozen=True, kw_only=True, tag="pdb.deleted"):
+    """A PodDisruptionBudget is gone: the pods it covered may be preempted freely."""
+
+    KEY = _key("namespace")
+    namespace: str
+    name: str
+
+
 class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
     """A Volcano Queue: weight, capability, guarantee, reclaimable, priority, state."""
 
@@ -370,7 +391,11 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     members: tuple[PodPending, ...]
     attempt: int = 1
     victims: tuple[VictimUnit, ...] = ()
-    """If the gang does not fit: what may be preempted for it, cheapest first."""
+    """If the gang does not fit: what may be preempted for it, cheapest first (those
+    that would break a PodDisruptionBudget last)."""
+    budgets: dict[str, int] = msgspec.field(default_factory=dict)
+    """What each PodDisruptionBudget (``namespace/name``) ``victims`` count against
+    allows now."""
     hold: bool = False
     """The gang has waited past ``scheduler.starvationGuardS``: if it does not fit, hold
     the nodes it would fit on once their pods finish, so smaller gangs stop taking them."""
@@ -479,6 +504,12 @@ class Refusal(Event, frozen=True, kw_only=True):
 class AllocationFailed(Refusal, frozen=True, kw_only=True, tag="allocation.failed"):
     """The allocator found no placement for these pods (published by it alone)."""
 
+    nominated: dict[PodUID, NodeName] = msgspec.field(default_factory=dict)
+    """kube-scheduler's ``status.nominatedNodeName`` for these pods, which the binder
+    writes: where each goes once the victims of its preemption are gone, or "" to clear
+    what was written before (no room is made for it any more). A pod not named keeps
+    what it has."""
+
 
 class PodWaiting(Refusal, frozen=True, kw_only=True, tag="pod.waiting"):
     """The coordinator holds these pods back before placement: their queue is closed or
@@ -510,6 +541,17 @@ class AllocationBound(Event, frozen=True, kw_only=True, tag="allocation.bound"):
     attempt: int = 1
 
 
+BindCause = Literal["transient", "refused", "gated", "gone", "taken"]
+"""Why a Binding failed, as the binder read the API server's answer and the pod
+(services/binder/service.py), and so what the gang-coordinator does next:
+``transient``, the API server out of reach or overloaded through the binder's retries
+(placed again at once); ``refused``, any other refusal (placed again after the pod's
+backoff, which freed capacity does not cut short); ``gated``, the pod has scheduling gates
+(not placed until the watcher announces it again, ungated); ``gone``, deleted, being
+deleted or replaced by a namesake (never placed again); ``taken``, already bound to
+another node (the watcher's ``PodUpdated`` settles it)."""
+
+
 class BindFailed(Event, frozen=True, kw_only=True, tag="allocation.bind-failed"):
     """The Binding write failed for good; the reservation must be released."""
 
@@ -519,6 +561,9 @@ class BindFailed(Event, frozen=True, kw_only=True, tag="allocation.bind-failed")
     error: str
     """What the API server answered, or why the write was not made."""
     attempt: int = 1
+    cause: BindCause = "transient"
+    """Why, as the binder read it (:data:`BindCause`); an older binder's event reads
+    ``transient``, placed again at once as it always was."""
 
 
 class AllocationAdmitted(Event, frozen=True, kw_only=True, tag="allocation.admitted"):
@@ -552,6 +597,8 @@ AnyEvent = (
     | NamespaceUpdated
     | PodGroupUpdated
     | PodGroupDeleted
+    | BudgetUpdated
+    | BudgetDeleted
     | QueueUpdated
     | QueueDeleted
     | JobUpdated

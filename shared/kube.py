@@ -249,6 +249,37 @@ async def patch_status(api: Client, path: str, status: dict[str, Any]) -> bool:
     return True
 
 
+class ApiStatus(msgspec.Struct, frozen=True):
+    """Why the API server refused a request, as its ``Status`` body says: the HTTP
+    ``code``, the ``reason`` (``Conflict``, ``NotFound``, ``Forbidden``...) and the
+    ``message`` written for people."""
+
+    code: int = 0
+    reason: str = ""
+    message: str = ""
+
+
+_status_decoder = msgspec.json.Decoder(ApiStatus)
+
+
+def refusal(exc: ApiException) -> ApiStatus:
+    """The ``Status`` of a refused request (``request`` keeps the body); where the body
+    is not one (a proxy's page, an answer cut short), the HTTP code and phrase."""
+    code, phrase = int(exc.status or 0), str(exc.reason or "")
+    body = exc.body
+    if isinstance(body, str):
+        body = body.encode()
+    try:
+        said = _status_decoder.decode(body) if isinstance(body, bytes) and body else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        said = None
+    if said is None:
+        return ApiStatus(code=code, reason=phrase, message=phrase)
+    return ApiStatus(
+        code=said.code or code, reason=said.reason or phrase, message=said.message or phrase
+    )
+
+
 class Condition(msgspec.Struct, frozen=True):
     """A pod condition to set beside an Event: type, status, reason (the message is the
     Event's)."""
@@ -375,6 +406,8 @@ async def _raw(
 MAX_EVENT_BYTES = 64 * 2**20
 """The longest watch event read (the API server stores objects up to about 1.5 MiB and
 accepts requests up to 3 MiB; a watch event is one object with a little framing)."""
+ROUTINE_WAITS = 3
+"""How many 429 answers in a row a watch logs at INFO before it warns (see ``list_watch``)."""
 
 
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -413,6 +446,7 @@ async def list_watch(
     Handler exceptions propagate: the caller's task dies and its service restarts.
     """
     backoff = 0.2
+    waits = 0  # 429 answers in a row
     version = ""
     while True:
         try:
@@ -435,6 +469,7 @@ async def list_watch(
                     raise GoneError(path)
                 if response.status != 200:
                     raise ApiException(status=response.status, reason=response.reason)
+                waits = 0
                 async for line in _lines(response.chunks()):
                     try:
                         event = _watch_decoder.decode(line)
@@ -457,6 +492,16 @@ async def list_watch(
             version = ""
         except (TimeoutError, ApiException, OSError) as exc:
             raise_if_cancelling()
-            log.warning("watch of %s failed (%s); retrying in %.1fs", path, exc, backoff)
+            # 429: the API server asks to come back later (a resource's watch cache still
+            # filling, e.g. a CRD just made; its priority and fairness limits): a few in a
+            # row are routine on a healthy cluster, a run of them is not.
+            waits = waits + 1 if isinstance(exc, ApiException) and exc.status == 429 else 0
+            log.log(
+                logging.INFO if 0 < waits <= ROUTINE_WAITS else logging.WARNING,
+                "watch of %s failed (%s); retrying in %.1fs",
+                path,
+                exc,
+                backoff,
+            )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_s)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from shared import events as ev
-from shared.core.hosts import node_spec, pod_spec
+from shared.core.disruption import Budget
+from shared.core.hosts import label_selector, node_spec, pod_spec
 from shared.core.model import (
     Constraints,
     ContainerGrant,
@@ -194,6 +197,7 @@ def sample_events() -> list[ev.Event]:
         created_at=1700000000.5,
         resource_version="42",
         spec=POD_SPEC,
+        preemption_policy="Never",
     )
     node = NodeName("gpu-node.rack-1")
     return [
@@ -246,6 +250,22 @@ def sample_events() -> list[ev.Event]:
             min_resources={"nvidia.com/gpu": "2"},
         ),
         ev.PodGroupDeleted(namespace="ml", name="job-a"),
+        ev.BudgetUpdated(
+            budget=Budget(
+                namespace="ml",
+                name="web",
+                selector=label_selector(
+                    {
+                        "matchLabels": {"app": "web"},
+                        "matchExpressions": [{"key": "tier", "operator": "Exists"}],
+                    }
+                ),
+                allowed=1,
+                disrupted=("web-0",),
+                computed=True,
+            )
+        ),
+        ev.BudgetDeleted(namespace="ml", name="web"),
         ev.QueueUpdated(
             name="research",
             weight=3,
@@ -272,7 +292,12 @@ def sample_events() -> list[ev.Event]:
             min_member=1,
             members=(pending,),
             attempt=2,
-            victims=(ev.VictimUnit(pods=(pod("batch-0"),), why="priority 0 < 1000"),),
+            victims=(
+                ev.VictimUnit(
+                    pods=(pod("batch-0"),), why="priority 0 < 1000", budgets=(("ml/web",),)
+                ),
+            ),
+            budgets={"ml/web": 0},
             hold=True,
         ),
         ev.GangReady(  # passed on by an allocator shard, in the second pass
@@ -320,6 +345,13 @@ def sample_events() -> list[ev.Event]:
             gang=GANG,
             attempt=3,
         ),
+        msgspec.structs.replace(
+            ev.AllocationFailed.of(
+                (pod("train-3"),),
+                Status(code=Code.UNSCHEDULABLE, note="Preempting 1 pod(s) to make room on n."),
+            ),
+            nominated={pod("train-3").uid: node},
+        ),
         ev.PodWaiting.of(
             (pod("train-2"),),
             Status(
@@ -339,7 +371,7 @@ def sample_events() -> list[ev.Event]:
             nodes=(node,),
             attempt=4,
         ),
-        ev.BindFailed(pod=pod(), node=node, error="pod was deleted", attempt=2),
+        ev.BindFailed(pod=pod(), node=node, error="pod was deleted", attempt=2, cause="gone"),
         ev.AllocationReleased(pod=pod(), node=node, reason="pod deleted"),
         ev.AllocationAdmitted(pod=pod(), node=node),
     ]

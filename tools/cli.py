@@ -458,9 +458,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The local control plane, NATS, the five services, a simulated cluster, example
     workloads from HAMi's and Volcano's vocabulary, and what became of each pod."""
     from tools import localcluster
-    from tools.ops import quiet_asyncio
 
-    quiet_asyncio()
     workdir = Path(args.dir).resolve()
     localcluster.stop_detached(workdir)
     started = time.monotonic()

@@ -98,6 +98,18 @@ def _version_ldflags(release: str) -> str:
     return " ".join(["-s", "-w", *flags])
 
 
+def _outdated(binary: Path) -> bool:
+    """A binary built here from this repository's own Go sources (tools/parity), older
+    than they are (not under ``$TESSERA_BIN_DIR``, nor without Go to build it again)."""
+    sources = TOOLS_DIR / "parity"
+    if binary.name != "tessera-parity" or os.environ.get("TESSERA_BIN_DIR"):
+        return False
+    if shutil.which("go") is None:
+        return False
+    newest = max(f.stat().st_mtime for f in (*sources.glob("*.go"), TOOLS_DIR / "go.mod"))
+    return binary.stat().st_mtime < newest
+
+
 def ensure_binaries(names: Sequence[str] = tuple(_PACKAGES), *, quiet: bool = False) -> Path:
     """Build the missing control-plane binaries once; return their folder.
 
@@ -105,7 +117,7 @@ def ensure_binaries(names: Sequence[str] = tuple(_PACKAGES), *, quiet: bool = Fa
     find the binaries and return at once.
     """
     target = bin_dir()
-    missing = [n for n in names if not (target / n).is_file()]
+    missing = [n for n in names if not (target / n).is_file() or _outdated(target / n)]
     if not missing:
         return target
     go = shutil.which("go")

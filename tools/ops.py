@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import sys
 import time
@@ -213,16 +212,9 @@ async def api_get(
         raise Failed(f"cannot reach the API server at {api.host}: {exc!r}") from None
 
 
-def quiet_asyncio() -> None:
-    """Closing a TLS connection to NATS makes asyncio warn that "returning true from
-    eof_received() has no effect when using ssl": noise on a command's stderr."""
-    logging.getLogger("asyncio").setLevel(logging.ERROR)
-
-
 def run(what: str, main: Coroutine[Any, Any, int], *, interrupted: int = 130) -> int:
     """Run a command's coroutine: :class:`Failed` becomes one line on stderr and exit 1,
     Ctrl-C exit ``interrupted``."""
-    quiet_asyncio()
     try:
         return asyncio.run(main)
     except Failed as exc:

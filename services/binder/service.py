@@ -3,9 +3,16 @@
 A decision becomes ONE ``pods/binding`` whose metadata carries the grant annotations
 (Tessera's own, plus HAMi's or Volcano's with ``compat.annotations``), so the node and
 the grant land together. Up to ``bind_concurrency`` binds run at once, with no per-node
-lock. Transient API errors (429, 5xx, timeouts) are retried with backoff; a conflict is
-checked against the pod (already bound this way by an earlier try: success); anything
-else is ``BindFailed`` and the allocator releases the reservation.
+lock. Transient API errors (429, 5xx, timeouts) are retried with backoff. Any other
+answer is read, never retried blindly: the refusal's ``Status`` (shared/kube.py
+``refusal``) and, for a conflict, the pod as it is now (:func:`read_conflict`: already
+bound this way by an earlier try is a success) give ``BindFailed`` its cause
+(shared/events.py ``BindCause``), which the allocator answers by releasing the
+reservation and the coordinator by placing the pod again, at once, after a backoff, or
+not at all. Only a refusal the pod's owner can act on (an admission policy's, say) is
+told to them, as a ``FailedScheduling`` Event; a gated pod, one gone or bound elsewhere,
+the API server out of reach, or the binder's own account denied (the operator's to fix,
+logged) are not.
 
 Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's
 (unless ``scheduler.scheduledEvents`` is off: then a bind is the Binding alone). The
@@ -18,7 +25,8 @@ pods, and the Events follow as it has room. Like kube-scheduler's event broadcas
 ``FLUSH_S``.
 ``AllocationFailed`` (and the coordinator's ``PodWaiting``) becomes a ``FailedScheduling``
 Event and ``PodScheduled=False`` condition on each pod, with the per-node reasons; a
-message is not repeated to a pod.
+message is not repeated to a pod. The node a preemptor will go to is written as its
+``status.nominatedNodeName`` (nominated.py).
 
 ``PreemptionDecided``: each victim gets a ``Preempted`` Event naming the gang and why,
 the ``DisruptionTarget`` condition (reason ``PreemptionByScheduler``, as kube-scheduler
@@ -33,11 +41,12 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
-from typing import Any, Literal
+from collections.abc import Coroutine, Mapping
+from typing import Any, Literal, NamedTuple
 
 from kubernetes_asyncio.client import ApiException
 
+from services.binder.nominated import Nominator
 from shared import events as ev
 from shared import kube
 from shared.config import grant_key
@@ -58,6 +67,54 @@ SCHEDULED_BACKLOG = 10_000
 """``Scheduled`` Events queued at most (then the oldest is dropped)."""
 FLUSH_S = 2.0
 """At shutdown, how long the queued ``Scheduled`` Events may take to be written."""
+DENIED = "cannot create resource"
+"""What the API server's authorizer writes when it denies the binder's own account
+(``... User "system:serviceaccount:tessera:binder" cannot create resource
+"pods/binding" ...``): deploy/kustomize/base/rbac.yaml is missing a verb."""
+
+
+class Refused(NamedTuple):
+    """A Binding not made: the cause the coordinator acts on and the words for people."""
+
+    cause: ev.BindCause
+    why: str
+
+
+def read_refusal(answer: kube.ApiStatus) -> Refused:
+    """What a refused Binding means, but for a conflict (:func:`read_conflict` reads
+    the pod) and a transient answer still being retried."""
+    said = answer.message or answer.reason or str(answer.code)
+    if answer.code == 404:
+        return Refused("gone", f"the pod no longer exists ({said})")
+    if answer.code in TRANSIENT:
+        return Refused("transient", f"API error {answer.code} {answer.reason}: {said}")
+    return Refused("refused", f"the API server refused the Binding ({answer.code}): {said}")
+
+
+def read_conflict(
+    decided: ev.AllocationDecided, answer: kube.ApiStatus, pod: Mapping[str, Any] | None
+) -> Refused | None:
+    """What a Binding refused with 409 Conflict means, from the pod as read just after
+    (``None``: not found): None when it is bound as decided (an earlier try of this very
+    bind succeeded). The API server answers 409 alike to a pod bound already, one with
+    scheduling gates, one being deleted and a namesake (the ``uid`` precondition)."""
+    said = answer.message or answer.reason
+    if pod is None:
+        return Refused("gone", f"the pod no longer exists ({said})")
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    if meta.get("uid") != decided.pod.uid:
+        return Refused("gone", "the pod was replaced by another of the same name")
+    node = spec.get("nodeName")
+    if node == decided.node and ann.read_grants(meta.get("annotations") or {}) == decided.grants:
+        return None
+    if node:
+        return Refused("taken", f"the pod is already bound to {node}")
+    if meta.get("deletionTimestamp"):
+        return Refused("gone", f"the pod is being deleted ({said})")
+    gates = [str(g.get("name")) for g in spec.get("schedulingGates") or ()]
+    if gates:
+        return Refused("gated", f"the pod waits for its scheduling gates {', '.join(gates)}")
+    return Refused("refused", f"conflict: {said}")
 
 
 class _Scheduled:
@@ -126,6 +183,8 @@ class Binder(Service):
             MILLISECONDS,
         )
         self.scheduled = _Scheduled(self)
+        self.nominator = Nominator()
+        """``status.nominatedNodeName`` of preemptors (nominated.py)."""
         self.key = grant_key(rt.cfg)
         if self.key is None:
             log.warning("security.grantKeyFile is not set: grants are written unsigned")
@@ -141,7 +200,10 @@ class Binder(Service):
 
     @handles(ev.AllocationFailed, ev.PodWaiting)
     async def on_failed(self, event: ev.Refusal) -> None:
-        """Tell each pod why it was not placed (once per message)."""
+        """Tell each pod why it was not placed (once per message), and where it will go
+        once room is made for it (``nominatedNodeName``)."""
+        if isinstance(event, ev.AllocationFailed) and event.nominated:
+            await self.nominator.write(self.api, event, self.bound)
         for pod in event.pods:
             await self.tell_unschedulable(pod, event.message)
 
@@ -191,8 +253,9 @@ class Binder(Service):
             current.set_attribute(
                 "tessera.devices", ",".join(d.uuid for c in decided.grants for d in c.devices)
             )
-            error = await self._bind(decided, annotations)
-        if error is None:
+            await self.nominator.settled(decided.pod.uid)
+            refused = await self._bind(decided, annotations)
+        if refused is None:
             self.bound.add(decided.pod.uid)
             now = time.time()
             self.binds.add(1)
@@ -215,55 +278,79 @@ class Binder(Service):
                 assigned += f" with {devices}" if devices else ""
                 self.scheduled.put(decided.pod, assigned)
             return
-        log.warning("bind of %s to %s failed: %s", decided.pod, decided.node, error)
+        await self._refused(decided, refused)
+
+    async def _refused(self, decided: ev.AllocationDecided, refused: Refused) -> None:
+        """Say a Binding failed (the allocator releases the reservation) and, where the
+        pod's owner can act on the refusal, tell them."""
+        log.warning(
+            "bind of %s to %s failed (%s): %s",
+            decided.pod,
+            decided.node,
+            refused.cause,
+            refused.why,
+        )
         self.bind_failures.add(1)
         await self.rt.bus.publish(
             ev.BindFailed(
                 pod=decided.pod,
                 node=decided.node,
-                error=error,
+                error=refused.why,
                 attempt=decided.attempt,
+                cause=refused.cause,
             )
         )
+        if refused.cause != "refused":
+            return  # nothing the owner can do: gated, gone, bound elsewhere, out of reach
+        if DENIED in refused.why:
+            log.error("the binder's account may not bind pods: %s", refused.why)
+            return
+        await self.tell_unschedulable(
+            decided.pod, f"Binding to {decided.node} refused; placed again later: {refused.why}"
+        )
 
-    async def _bind(self, decided: ev.AllocationDecided, annotations: dict[str, str]) -> str | None:
-        """None when the pod is bound as decided; else why not."""
+    async def _bind(
+        self, decided: ev.AllocationDecided, annotations: dict[str, str]
+    ) -> Refused | None:
+        """None when the pod is bound as decided; else why not. Only a transient answer
+        is tried again here; any other is read and returned at once."""
         delay = 0.1
         for attempt in range(RETRIES):
+            last = attempt == RETRIES - 1
             try:
                 await kube.bind(self.api, decided.pod, decided.node, annotations)
                 return None
             except ApiException as exc:
-                if exc.status == 404:
-                    return "the pod no longer exists"
-                if exc.status == 409:
-                    return await self._conflict(decided)
-                if exc.status not in TRANSIENT or attempt == RETRIES - 1:
-                    return f"API error {exc.status}: {exc.reason}"
+                answer = kube.refusal(exc)
+                if answer.code == 409:
+                    return await self._conflict(decided, answer)
+                if answer.code not in TRANSIENT or last:
+                    return read_refusal(answer)
             except kube.UNREACHABLE as exc:
-                if attempt == RETRIES - 1:
-                    return f"API unreachable: {exc}"
+                if last:
+                    return Refused("transient", f"API unreachable: {exc}")
             await asyncio.sleep(delay)
             delay *= 2
-        return "retries exhausted"
+        return Refused("transient", "retries exhausted")
 
-    async def _conflict(self, decided: ev.AllocationDecided) -> str | None:
+    async def _conflict(
+        self, decided: ev.AllocationDecided, answer: kube.ApiStatus
+    ) -> Refused | None:
+        """Read the pod to learn which conflict it was (:func:`read_conflict`)."""
         pod = decided.pod
         try:
             obj = await kube.request(
                 self.api, "GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
             )
         except ApiException as exc:
-            return f"conflict, and the pod cannot be read ({exc.status})"
-        if obj["metadata"]["uid"] != pod.uid:
-            return "the pod was replaced by another of the same name"
-        node = obj["spec"].get("nodeName")
-        if (
-            node == decided.node
-            and ann.read_grants(obj["metadata"].get("annotations") or {}) == decided.grants
-        ):
-            return None  # an earlier try of this very bind succeeded
-        return f"the pod is already bound to {node}"
+            if exc.status == 404:
+                obj = None
+            else:
+                said = answer.message or answer.reason
+                return Refused("transient", f"{said}; the pod cannot be read ({exc.status})")
+        except kube.UNREACHABLE as exc:
+            return Refused("transient", f"{answer.message}; the pod cannot be read: {exc}")
+        return read_conflict(decided, answer, obj)
 
     async def tell_unschedulable(self, pod: PodRef, message: str) -> None:
         if self.told.get(pod.uid) == message or pod.uid in self.bound:

@@ -457,7 +457,7 @@ class Allocator(Service):
                 return [], [], checked.with_context(context), False
         result = self.placer.place_gang(members, gang.min_member, owner=key)
         if result.ok:
-            self.room.drop_hold(key)
+            self.room.placed(key)
             grants = [self.ledger.pods[p.pod.uid] for p in result.placed]
             extras = [self._failed(gang, (f.pod,), f.status) for f in result.failures]
             return grants, extras, None, False
@@ -495,11 +495,10 @@ class Allocator(Service):
         this shard's nodes where it may, and the refusal that tells its pods why."""
         if gang.tried is not None:
             status = combined([gang.tried, status])
-        room: list[ev.Event] = []
-        if not status.unresolvable:
-            room, note = self._make_room(gang, members)
-            status = status.with_note(note)
-        return room, self._failed(gang, tuple(m.pod for m in members), status)
+        preempt = self.rt.cfg.scheduler.preemption
+        made = self.room.make_room(gang, members, status, preempt=preempt)
+        failed = self._failed(gang, tuple(m.pod for m in members), status.with_note(made.note))
+        return list(made.events), msgspec.structs.replace(failed, nominated=made.nominated)
 
     def _onward(self, gang: ev.GangReady, status: Status) -> ev.GangReady | None:
         """The gang passed on to the next shard of its route; or, past the last one, a
@@ -608,44 +607,6 @@ class Allocator(Service):
             log.warning("part of gang %s (attempt %d) on this shard released: %s", *ident, why)
         return held
 
-    def _make_room(
-        self, gang: ev.GangReady, members: list[GangMember]
-    ) -> tuple[list[ev.Event], str]:
-        """Preempt for a gang that does not fit (if it may), else hold nodes for it (if it
-        has starved): the events to publish and a note for its pods' message."""
-        key = gang.gang.key
-        if gang.victims and self.rt.cfg.scheduler.preemption:
-            found = self.room.preempt(key, members, gang.min_member, list(gang.victims))
-            if found is not None:
-                nodes = tuple(sorted({p.node for p in found.placements}))
-                log.info(
-                    "preempting %d pod(s) for gang %s on %s: %s",
-                    len(found.pods),
-                    key,
-                    ", ".join(nodes),
-                    "; ".join(
-                        f"{', '.join(str(p) for p in v.pods)} ({v.why})" for v in found.units
-                    ),
-                )
-                event = ev.PreemptionDecided(
-                    gang=gang.gang,
-                    preemptor=tuple(m.pod for m in members),
-                    victims=found.units,
-                    nodes=nodes,
-                    attempt=gang.attempt,
-                )
-                return [event], (
-                    f"Preempting {len(found.pods)} pod(s) to make room on {', '.join(nodes)}."
-                )
-        if gang.hold:
-            held = self.room.hold(key, members, gang.min_member)
-            if held:
-                return [], (
-                    f"It has waited long: nodes {', '.join(held)} are held for it until "
-                    "their pods finish."
-                )
-        return [], ""
-
     def _decided(self, grant: PodGrant, gang: ev.GangReady) -> ev.AllocationDecided:
         lone = gang.min_member <= 1 and len(gang.members) == 1
         created = next((p.created_at for p in gang.members if p.pod.uid == grant.pod.uid), 0.0)
@@ -731,7 +692,11 @@ class Allocator(Service):
 
     @handles(ev.BindFailed)
     async def on_bind_failed(self, event: ev.BindFailed) -> None:
-        """The bind failed: release the reservation."""
+        """The bind failed: release the reservation. A pod bound elsewhere whose
+        ``PodUpdated`` came first holds its real grant here now (``on_bound`` followed
+        it and closed the reservation): that one stays."""
+        if event.cause == "taken" and event.pod.uid not in self.reserved.open:
+            return
         await self.release(event.pod, event.node, f"bind failed: {event.error}")
 
     @handles(ev.AllocationAdmitted)

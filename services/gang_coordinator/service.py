@@ -148,9 +148,13 @@ class Coordinator(Service):
             created_at=event.created_at,
             task=event.task,
             since=time.monotonic(),
+            preemption_policy=event.preemption_policy,
+            labels=event.spec.labels if event.spec is not None else {},
         )
         new = event.pod.uid not in self.gangs.pods and event.pod.uid not in self.gangs.bound_pods
-        if self.gangs.pending(member) or event.pod.uid not in self.announced:
+        previous = self.announced.get(event.pod.uid)
+        respec = previous is not None and previous.spec != event.spec
+        if self.gangs.pending(member, respec=respec) or event.pod.uid not in self.announced:
             self.contexts.setdefault(event.pod.uid, otel_context.get_current())
         if new and event.created_at:
             self.stage.record(max(0.0, event.emitted_at - event.created_at), {"stage": "pending"})
@@ -180,8 +184,20 @@ class Coordinator(Service):
 
     @handles(ev.BindFailed)
     async def on_bind_failed(self, event: ev.BindFailed) -> None:
-        """The bind failed: the pod is retried at once."""
-        self.gangs.bind_failed(event.pod.uid)
+        """The bind failed (the allocator released the reservation); what comes next is
+        the binder's reading of why (shared/events.py ``BindCause``), never a blind retry."""
+        uid = event.pod.uid
+        if event.cause == "gone":
+            self.gangs.forget(uid)
+            self._drop(uid)
+        elif event.cause == "gated":  # the watcher announces it again once ungated
+            self.gangs.withdraw(uid)
+            self._drop(uid)
+        elif event.cause == "refused":
+            self.gangs.bind_failed(uid, refused_at=time.monotonic())
+        elif event.cause == "transient":
+            self.gangs.bind_failed(uid)
+        # "taken": bound to another node; the watcher's PodUpdated ends its wait.
         self.wake.set()
 
     @handles(ev.PodUpdated)
@@ -227,6 +243,17 @@ class Coordinator(Service):
         self.podgroups.pop(key, None)
         self.gangs.groups.pop(key, None)
         self.status.known.discard(key)
+
+    @handles(ev.BudgetUpdated)
+    async def on_budget(self, event: ev.BudgetUpdated) -> None:
+        """A PodDisruptionBudget's reading: victims it covers are offered after others."""
+        b = event.budget
+        self.gangs.budgets.setdefault(b.namespace, {})[b.name] = b
+
+    @handles(ev.BudgetDeleted)
+    async def on_budget_deleted(self, event: ev.BudgetDeleted) -> None:
+        """A PodDisruptionBudget is gone."""
+        self.gangs.budgets.get(event.namespace, {}).pop(event.name, None)
 
     @handles(ev.QueueUpdated)
     async def on_queue(self, event: ev.QueueUpdated) -> None:
@@ -325,6 +352,7 @@ class Coordinator(Service):
             attempt=gang.attempt,
             members=members,
             victims=gang.victims,
+            budgets=dict(gang.budgets),
             hold=gang.hold,
             shard=route[0] if route else "",
             route=route[1:],

@@ -4,12 +4,18 @@ Every pod: a pending pod of our schedulers (``scheduler.names``) has its request
 and validated here, once; a valid one becomes ``PodPending`` with its node-fit spec
 (re-announced every ``resync_s`` so nothing is forgotten, and at once when a coordinator
 asks on ``tessera.ctl.resync``); an invalid one gets a ``FailedScheduling`` Event and a
-``PodScheduled=False`` condition naming the field, and ``PodRejected``. A pod on a node,
-whoever placed it, becomes ``PodUpdated`` with its spec (its requests, ports and labels
-count on that node) and any grant read from its annotations; a deleted or finished one
-``PodDeleted``. Nodes: ``NodeUpdated`` with their spec and cordoned devices, and
-deletions; namespaces, PodGroups, Queues and Jobs are mirrored by one generic
-:class:`Mirror` each.
+``PodScheduled=False`` condition naming the field, and ``PodRejected``. A pod with
+``spec.schedulingGates`` is neither parsed nor announced nor told anything while gated
+(kube-scheduler's SchedulingGates; the API server gave it the ``SchedulingGated``
+condition at creation), and is announced the moment an update removes its last gate
+(gates can only be removed after creation, so a pod once announced is never gated). A
+pod on a node, whoever placed it, becomes ``PodUpdated`` with its spec (its requests,
+ports and labels count on that node) and any grant read from its annotations; a deleted
+or finished one ``PodDeleted``. Nodes: ``NodeUpdated`` with their spec and cordoned
+devices, and deletions; namespaces, PodGroups, Queues and Jobs are mirrored by one
+generic :class:`Mirror` each. A pending pod that claims volumes or DRA ResourceClaims is
+announced with what they allow, and again when they change (claims.py).
+PodDisruptionBudgets: what each allows now, as ``BudgetUpdated`` (budgets.py).
 
 Each pending announcement opens the root span of one scheduling attempt; the bus carries
 it through coordinator, allocator and binder.
@@ -29,6 +35,8 @@ import msgspec
 from kubernetes_asyncio.client import ApiException
 from nats.aio.msg import Msg
 
+from services.watcher.budgets import BudgetWatch
+from services.watcher.claims import ClaimReader
 from shared import events as ev
 from shared import kube
 from shared.bus import Outbox
@@ -128,6 +136,7 @@ def pending_event(
         created_at=_timestamp(meta.get("creationTimestamp")),
         resource_version=meta.get("resourceVersion", ""),
         spec=host,
+        preemption_policy=str(spec.get("preemptionPolicy") or ""),
     )
 
 
@@ -267,6 +276,13 @@ class Watcher(Service):
         self.specs: dict[PodUID, tuple[bytes, PodSpec]] = {}
         """Each pod's last :func:`pod_spec` and a digest of what it read (``_spec``)."""
         self.rejected: dict[PodUID, str] = {}
+        self.gated: set[PodUID] = set()
+        """Our pending pods waiting for their scheduling gates to be removed."""
+        rt.metrics.gauge(
+            "tessera_gated_pods",
+            "Pending pods of Tessera's schedulers held by their scheduling gates.",
+            lambda: [(float(len(self.gated)), {})],
+        )
         self.refs: dict[PodUID, PodRef] = {}
         """Every pod announced (pending or on a node): a relist that lacks one deletes it."""
         self.job_of: dict[PodUID, str] = {}
@@ -274,7 +290,11 @@ class Watcher(Service):
         self.nodes: dict[str, ev.NodeUpdated] = {}
         self.out = Outbox(rt.bus)
         """Everything it announces, in the order seen, pipelined (shared/bus.py)."""
+        self.claims = ClaimReader(api, rt.spawn, self.pending, self._announce)
+        """What our pending pods' volumes and resource claims allow (claims.py)."""
         publish = self.out.put
+        self.budgets = BudgetWatch(publish)
+        """PodDisruptionBudgets and the pods they count (budgets.py)."""
         self.namespaces = Mirror(
             publish,
             lambda o: str(o["metadata"]["name"]),
@@ -339,6 +359,7 @@ class Watcher(Service):
                 self.namespaces.on_event,
                 on_relist=self.namespaces.on_relist,
             ),
+            "watch-pdbs": self.budgets.watch(self.api),
             "resync": self.resync_loop(),
         }
 
@@ -381,6 +402,7 @@ class Watcher(Service):
         if node:
             self._track(ref, job)
             self.pending.pop(ref.uid, None)
+            self.claims.forget(ref.uid)
             host = self._spec(ref.uid, obj)
             if self.bound.get(ref.uid) != (node, host):
                 self.bound[ref.uid] = (NodeName(node), host)
@@ -388,13 +410,20 @@ class Watcher(Service):
             return
         if not ours or meta.get("deletionTimestamp"):
             return
+        if spec.get("schedulingGates"):
+            self.gated.add(ref.uid)  # not placed, not told: announced once ungated
+            return
+        self.gated.discard(ref.uid)
         self._track(ref, job)
         parsed = self.parser.parse(obj)
         if not isinstance(parsed, PodRequest):
             await self._reject(ref, parsed)
             return
         self.rejected.pop(ref.uid, None)
-        pending = pending_event(obj, ref, parsed, self._spec(ref.uid, obj))
+        pending = self.claims.attach(pending_event(obj, ref, parsed, self._spec(ref.uid, obj)), obj)
+        if pending is None:  # the objects it claims are being listed: announced then
+            self.pending.pop(ref.uid, None)
+            return
         previous = self.pending.get(ref.uid)
         self.pending[ref.uid] = pending
         if previous is None or (previous.request, previous.group, previous.spec) != (
@@ -427,11 +456,13 @@ class Watcher(Service):
         kind: str = "DELETED",
         job: str = "",
     ) -> None:
-        known = ref.uid in self.refs or ref.uid in self.pending or ref.uid in self.bound
+        known = any(ref.uid in held for held in (self.refs, self.pending, self.bound, self.gated))
         self.pending.pop(ref.uid, None)
         self.rejected.pop(ref.uid, None)
+        self.gated.discard(ref.uid)
         self.refs.pop(ref.uid, None)
         self.specs.pop(ref.uid, None)
+        self.claims.forget(ref.uid)
         job = self.job_of.pop(ref.uid, "") or job
         was = self.bound.pop(ref.uid, None)
         # A finished pod seen for the first time (a relist) held nothing here.
@@ -452,7 +483,7 @@ class Watcher(Service):
         if self.rejected.get(ref.uid) == message:
             return
         self.rejected[ref.uid] = message
-        log.warning("pod %s rejected: %s", ref, message)
+        log.info("pod %s rejected: %s", ref, message)  # its user is told, on the pod
         await self.out.put(ev.PodRejected(pod=ref, errors=errors))
         await kube.tell(
             self.api,
@@ -467,6 +498,8 @@ class Watcher(Service):
     async def on_pod_relist(self, items: list[dict[str, Any]]) -> None:
         """A full list: pods known here that are not in it were deleted meanwhile."""
         present = {PodUID(o.get("metadata", {}).get("uid", "")) for o in items}
+        self.gated &= present
+        await self.budgets.on_pod_relist(items)
         for uid in set(self.refs) - present:
             held = self.bound.get(uid)
             await self._gone(self.refs[uid], held[0] if held else None, ())
@@ -477,6 +510,7 @@ class Watcher(Service):
         """One pod; one that cannot be read is told so and skipped, never fatal (any user
         who can create a pod could otherwise stop scheduling for everyone)."""
         try:
+            await self.budgets.on_pod(kind, obj)
             await self.on_pod(kind, obj)
         except UNREADABLE as exc:
             meta = obj.get("metadata") if isinstance(obj, dict) else None
@@ -508,6 +542,7 @@ class Watcher(Service):
             *self.queues.known.values(),
             *self.podgroups.known.values(),
             *self.jobs.known.values(),
+            *self.budgets.known(),
             *self.pending.values(),
         ]
         for e in known:

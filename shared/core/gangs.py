@@ -21,10 +21,15 @@ pod priority, then age.
 
 Retries. A gang the allocator could not place is parked and retried when something
 could help (a node changed, a grant was released) or after a backoff doubling up to a
-minute; an unresolvable one waits for a node change. One that fails after such a change
-came while it was in flight is retried at once (the allocator may not have seen it). One
+minute; an unresolvable one waits for a node change, or for the pod to change (its
+request, or what node filters read of it: its spec, the verdict on its volumes and
+resource claims). One that fails after such a change came while it was in flight is
+retried at once (the allocator may not have seen it). One
 the allocator did not answer in ``INFLIGHT_TIMEOUT_S`` is sent again (the allocator
-repeats a decision it made).
+repeats a decision it made). A pod whose Binding failed is sent again at once when the
+API server was out of reach, after its backoff when it refused the Binding
+(``bind_failed``), and not until it is announced again when the refusal was for its
+scheduling gates (``withdraw``).
 A gang that failed for lack of room is sent with the bound pods that may be preempted
 for it (shared/core/preemption.py ``victims``), and once it has waited past the
 starvation guard with ``hold``.
@@ -45,6 +50,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shared.core.disruption import Budget
 from shared.core.model import (
     DeviceInfo,
     GangKey,
@@ -54,7 +60,7 @@ from shared.core.model import (
     PodUID,
     VictimUnit,
 )
-from shared.core.preemption import victims
+from shared.core.preemption import allowances, victims
 from shared.core.queues import (
     GroupSpec,
     QueueShare,
@@ -100,11 +106,17 @@ class Member:
     unresolvable: bool = False
     failed: bool = False
     """The allocator's last answer was "does not fit now": preemption may help."""
+    refused: bool = False
+    """Parked because the API server refused its Binding: only its backoff brings it back."""
     queue: str = "default"
     vector: Resources = field(default_factory=dict)
     """What it takes of its queue: estimated from the request, exact once placed."""
     told: str = ""
     """What it was last told by the coordinator (queue closed...): said once."""
+    preemption_policy: str = ""
+    """``spec.preemptionPolicy`` (``Never``: it evicts no one; shared/core/preemption.py)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Its labels, for the PodDisruptionBudgets that cover it once bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +129,8 @@ class ReadyGang:
     min_member: int
     attempt: int
     victims: tuple[VictimUnit, ...] = ()
+    budgets: Mapping[str, int] = field(default_factory=dict)
+    """What each PodDisruptionBudget ``victims`` count against allows now."""
     hold: bool = False
 
 
@@ -214,6 +228,8 @@ class Gangs:
         that sum was most of the coordinator's CPU, and grew with the backlog)."""
         self.groups: dict[GangKey, GroupSpec] = {}
         self.queues: dict[str, QueueSpec] = {}
+        self.budgets: dict[str, dict[str, Budget]] = {}
+        """PodDisruptionBudgets by namespace, then name (victims are offered by them)."""
         self.nodes: dict[NodeName, tuple[DeviceInfo, ...]] = {}
         """Every node's devices (their inventories)."""
         self._capacity: tuple[Resources, dict[str, int]] | None = None
@@ -231,7 +247,8 @@ class Gangs:
         ``INFLIGHT_TIMEOUT_S`` are at the front."""
         self._placed: dict[GangKey, dict[PodUID, Member]] = {}
         self._backing_off: dict[PodUID, Member] = {}
-        """Parked pods waiting out a backoff (not yet made due by ``helpful``)."""
+        """Parked pods waiting out a backoff (not yet made due by ``helpful``), but for
+        those whose Binding was refused (``Member.refused``: only the clock helps them)."""
         self._unresolvable: dict[PodUID, Member] = {}
         """Parked pods only a node change can help."""
         self._due: list[tuple[float, int, PodUID]] = []
@@ -248,20 +265,26 @@ class Gangs:
         change under its pods."""
         self._queue_of: dict[GangKey, str] = {}
         """The queue each of those gangs' pods was last counted in."""
+        self._withdrawn: dict[PodUID, int] = {}
+        """The attempts of each withdrawn pod (``withdraw``), until it comes back or goes."""
 
     # --- what happened ----------------------------------------------------------------
 
-    def pending(self, m: Member) -> bool:
-        """A pod is (still) pending. True if it is new or its request changed."""
+    def pending(self, m: Member, *, respec: bool = False) -> bool:
+        """A pod is (still) pending. True if it is new or its request changed, or
+        ``respec``: what node filters read of it did (its spec, or the verdict on its
+        volumes and resource claims): a parked pod is tried again, and one in flight
+        again at once if it fails (the allocator judged what it was)."""
         if m.pod.uid in self.bound_pods:
             return False  # an old announcement of a pod bound since
         known = self.pods.get(m.pod.uid)
         if known is None:
+            m.attempt = max(m.attempt, self._withdrawn.pop(m.pod.uid, 0))
             self.pods[m.pod.uid] = m
             m.queue = self.queue_of(m.key)
             self._move(m, m.state)
             return True
-        changed = known.request != m.request
+        changed = known.request != m.request or respec
         if known.key != m.key:
             self._leave(known)
             known.key = m.key
@@ -269,9 +292,12 @@ class Gangs:
             self._move(known, known.state)
         known.request, known.task = m.request, m.task
         known.priority, known.created_at = m.priority, m.created_at
+        known.preemption_policy, known.labels = m.preemption_policy, m.labels
         if changed and known.state == "parked":
             known.unresolvable = False
             self._move(known, "pending")
+        elif changed and known.state == "inflight":
+            known.sent_helps = (-1, -1)  # a failure now may be stale: ``failed`` retries
         return changed
 
     def decided(self, uid: PodUID, vector: Resources) -> None:
@@ -289,7 +315,7 @@ class Gangs:
             m = self.pods.get(uid)
             if m is None or m.attempt != attempt:
                 continue  # a stale answer to an earlier attempt
-            backoff = min(self.policy.retry_backoff_s * 2 ** (m.attempt - 1), MAX_BACKOFF_S)
+            backoff = self._backoff(m)
             m.failed = not unresolvable
             kind = 1 if unresolvable else 0  # only a node change helps an unresolvable pod
             if self.helps[kind] > m.sent_helps[kind]:
@@ -297,10 +323,29 @@ class Gangs:
             else:
                 self._park(m, unresolvable=unresolvable, retry_at=now + backoff)
 
-    def bind_failed(self, uid: PodUID) -> None:
+    def bind_failed(self, uid: PodUID, *, refused_at: float | None = None) -> None:
+        """The pod's Binding failed and its reservation is released. With the API server
+        out of reach through the binder's own retries (``refused_at`` None) it is sent
+        again at once; refused at ``refused_at``, it waits out its backoff, which freed
+        capacity or a node change does not cut short: the refusal was not about room."""
         m = self.pods.get(uid)
-        if m is not None:
+        if m is None:
+            return
+        if refused_at is None:
             self._park(m, unresolvable=False, retry_at=0.0)
+            return
+        backoff = self._backoff(m)
+        self._park(m, unresolvable=False, retry_at=refused_at + backoff, refused=True)
+
+    def withdraw(self, uid: PodUID) -> None:
+        """The pod waits no more until it is announced again (its Binding was refused
+        for its scheduling gates): out of every index, its gang's count included. Its
+        attempts are remembered, so its next one is new: events are told apart by pod
+        and attempt, and a repeated one is dropped as a duplicate."""
+        m = self.pods.pop(uid, None)
+        if m is not None:
+            self._leave(m)
+            self._withdrawn[uid] = m.attempt
 
     def bound_now(self, uid: PodUID) -> GangKey | None:
         """The pod is bound; its gang's key (None if it was not ours to wait for)."""
@@ -317,6 +362,7 @@ class Gangs:
 
     def forget(self, uid: PodUID) -> None:
         """The pod is gone (deleted, finished, or rejected as invalid)."""
+        self._withdrawn.pop(uid, None)
         m = self.pods.pop(uid, None)
         if m is not None:
             self._leave(m)
@@ -360,8 +406,14 @@ class Gangs:
             m.retry_at = 0.0
             heapq.heappush(self._due, (0.0, next(self._order), m.pod.uid))
 
-    def _park(self, m: Member, *, unresolvable: bool, retry_at: float) -> None:
-        m.unresolvable = unresolvable
+    def _backoff(self, m: Member) -> float:
+        """How long a pod waits after its attempt failed: doubling, up to a minute."""
+        return min(self.policy.retry_backoff_s * 2.0 ** (m.attempt - 1), MAX_BACKOFF_S)
+
+    def _park(
+        self, m: Member, *, unresolvable: bool, retry_at: float, refused: bool = False
+    ) -> None:
+        m.unresolvable, m.refused = unresolvable, refused
         m.retry_at = math.inf if unresolvable else retry_at
         self._move(m, "parked")
 
@@ -381,7 +433,7 @@ class Gangs:
             if m.retry_at == math.inf:
                 self._unresolvable[uid] = m
             else:
-                if m.retry_at > 0:
+                if m.retry_at > 0 and not m.refused:
                     self._backing_off[uid] = m
                 heapq.heappush(self._due, (m.retry_at, next(self._order), uid))
         if not m.key.lone:
@@ -555,6 +607,7 @@ class Gangs:
                         used=used,
                         share=share,
                         lowest=lowest(),
+                        budgets=self.budgets,
                     )
                 guard = self.policy.starvation_guard_s
                 hold = guard > 0 and now - min(m.since for m in taken) >= guard
@@ -570,6 +623,7 @@ class Gangs:
                 min_member=min_member,
                 attempt=max(m.attempt for m in members) + 1,
                 victims=offered,
+                budgets=allowances(offered, self.budgets),
                 hold=hold,
             )
             ready.append((order, gang))

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import msgspec
 
 from shared.core.quantity import parse_nano
+from shared.core.status import Reason
 
 CPU, MEMORY, EPHEMERAL, PODS = "cpu", "memory", "ephemeral-storage", "pods"
 DEFAULT_MILLI_CPU = 100
@@ -32,6 +33,16 @@ DEFAULT_MEMORY = 200 * 1024 * 1024
 """What scoring assumes a container without a memory request uses (kube-scheduler's)."""
 HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
+REGION = "topology.kubernetes.io/region"
+ZONE_LABELS = (
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    ZONE,
+    REGION,
+)
+"""The node and volume labels VolumeZone compares, in its order."""
+GA_LABELS = {ZONE_LABELS[0]: ZONE, ZONE_LABELS[1]: REGION}
+"""The GA twin of each beta zone label (a node may carry either)."""
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
@@ -122,6 +133,12 @@ class NodeTerm(msgspec.Struct, frozen=True, omit_defaults=True):
             r.matches(field) for r in self.names
         )
 
+    def matches_labels(self, labels: Mapping[str, str]) -> bool:
+        """The term on a node known by its labels alone, as a PersistentVolume's node
+        affinity is checked: kube's node selector then leaves ``metadata.name`` fields
+        unchecked (a node without a name has no fields)."""
+        return not self.invalid and all(r.matches(labels) for r in self.labels)
+
 
 class WeightedNodeTerm(msgspec.Struct, frozen=True, array_like=True):
     weight: int
@@ -197,6 +214,40 @@ class HostPort(msgspec.Struct, frozen=True, array_like=True):
     port: int
 
 
+class VolumeZone(msgspec.Struct, frozen=True, array_like=True):
+    """A zone or region label of a bound PersistentVolume: the node's label ``key`` (or
+    its GA twin, for a beta key) must hold one of ``values`` (VolumeZone's filter)."""
+
+    key: str
+    values: tuple[str, ...]
+
+
+class BoundVolume(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The PersistentVolume of one bound claim of a pod, as VolumeBinding's filter reads
+    it: its required node affinity, or that it does not exist."""
+
+    affinity: tuple[NodeTerm, ...] | None = None
+    """One of these terms must match the node's labels; None: any node."""
+    missing: bool = False
+
+
+class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Where the objects a pod claims let it run: its PersistentVolumeClaims' volumes and
+    its DRA ResourceClaims' allocations. shared/core/claims.py makes it from the API
+    objects (the watcher holds them); shared/core/nodefit.py applies it."""
+
+    wait: Reason | None = None
+    """Why no node may take the pod now, whatever the node (a PreFilter's verdict: an
+    unbound claim, one not found...); None when the nodes decide."""
+    volumes: tuple[BoundVolume, ...] = ()
+    """Each bound PersistentVolumeClaim's volume, in the pod's order (VolumeBinding)."""
+    zones: tuple[VolumeZone, ...] = ()
+    """The bound volumes' zone and region labels (VolumeZone)."""
+    devices: tuple[tuple[NodeTerm, ...], ...] = ()
+    """Each allocated ResourceClaim's node selector: one of its terms must match the
+    node (DynamicResources); a claim allocated for every node adds none."""
+
+
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What kube-scheduler's filters and scores read of one pod (see the module doc)."""
 
@@ -209,6 +260,11 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     nonzero_cpu: int = DEFAULT_MILLI_CPU
     nonzero_memory: int = DEFAULT_MEMORY
     """cpu and memory as scoring counts them (a container naming neither gets defaults)."""
+    score_cpu: int = DEFAULT_MILLI_CPU
+    score_memory: int = DEFAULT_MEMORY
+    """The same, as NodeResourcesFit's score counts the pod to place: its containers'
+    requests, pod-level ones ignored (kube-scheduler v1.36.3; bench/parity.py's scored
+    cases), where the node's sum counts them."""
     ports: tuple[HostPort, ...] = ()
     node_name: str = ""
     node_selector: dict[str, str] = msgspec.field(default_factory=dict)
@@ -223,6 +279,9 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     spread: tuple[SpreadConstraint, ...] = ()
     terminating: bool = False
     """Being deleted: counts for resources, ports and affinity, not for spread."""
+    claims: Claims | None = None
+    """What its volumes and resource claims allow (the watcher adds it to a pending pod
+    that has any); None: none, or not read (a pod on a node)."""
 
     def matches_node(self, name: str, labels: Mapping[str, str]) -> bool:
         """The node selector and required node affinity (NodeAffinity's filter)."""
@@ -307,11 +366,13 @@ def _max(total: dict[str, int], more: Mapping[str, int]) -> None:
 _NONZERO = {CPU: DEFAULT_MILLI_CPU * 10**6, MEMORY: DEFAULT_MEMORY * 10**9}
 
 
-def pod_requests(spec: Mapping[str, Any], *, nonzero: bool = False) -> dict[str, int]:
+def pod_requests(
+    spec: Mapping[str, Any], *, nonzero: bool = False, pod_level: bool = True
+) -> dict[str, int]:
     """kube's ``PodRequests``, in billionths: app containers summed, init containers as
     the largest step (restartable "sidecar" ones run beside everything after them),
-    pod-level requests overriding, overhead added. ``nonzero``: containers naming no cpu
-    or memory count the scoring defaults instead."""
+    pod-level requests overriding (unless not ``pod_level``), overhead added.
+    ``nonzero``: containers naming no cpu or memory count the scoring defaults instead."""
 
     def req(c: Mapping[str, Any]) -> dict[str, int]:
         r = _container_requests(c)
@@ -337,10 +398,10 @@ def pod_requests(spec: Mapping[str, Any], *, nonzero: bool = False) -> dict[str,
         _max(init_max, step)
     _max(total, init_max)
     resources = spec.get("resources") or {}
-    pod_level = _quantities(resources.get("limits"))  # requests default to limits
-    pod_level.update(_quantities(resources.get("requests")))
-    for k, v in pod_level.items():
-        if k in (CPU, MEMORY) or k.startswith("hugepages-"):
+    pod_wide = _quantities(resources.get("limits"))  # requests default to limits
+    pod_wide.update(_quantities(resources.get("requests")))
+    for k, v in pod_wide.items():
+        if (k in (CPU, MEMORY) and pod_level) or k.startswith("hugepages-"):
             total[k] = v
     _add(total, _quantities(spec.get("overhead")))
     return total
@@ -360,6 +421,12 @@ def _selector(raw: Mapping[str, Any] | None) -> Selector:
             return NOTHING  # the API server refuses these; never match one
         reqs.append(Requirement(str(e.get("key", "")), op, values))
     return Selector(tuple(reqs))
+
+
+def label_selector(raw: Mapping[str, Any] | None) -> Selector:
+    """A ``metav1.LabelSelector`` of another object (a PodDisruptionBudget's), read as a
+    pod's affinity terms read theirs: nil matches nothing, ``{}`` everything."""
+    return _selector(raw)
 
 
 def _node_requirement(e: Mapping[str, Any]) -> Requirement | None:
@@ -408,6 +475,12 @@ def _node_term(raw: Mapping[str, Any]) -> NodeTerm:
         names=tuple(r for r in names if r is not None),
         pinned=pinned,
     )
+
+
+def node_terms(selector: Mapping[str, Any] | None) -> tuple[NodeTerm, ...]:
+    """The terms of a ``v1.NodeSelector`` (a pod's required node affinity, a
+    PersistentVolume's, a ResourceClaim allocation's): one must match."""
+    return tuple(_node_term(t) for t in (selector or {}).get("nodeSelectorTerms") or ())
 
 
 def _merge_keys(
@@ -501,12 +574,13 @@ def pod_spec(obj: Mapping[str, Any], managed: Collection[str] = ()) -> PodSpec:
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     requests = {k: _amount(k, v) for k, v in pod_requests(spec).items() if _counted(k, managed)}
     nonzero = pod_requests(spec, nonzero=True)
+    scored = pod_requests(spec, nonzero=True, pod_level=False) if spec.get("resources") else nonzero
     affinity = spec.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     terms: tuple[NodeTerm, ...] | None = None
     if required is not None:
-        terms = tuple(_node_term(t) for t in required.get("nodeSelectorTerms") or ())
+        terms = node_terms(required)
     preferred = []
     for w in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
         preference = w.get("preference") or {}
@@ -521,6 +595,8 @@ def pod_spec(obj: Mapping[str, Any], managed: Collection[str] = ()) -> PodSpec:
         requests=requests,
         nonzero_cpu=_amount(CPU, nonzero.get(CPU, 0)),
         nonzero_memory=_amount(MEMORY, nonzero.get(MEMORY, 0)),
+        score_cpu=_amount(CPU, scored.get(CPU, 0)),
+        score_memory=_amount(MEMORY, scored.get(MEMORY, 0)),
         ports=_ports(spec),
         node_name=str(spec.get("nodeName") or ""),
         node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},

@@ -110,6 +110,9 @@ class VictimUnit(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     pods: tuple[PodRef, ...]
     why: str = ""
     """Why they may go, for the Events: lower priority, or a queue over its share."""
+    budgets: tuple[tuple[str, ...], ...] = ()
+    """Per pod of ``pods``, in order, the PodDisruptionBudgets (``namespace/name``) its
+    eviction counts against (shared/core/disruption.py); empty when none covers any."""
 
 
 class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

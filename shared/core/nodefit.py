@@ -13,10 +13,14 @@ order, answering the first failure's :class:`~shared.core.status.Status` with th
 reasons (text and resolvability) as the pinned release:
 
     NodeUnschedulable, NodeName, TaintToleration, NodeAffinity, NodePorts,
-    NodeResourcesFit, PodTopologySpread, InterPodAffinity
+    NodeResourcesFit, VolumeBinding, VolumeZone, PodTopologySpread, InterPodAffinity,
+    DynamicResources
 
-and scores a window of feasible nodes (``Prepared.score``). The differential test
-(bench/parity.py) compares this module node by node with kube-scheduler itself.
+(VolumeBinding, VolumeZone and DynamicResources on the pod's bound volumes and
+allocated resource claims, as shared/core/claims.py read them: ``PodSpec.claims``, whose
+``wait`` is their PreFilter verdict) and scores a window of feasible nodes
+(``Prepared.score``). The differential test (bench/parity.py) compares this module node
+by node with kube-scheduler itself.
 """
 
 from __future__ import annotations
@@ -30,10 +34,14 @@ from msgspec.structs import replace
 from shared.core.hosts import (
     CPU,
     EPHEMERAL,
+    GA_LABELS,
+    HOSTNAME,
     MEMORY,
     PODS,
     UNSCHEDULABLE_TAINT,
+    ZONE_LABELS,
     AffinityTerm,
+    Claims,
     HostPort,
     NodeSpec,
     PodSpec,
@@ -57,6 +65,10 @@ POD_AFFINITY = fail(Reason(kind="pod-affinity", code=UNRESOLVABLE))
 POD_ANTI_AFFINITY = fail(Reason(kind="pod-anti-affinity"))
 EXISTING_ANTI_AFFINITY = fail(Reason(kind="existing-anti-affinity"))
 TOO_MANY_PODS = Reason(kind="too-many-pods")
+VOLUME_NODE = fail(Reason(kind="volume-node", code=UNRESOLVABLE))
+VOLUME_MISSING = fail(Reason(kind="volume-missing", code=UNRESOLVABLE))
+VOLUME_ZONE = fail(Reason(kind="volume-zone", code=UNRESOLVABLE))
+CLAIM_NODE = fail(Reason(kind="claim-node", code=UNRESOLVABLE))
 
 _UNSCHEDULABLE = Taint(UNSCHEDULABLE_TAINT, "", "NoSchedule")
 _NONE_RULED_OUT: frozenset[NodeName] = frozenset()
@@ -363,6 +375,12 @@ class Hosts:
                     nodes=sum(1 for h in self.nodes.values() if h.spec is not None),
                 )
             prep.names = names
+        if pod.claims is not None and pod.claims.wait is not None:
+            return Status(
+                code=Code.UNRESOLVABLE,
+                reasons=(pod.claims.wait,),
+                nodes=sum(1 for h in self.nodes.values() if h.spec is not None),
+            )
         prep.spread = tuple(self._spread(pod, c) for c in pod.spread if c.hard)
         self._affinity(prep)
         return prep
@@ -530,11 +548,15 @@ class Prepared:
 
     def filter(self, host: HostNode) -> Status | None:
         """The first filter ``host`` fails, in kube-scheduler's order; None if it fits.
-        A node whose Node object is unknown yet takes the pod only on device terms."""
+        A node whose Node object is unknown yet takes the pod only on device terms (and
+        what its volumes and resource claims allow of a node without labels)."""
         spec = host.spec
-        if spec is None:
-            return None
         pod = self.pod
+        claims = pod.claims
+        if spec is None:
+            if claims is None:
+                return None
+            return _volumes(claims, _NO_LABELS) or _devices(claims, host.name, _NO_LABELS)
         static = self._node_only(host.name, spec)
         if static is not None:
             return static
@@ -543,6 +565,8 @@ class Prepared:
         short = _resources(pod, host, spec)
         if short is not None:
             return short
+        if claims is not None and (refused := _volumes(claims, spec.labels)) is not None:
+            return refused
         for s in self.spread:
             key = s.c.topology_key
             value = spec.labels.get(key)
@@ -551,7 +575,10 @@ class Prepared:
             low = s.low if len(s.counts) >= s.c.min_domains else 0
             if s.counts.get(value, 0) + s.own - low > s.c.max_skew:
                 return SPREAD
-        return self._inter_pod(spec.labels)
+        refused = self._inter_pod(spec.labels)
+        if refused is not None or claims is None:
+            return refused
+        return _devices(claims, host.name, spec.labels)
 
     def _node_only(self, name: str, spec: NodeSpec) -> Status | None:
         """The filters that read the Node object alone (not what runs on it), in
@@ -665,6 +692,34 @@ class Prepared:
         return total
 
 
+def _volumes(claims: Claims, labels: Mapping[str, str]) -> Status | None:
+    """VolumeBinding's filter on the pod's bound volumes (the first volume that exists
+    nowhere or whose node affinity the node's labels miss), then VolumeZone's (each
+    zone label of its volumes, on a node with any zone or region label)."""
+    for volume in claims.volumes:
+        if volume.missing:
+            return VOLUME_MISSING
+        terms = volume.affinity
+        if terms is not None and not any(t.matches_labels(labels) for t in terms):
+            return VOLUME_NODE
+    if claims.zones and any(k in labels for k in ZONE_LABELS):
+        for zone in claims.zones:
+            value = labels.get(zone.key)
+            if value is None:
+                value = labels.get(GA_LABELS.get(zone.key, zone.key))
+            if value is None or value not in zone.values:
+                return VOLUME_ZONE
+    return None
+
+
+def _devices(claims: Claims, name: str, labels: Mapping[str, str]) -> Status | None:
+    """DynamicResources' filter: every allocated claim's node selector takes the node."""
+    for terms in claims.devices:
+        if not any(t.matches(name, labels) for t in terms):
+            return CLAIM_NODE
+    return None
+
+
 def _port_conflict(wanted: tuple[HostPort, ...], used: list[HostPort]) -> bool:
     for w in wanted:
         for u in used:
@@ -720,8 +775,8 @@ def _fit_score(pod: PodSpec, host: HostNode, *, most: bool) -> float:
         return 0.0
     parts = []
     for have, used, want in (
-        (spec.allocatable.get(CPU, 0), host.nonzero_cpu, pod.nonzero_cpu),
-        (spec.allocatable.get(MEMORY, 0), host.nonzero_memory, pod.nonzero_memory),
+        (spec.allocatable.get(CPU, 0), host.nonzero_cpu, pod.score_cpu),
+        (spec.allocatable.get(MEMORY, 0), host.nonzero_memory, pod.score_memory),
     ):
         if have <= 0:
             continue
@@ -776,6 +831,10 @@ def _add_spread_scores(prep: Prepared, hosts: list[HostNode], total: list[float]
     pod = prep.pod
     raw: list[float] = []
     keys = {c.topology_key for c in soft}
+    # domains counted over the feasible nodes carrying every key (the node count for
+    # the hostname key), as kube weighs them: bench/parity.py's scored cases
+    scored = [h.labels for h in hosts if all(k in h.labels for k in keys)]
+    sizes = {k: len(scored) if k == HOSTNAME else len({x[k] for x in scored}) for k in keys}
     for h in hosts:
         labels = h.labels
         if any(k not in labels for k in keys):
@@ -784,8 +843,7 @@ def _add_spread_scores(prep: Prepared, hosts: list[HostNode], total: list[float]
         score = 0.0
         for c in soft:
             counted = prep.hosts._spread(pod, c)
-            size = len(counted.counts) or 1
-            weight = math.log(size + 2)
+            weight = math.log((sizes[c.topology_key] or 1) + 2)
             score += counted.counts.get(labels[c.topology_key], 0) * weight + (c.max_skew - 1)
         raw.append(float(round(score)))
     valid = [r for r in raw if r >= 0]

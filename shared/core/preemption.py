@@ -10,14 +10,28 @@ is never cut below its ``minMember``; or every pod of one node). ``plan`` releas
 units in that order until the gang fits (a trial placement), then puts back every unit
 that turns out not to be needed, the costliest first, so the set is small and cheap. The
 ledger is restored exactly before it returns; nothing is evicted here.
+
+What kube-scheduler's DefaultPreemption promises holds here too. A pod whose
+``preemptionPolicy`` is ``Never`` evicts no one (:func:`eligible`; it waits, and its
+message says :data:`NOT_ELIGIBLE`). PodDisruptionBudgets (shared/core/disruption.py): a
+unit whose eviction, after every cheaper one, would leave a budget short is offered
+after every unit that breaks none (:func:`respecting`), so a set that breaks no budget
+is chosen when one makes room, and the fewest breaks otherwise; the preemptor and the
+victims are told which budget was respected or broken (:func:`budget_note`,
+:func:`marked`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
+import msgspec
+
+from shared.core.disruption import Budget
 from shared.core.ledger import PodGrant, Statement
 from shared.core.model import GangKey, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placement, Placer
@@ -25,6 +39,11 @@ from shared.core.queues import GroupSpec, QueueSpec, Resources, add, within
 
 MAX_UNITS = 256
 """Units a plan considers (cheapest first); each one costs a trial placement."""
+NEVER = "Never"
+"""The ``spec.preemptionPolicy`` of a pod that never evicts anyone."""
+NOT_ELIGIBLE = "preemption: not eligible due to preemptionPolicy=Never."
+"""kube-scheduler's words for such a pod, after its FailedScheduling reasons."""
+NO_BUDGETS: Mapping[str, Mapping[str, Budget]] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +74,16 @@ class Candidate(Protocol):
     def queue(self) -> str: ...
     @property
     def vector(self) -> Resources: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def preemption_policy(self) -> str: ...
+
+
+def eligible(policies: Iterable[str]) -> bool:
+    """May a gang whose pods have these ``preemptionPolicy`` values evict anyone? Not
+    when one of them is ``Never``: what is evicted for a gang is evicted for each pod."""
+    return all(p != NEVER for p in policies)
 
 
 def victims(
@@ -68,6 +97,7 @@ def victims(
     used: Mapping[str, Resources],
     share: Mapping[str, Resources],
     lowest: int,
+    budgets: Mapping[str, Mapping[str, Budget]] = NO_BUDGETS,
 ) -> tuple[VictimUnit, ...]:
     """Bound pods that may be evicted for the gang ``key`` (whose waiting ``members``
     need ``need``), as units, cheapest first (Volcano's preempt and reclaim).
@@ -78,8 +108,12 @@ def victims(
     ``minMember`` one by one, then as a whole: never cut below ``minMember``. ``lowest``
     is the lowest priority of any bound pod: when it is not below the gang's and no
     queue must give back, nothing is offered without scanning (that scan, per waiting
-    pod, starved a benchmark run).
+    pod, starved a benchmark run). Nothing is offered for a gang with a pod of
+    preemptionPolicy Never. ``budgets`` (namespace → name → budget) order the offer:
+    units that would break one come last (:func:`respecting`).
     """
+    if not eligible(m.preemption_policy for m in members):
+        return ()
     queue = members[0].queue
     top = max(m.priority for m in members)
     under = bool(queues) and within(
@@ -126,9 +160,105 @@ def victims(
                 why += f"; all of gang {other.name} (never below minMember {min_member})"
             newest = max(s.created_at for s in unit)
             cost = (priority, 0 if over else 1, len(unit), -newest)
-            offers.append((cost, VictimUnit(pods=tuple(s.pod for s in unit), why=why)))
+            covered = tuple(_covering(s, budgets) for s in unit)
+            offer = VictimUnit(
+                pods=tuple(s.pod for s in unit),
+                why=why,
+                budgets=covered if any(covered) else (),
+            )
+            offers.append((cost, offer))
     offers.sort(key=lambda o: o[0])
-    return tuple(v for _, v in offers[:MAX_UNITS])
+    units = tuple(v for _, v in offers)
+    return respecting(units, allowances(units, budgets))[:MAX_UNITS]
+
+
+def _covering(s: Candidate, budgets: Mapping[str, Mapping[str, Budget]]) -> tuple[str, ...]:
+    pod = s.pod
+    return tuple(
+        b.key
+        for b in budgets.get(pod.namespace, {}).values()
+        if b.covers(pod.namespace, pod.name, s.labels)
+    )
+
+
+def allowances(
+    units: Iterable[VictimUnit], budgets: Mapping[str, Mapping[str, Budget]]
+) -> dict[str, int]:
+    """What each budget ``units`` count against allows now (the allocator phrases its
+    messages with them)."""
+    allowed: dict[str, int] = {}
+    for unit in units:
+        for key in (k for keys in unit.budgets for k in keys):
+            namespace, _, name = key.partition("/")
+            allowed[key] = budgets[namespace][name].allowed
+    return allowed
+
+
+def _charges(units: Iterable[VictimUnit]) -> Iterator[tuple[VictimUnit, list[str]]]:
+    """Each unit with the budgets its pods count against, a pod already counted for an
+    earlier unit (a gang's member, then the whole gang) not again."""
+    seen: set[PodUID] = set()
+    for unit in units:
+        keys: list[str] = []
+        for i, pod in enumerate(unit.pods):
+            if pod.uid not in seen:
+                seen.add(pod.uid)
+                keys.extend(unit.budgets[i] if i < len(unit.budgets) else ())
+        yield unit, keys
+
+
+def respecting(units: Sequence[VictimUnit], allowed: Mapping[str, int]) -> tuple[VictimUnit, ...]:
+    """``units`` (cheapest first) with each whose eviction, after every cheaper one,
+    would take a budget below zero moved after every other, both kinds in their order:
+    kube-scheduler ranks candidates by fewest PodDisruptionBudget violations first."""
+    left = dict(allowed)
+    keep: list[VictimUnit] = []
+    last: list[VictimUnit] = []
+    for unit, keys in _charges(units):
+        for key in keys:
+            left[key] = left.get(key, 0) - 1
+        (last if any(left[k] < 0 for k in keys) else keep).append(unit)
+    return (*keep, *last)
+
+
+def overdrawn(units: Iterable[VictimUnit], allowed: Mapping[str, int]) -> dict[str, int]:
+    """The budgets evicting every pod of ``units`` would break, with how many
+    disruptions past what each allows."""
+    used = Counter(k for _, keys in _charges(units) for k in keys)
+    return {k: n - allowed.get(k, 0) for k, n in sorted(used.items()) if n > allowed.get(k, 0)}
+
+
+def budget_note(
+    chosen: Sequence[VictimUnit], offered: Sequence[VictimUnit], allowed: Mapping[str, int]
+) -> str:
+    """What a preemptor is told of the budgets, after "Preempting N pod(s) to make room
+    on ...": those a plan that took every offered unit would break and this one does not
+    (respected), and those it breaks because no set that respects them makes room."""
+    broken = overdrawn(chosen, allowed)
+    respected = [k for k in overdrawn(offered, allowed) if k not in broken]
+    said = ""
+    if respected:
+        said += f"; PodDisruptionBudget {', '.join(respected)} respected"
+    if broken:
+        said += "; violating PodDisruptionBudget " + ", ".join(
+            f"{k} (it allows {allowed.get(k, 0)} disruption(s))" for k in broken
+        )
+        said += ": no choice that respects it makes room"
+    return said
+
+
+def marked(chosen: Sequence[VictimUnit], allowed: Mapping[str, int]) -> tuple[VictimUnit, ...]:
+    """``chosen`` with each unit whose pods count against a budget the set breaks saying
+    so in its ``why`` (the victims' Preempted Event)."""
+    broken = overdrawn(chosen, allowed)
+    out = []
+    for unit in chosen:
+        hit = sorted({k for keys in unit.budgets for k in keys if k in broken})
+        if hit:
+            why = f"{unit.why}; violates PodDisruptionBudget {', '.join(hit)}"
+            unit = msgspec.structs.replace(unit, why=why.lstrip("; "))
+        out.append(unit)
+    return tuple(out)
 
 
 def plan(

@@ -62,6 +62,37 @@ _TEXT: dict[str, str] = {
     "existing-anti-affinity": "node(s) didn't satisfy existing pods anti-affinity rules",
     "spread": "node(s) didn't match pod topology spread constraints",
     "spread-label": "node(s) didn't match pod topology spread constraints (missing required label)",
+    # volumes and resource claims (VolumeBinding, VolumeZone, DynamicResources): the
+    # claim's name is ``detail``, a second name ``resource`` (shared/core/claims.py)
+    "volume-node": "node(s) didn't match PersistentVolume's node affinity",
+    "volume-missing": "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)",
+    "volume-zone": "node(s) had no available volume zone",
+    "pvc-missing": 'persistentvolumeclaim "{detail}" not found',
+    "pvc-ephemeral": "waiting for ephemeral volume controller to create the "
+    'persistentvolumeclaim "{detail}"',
+    "pvc-lost": 'persistentvolumeclaim "{detail}" bound to non-existent persistentvolume '
+    '"{resource}"',
+    "pvc-deleting": 'persistentvolumeclaim "{detail}" is being deleted',
+    "pvc-not-owned": "PVC {detail} was not created for pod {resource} (pod is not owner)",
+    "pvc-unbound": "pod has unbound immediate PersistentVolumeClaims",
+    "pv-missing": 'persistentvolume "{detail}" not found',
+    "claim-not-created": 'pod "{detail}": ResourceClaim not created yet',
+    "claim-unsupported": 'pod "{detail}", spec.resourceClaim "{resource}": none of the '
+    "supported fields are set",
+    "claim-missing": 'could not find ResourceClaim "{detail}"',
+    "claim-deleting": 'resourceclaim "{detail}" is being deleted',
+    "claim-not-owned": "ResourceClaim {detail} was not created for Pod {resource} (Pod is not "
+    "owner)",
+    "claim-node": "resourceclaim not available on the node",
+    # ... where Tessera waits instead of doing what kube-scheduler does
+    "pvc-delayed": "pod uses PersistentVolumeClaim {detail}, whose StorageClass {resource} "
+    "binds it only once a node is chosen (volumeBindingMode: WaitForFirstConsumer); Tessera "
+    "does not choose nodes for volumes yet: use kube-scheduler for this pod",
+    "claim-unallocated": "pod uses ResourceClaim {detail}, which is not allocated; Tessera "
+    "does not allocate DRA claims yet: use kube-scheduler for this pod",
+    "claim-unreserved": "pod uses ResourceClaim {detail}, which is allocated but not reserved "
+    "for it (status.reservedFor); Tessera does not reserve DRA claims yet: use kube-scheduler "
+    "for this pod",
     # --- devices ---------------------------------------------------------------------
     "device-insufficient": "insufficient {resource}",
     "type-excluded": "gpu type excluded",
@@ -117,6 +148,18 @@ _HINT: dict[str, str] = {
     "existing-anti-affinity": "a pod on the node excludes this one (its anti-affinity)",
     "spread": "placing it here would pass the topology spread's maxSkew",
     "spread-label": "label the node with the spread's topology key",
+    "volume-node": "the pod's PersistentVolume may be used only from nodes matching its "
+    "spec.nodeAffinity",
+    "volume-missing": "recreate the PersistentVolume the pod's claim is bound to",
+    "volume-zone": "the pod's PersistentVolume is in another zone or region (its labels)",
+    "pvc-missing": "create the PersistentVolumeClaim",
+    "pvc-unbound": "the PersistentVolumeClaim must be bound to a volume (its StorageClass "
+    "binds at once: see the claim's events)",
+    "pvc-delayed": "schedule the pod with kube-scheduler, or bind the claim to a volume first",
+    "claim-missing": "create the ResourceClaim",
+    "claim-node": "the pod's ResourceClaim is allocated on devices this node cannot reach",
+    "claim-unallocated": "schedule the pod with kube-scheduler, or allocate the claim first",
+    "claim-unreserved": "schedule the pod with kube-scheduler",
     "type-excluded": "the pod's gpu type annotations exclude this model",
     "uuid-excluded": "the pod's gpu uuid annotations exclude these cards",
     "index-excluded": "the pod's gpu index selection excludes these cards",

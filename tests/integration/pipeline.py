@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import secrets
 import signal
 import sys
@@ -27,6 +28,10 @@ from tools.localcluster import free_port, service_kubeconfig, service_settings
 
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 2.0
+OTHERS_POD = re.compile(r"\bpod ([a-z0-9-]+)/")
+"""A log line about a pod, and its namespace."""
+LOUD = re.compile(r"^\S+ \S+ \S+ (WARNING|ERROR|CRITICAL) |^Traceback ")
+"""A service's log line above INFO (shared/telemetry.py's format), or a traceback."""
 
 
 async def reset_stream(nats_admin: NatsConfig) -> None:
@@ -126,6 +131,24 @@ class Pipeline:
 
     def log(self, service: str) -> str:
         return (self.workdir / f"{service}.log").read_text(errors="replace")
+
+    def loud(self) -> list[str]:
+        """Every line above INFO that any service has logged so far (WARNING, ERROR,
+        CRITICAL, an uncaught traceback), prefixed with its log file's name: none on a
+        healthy run (shared/telemetry.py writes ``time service LEVEL logger: message``)."""
+        return [
+            f"{path.name}: {line}"
+            for path in sorted(self.workdir.glob("*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if LOUD.search(line) and not self._others(line)
+        ]
+
+    def _others(self, line: str) -> bool:
+        """The line is about a pod another test left in the session's API server (an
+        earlier pipeline signed its grants with a key of its own, so this one's
+        allocator rightly warns that it reserves nothing for them)."""
+        found = OTHERS_POD.search(line)
+        return found is not None and found[1] not in self.namespaces
 
     async def namespace(self) -> str:
         name = f"t-{uuid.uuid4().hex[:8]}"

@@ -80,6 +80,9 @@ async def test_pod_is_bound_with_annotations_in_one_write(api: kube.Client) -> N
     await kube.bind(api, pod, node, grant)
 
     got = await kube.request(api, "GET", f"/api/v1/namespaces/default/pods/{pod.name}")
+    # Its hand-written grant would be read (and refused, with a warning) by every later
+    # allocator that rebuilds its ledger from this session's API server.
+    await kube.delete_pod(api, "default", pod.name, grace_s=0)
     assert got["spec"]["nodeName"] == node
     for key, value in grant.items():
         assert got["metadata"]["annotations"][key] == value

@@ -174,6 +174,62 @@ def test_random_cases_agree(kube: Any) -> None:
     )
 
 
+DEVICE_CASES = 150
+
+
+def test_device_and_scored_cases_agree(kube: Any) -> None:
+    """A fixed-seed slice of the new kinds: device cases (Tessera's filters and device
+    fit against NodeResourcesFit on the advertised totals; refusals of Tessera's per-card
+    view counted by documented class) and scored cases (Tessera's node among kube's
+    best). Each kind must come up, not only agree."""
+    cases = parity.cases(SEED, 0, DEVICE_CASES)
+    results = kube.run(cases)
+    outcomes = [parity.evaluate(c, r) for c, r in zip(cases, results, strict=True)]
+    found = [(c, o.diffs) for c, o in zip(cases, outcomes, strict=True) if o.diffs]
+    assert not found, (
+        f"{len(found)} of {len(cases)} cases disagree; first (case {found[0][0]['id']}, "
+        f"{found[0][0].get('kind', 'scored')}): {found[0][1]}\n"
+        f"{json.dumps(parity.minimal(found[0][0]))[:4000]}"
+    )
+    classes: dict[str, int] = {}
+    for o in outcomes:
+        for cls, n in o.classes.items():
+            classes[cls] = classes.get(cls, 0) + n
+    assert {"count above the node's cards", "per-card memory"} <= set(classes), classes
+    assert sum(o.chose for o in outcomes) >= 20
+    device_rejections = sum(
+        1
+        for r in results
+        for v in (r.get("nodes") or {}).values()
+        if any(x.startswith("Insufficient nvidia.com/") for x in v.get("reasons") or ())
+    )
+    assert device_rejections > 0
+
+
+def test_two_half_cards_do_not_take_one_card_request(kube: Any) -> None:
+    """The documented per-card memory class by hand: two 80 GB cards with 40 GB free
+    each; kube's totals (80 GB free) take a 60 GB request, Tessera's cards do not."""
+    n = node("gpu-0", cpu="8", memory="32Gi")
+    n["status"]["allocatable"].update(
+        {"nvidia.com/gpu": "20", "nvidia.com/gpumem": "163840", "nvidia.com/gpucores": "200"}
+    )
+    n["status"]["capacity"] = n["status"]["allocatable"]
+    half = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960"}
+    bound = [pod(f"half-{i}", on="gpu-0", limits=half) for i in range(2)]
+    incoming = pod(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "61440"})
+    c = case([n], incoming, tuple(bound))
+    c.update(
+        kind="devices",
+        inventory={"gpu-0": [["NVIDIA-A100-SXM4-80GB", 81920]] * 2},
+        grants={f"uid-default-half-{i}": [[i, 40960, 0, False]] for i in range(2)},
+    )
+    result = kube.run([c])[0]
+    assert result["nodes"]["gpu-0"]["feasible"], result
+    outcome = parity.evaluate(c, result)
+    assert outcome.diffs == []
+    assert outcome.classes == {"per-card memory": 1}
+
+
 # --- one plugin at a time -----------------------------------------------------------------
 
 
@@ -488,3 +544,60 @@ def test_prefilter_message_counts_only_nodes(kube: Any) -> None:
     bound = (pod("orphan", on="gone"),)
     answer = agree(kube, case([node("n1")], pod(affinity=conflict), bound))
     assert answer.message == "0/1 nodes are available: pod affinity terms conflict."
+
+
+def test_volume_binding_and_volume_zone(kube: Any) -> None:
+    """A bound claim's volume: its node affinity (whose ``metadata.name`` fields kube
+    leaves unchecked), its zone labels (a beta one matched by a node's GA label); and an
+    immediate claim not bound yet, refused in PreFilter."""
+    nodes = [
+        node("a", labels={ZONE: "z1"}),
+        node("b", labels={ZONE: "z2"}),
+        node("c", labels={ZONE: "z3"}),
+        node("unzoned"),
+    ]
+    near = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["a", "b", "unzoned"]}
+    elsewhere = {"key": "metadata.name", "operator": "In", "values": ["nowhere"]}
+    volume = {
+        "metadata": {
+            "name": "pv-1",
+            "labels": {"failure-domain.beta.kubernetes.io/zone": "z1__z3"},
+        },
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "hostPath": {"path": "/data"},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [{"matchExpressions": [near], "matchFields": [elsewhere]}]
+                }
+            },
+        },
+    }
+    claim = {
+        "metadata": {
+            "name": "data",
+            "namespace": "default",
+            "annotations": {"pv.kubernetes.io/bind-completed": "yes"},
+        },
+        "spec": {"storageClassName": "", "volumeName": "pv-1"},
+        "status": {"phase": "Bound"},
+    }
+    mounts = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+    c = {
+        **case(nodes, pod(volumes=mounts)),
+        "persistentVolumeClaims": [claim],
+        "persistentVolumes": [volume],
+    }
+    answer = agree(kube, c)
+    assert answer.nodes == {
+        "a": None,
+        "b": rejected(UNRES, "node(s) had no available volume zone"),
+        "c": rejected(UNRES, "node(s) didn't match PersistentVolume's node affinity"),
+        "unzoned": None,
+    }
+    unbound = {"metadata": {"name": "data", "namespace": "default"}, "spec": {}}
+    answer = agree(kube, {**c, "persistentVolumeClaims": [unbound]})
+    assert answer.message == (
+        "0/4 nodes are available: pod has unbound immediate PersistentVolumeClaims."
+    )

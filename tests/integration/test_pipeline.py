@@ -307,6 +307,16 @@ async def test_external_subscriber_sees_decided_then_bound_and_the_schema_valida
         assert data["type"] in ("allocation.decided", "allocation.bound")
 
 
+async def test_a_healthy_run_logs_nothing_above_info(pipeline: Pipeline, ns: str) -> None:
+    """What this module's pipeline did before (every request kind bound, pods told why
+    they wait or are refused, deletions, an external reader) and one more pod bound is a
+    healthy run: no service logged a WARNING or an ERROR (a user's invalid pod is told on
+    the pod, not in Tessera's logs). It runs before the test that kills the allocator."""
+    await pipeline.create(ns, pod("quiet", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))
+    await pipeline.bound(ns, "quiet")
+    assert pipeline.loud() == []
+
+
 async def test_killing_the_allocator_mid_stream_double_books_nothing(
     pipeline: Pipeline, ns: str
 ) -> None:

@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import nats.js.errors
 import pytest
+import uvloop
 from nats.js.api import KeyValueConfig
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -530,6 +533,40 @@ async def test_every_caller_of_a_write_that_failed_is_told_and_the_next_write_go
         await bus.publish(ev.PodDeleted(pod=pods[0]))
         info = await bus.js.stream_info(nats_cfg.stream)
         assert info.state.messages == 1
+
+
+@pytest.mark.parametrize(
+    "loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
+)
+def test_closing_a_tls_connection_makes_the_event_loop_warn_nothing(
+    nats_cfg: NatsConfig,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A TLS connection to NATS opened and closed, on asyncio's loop and on uvloop (the
+    services' loop): the stream's protocol knows it is over TLS (shared/bus.py
+    ``_OneWriteTransport.connect_tls``), so neither loop logs "returning true from
+    eof_received() has no effect when using ssl", nor any other warning."""
+
+    async def open_and_close() -> None:
+        nc = await connect(nats_cfg, "admin")
+        assert nc._transport is not None
+        assert nc._transport._io_writer.get_extra_info("ssl_object") is not None  # TLS
+        await nc.flush()
+        await nc.close()
+        await asyncio.sleep(0.1)  # the transport's last callbacks
+
+    with (
+        caplog.at_level(logging.DEBUG, logger="asyncio"),
+        asyncio.Runner(loop_factory=loop_factory) as runner,
+    ):
+        for _ in range(3):
+            runner.run(open_and_close())
+    assert [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "asyncio" and r.levelno >= logging.WARNING
+    ] == []
 
 
 def test_ping_without_a_server_fails_within_seconds_with_one_line() -> None:

@@ -246,6 +246,8 @@ STEPS = st.lists(
                 "failed",
                 "unresolvable",
                 "bind-failed",
+                "bind-refused",
+                "withdrawn",
                 "released",
                 "node-changed",
                 "bound",
@@ -307,10 +309,15 @@ def test_a_dispatch_reads_the_pods_by_state_as_a_scan_of_every_pod_would_find_th
             g.failed([uid], attempt, unresolvable=op == "unresolvable", now=now)
         elif op == "bind-failed":
             g.bind_failed(uid)
+        elif op == "bind-refused":
+            g.bind_failed(uid, refused_at=now)
+        elif op == "withdrawn":
+            g.withdraw(uid)
         elif op in ("released", "node-changed"):
             g.helpful(node_changed=op == "node-changed")
             for w in g.pods.values():  # each parked one it can help is due now
-                if w.state == "parked" and (op == "node-changed" or not w.unresolvable):
+                helps = op == "node-changed" or not w.unresolvable
+                if w.state == "parked" and helps and not w.refused:
                     assert w.retry_at == 0.0
         elif op == "bound":
             g.bound_now(uid)
@@ -350,6 +357,55 @@ def test_a_failed_gang_backs_off_doubling_and_a_release_retries_it_now() -> None
     m.attempt = 20
     g.failed([m.pod.uid], 20, unresolvable=False, now=0.0)
     assert m.retry_at == MAX_BACKOFF_S
+
+
+def test_a_refused_binding_waits_out_its_backoff_whatever_comes_free() -> None:
+    """A pod whose Binding the API server refused goes again after its backoff, not at
+    the release of its own reservation (which follows every failed bind): that was a
+    retry about 19 times a second for as long as the refusal lasted."""
+    g = gangs(retry_backoff_s=1.0)
+    m = member()
+    g.pending(m)
+    for attempt, backoff in ((1, 1.0), (2, 2.0)):
+        now = 100.0 * attempt
+        [ready] = g.dispatch(now).ready
+        assert ready.attempt == attempt
+        g.decided(m.pod.uid, {"nvidia.count": 1.0})
+        g.bind_failed(m.pod.uid, refused_at=now)
+        assert (m.state, m.retry_at) == ("parked", now + backoff)
+        g.helpful(node_changed=True)  # its released reservation, a node change
+        assert g.dispatch(now + backoff - 0.01).ready == ()
+        assert g.next_retry() == now + backoff
+    g.bind_failed(m.pod.uid)  # out of reach: the binder's own retries were the wait
+    assert len(g.dispatch(200.0).ready) == 1
+
+
+def test_a_pod_refused_for_its_gates_waits_uncounted_until_announced_again() -> None:
+    """Withdrawn, a gated member neither goes nor counts toward its group's
+    ``minMember``; announced again (ungated) it goes with a new attempt: one repeated
+    would be dropped by the bus as a duplicate of the first."""
+    g = gangs()
+    first, gated = member("pair"), member("pair")
+    g.groups[first.key] = GroupSpec(min_member=2)
+    for m in (first, gated):
+        g.pending(m)
+    [ready] = g.dispatch(0.0).ready
+    assert ready.attempt == 1
+    g.decided(first.pod.uid, {"nvidia.count": 1.0})
+    g.decided(gated.pod.uid, {"nvidia.count": 1.0})
+    g.bind_failed(first.pod.uid)  # say the binds of both failed: one for its gates
+    g.withdraw(gated.pod.uid)
+    assert gated.pod.uid not in g.pods
+    assert g.dispatch(1.0).ready == ()  # one of two: the gang waits whole
+    again = Member(pod=gated.pod, key=gated.key, request=gated.request)
+    assert g.pending(again)
+    [ready] = g.dispatch(2.0).ready
+    assert ready.attempt == 2
+    assert {m.pod.uid for m in ready.members} == {first.pod.uid, gated.pod.uid}
+    g.withdraw(gated.pod.uid)
+    g.forget(gated.pod.uid)  # deleted while withdrawn: nothing kept
+    assert g.pending(Member(pod=gated.pod, key=gated.key, request=gated.request))
+    assert g.pods[gated.pod.uid].attempt == 0
 
 
 def test_an_unresolvable_gang_waits_for_a_node_change_only() -> None:

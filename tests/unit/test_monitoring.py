@@ -286,6 +286,7 @@ def test_the_catalogue_is_complete(exported: Exported) -> None:
         "tessera_ledger_pods",
         "tessera_fragmentation_guard_nodes",
         "tessera_scheduled_events_queued",
+        "tessera_gated_pods",
     }
     for family, kind in exported.kinds.items():
         if kind == "gauge" and family not in unlabelled:

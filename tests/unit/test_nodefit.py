@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.hosts import node_spec, pod_requests, pod_spec
+from shared.core.hosts import PodSpec, node_spec, pod_requests, pod_spec
 from shared.core.ledger import Ledger
 from shared.core.model import NodeName, PodRequest
 from shared.core.nodefit import (
@@ -65,9 +65,9 @@ def bind(h: Hosts, name: str, obj: dict[str, Any], uid: str) -> None:
     h.add_pod(ref(uid).uid, NodeName(name), pod_spec(obj, MANAGED))
 
 
-def why(h: Hosts, obj: dict[str, Any]) -> dict[str, str | None]:
+def why(h: Hosts, obj: dict[str, Any] | PodSpec) -> dict[str, str | None]:
     """Each node's first failing filter (its reason texts), None where the pod fits."""
-    prep = h.prepare(pod_spec(obj, MANAGED))
+    prep = h.prepare(obj if isinstance(obj, PodSpec) else pod_spec(obj, MANAGED))
     assert isinstance(prep, Prepared), prep
     out: dict[str, str | None] = {}
     for name, host in sorted(h.nodes.items()):

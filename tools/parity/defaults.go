@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubernetes/pkg/apis/core"
@@ -38,6 +39,15 @@ import (
 
 func defaultNode(n *v1.Node) {
 	corev1defaults.SetObjectDefaults_Node(n)
+}
+
+// defaultStorageClass applies the API server's default binding mode
+// (Immediate): the volume plugins treat a class without one as an error.
+func defaultStorageClass(sc *storagev1.StorageClass) {
+	if sc.VolumeBindingMode == nil {
+		mode := storagev1.VolumeBindingImmediate
+		sc.VolumeBindingMode = &mode
+	}
 }
 
 func defaultNamespace(ns *v1.Namespace) {

@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
@@ -36,7 +37,8 @@ import (
 
 // Case is one input line (see README.md). Services, replication controllers,
 // replica sets and stateful sets are optional: PodTopologySpread derives the
-// selector of its system-default constraints from them.
+// selector of its system-default constraints from them. So are claims,
+// volumes and storage classes: the volume plugins read them.
 type Case struct {
 	ID                     json.RawMessage             `json:"id"`
 	Nodes                  []*v1.Node                  `json:"nodes"`
@@ -46,6 +48,9 @@ type Case struct {
 	ReplicationControllers []*v1.ReplicationController `json:"replicationControllers,omitempty"`
 	ReplicaSets            []*appsv1.ReplicaSet        `json:"replicaSets,omitempty"`
 	StatefulSets           []*appsv1.StatefulSet       `json:"statefulSets,omitempty"`
+	PersistentVolumeClaims []*v1.PersistentVolumeClaim `json:"persistentVolumeClaims,omitempty"`
+	PersistentVolumes      []*v1.PersistentVolume      `json:"persistentVolumes,omitempty"`
+	StorageClasses         []*storagev1.StorageClass   `json:"storageClasses,omitempty"`
 	Pod                    *v1.Pod                     `json:"pod"`
 	Score                  bool                        `json:"score,omitempty"`
 }
@@ -220,6 +225,12 @@ func caseStores(f informers.SharedInformerFactory) map[string]toolscache.Store {
 		"replicationControllers": f.Core().V1().ReplicationControllers().Informer().GetStore(),
 		"replicaSets":            f.Apps().V1().ReplicaSets().Informer().GetStore(),
 		"statefulSets":           f.Apps().V1().StatefulSets().Informer().GetStore(),
+		// VolumeBinding reads claims and volumes through assume caches that are
+		// passive (they read these informers' indexers), the other volume
+		// plugins through listers of the same informers.
+		"persistentVolumeClaims": f.Core().V1().PersistentVolumeClaims().Informer().GetStore(),
+		"persistentVolumes":      f.Core().V1().PersistentVolumes().Informer().GetStore(),
+		"storageClasses":         f.Storage().V1().StorageClasses().Informer().GetStore(),
 	}
 }
 
@@ -342,6 +353,22 @@ func (h *Harness) fillStores(c *Case) error {
 	for _, o := range c.StatefulSets {
 		if o != nil {
 			add("statefulSets", o)
+		}
+	}
+	for _, o := range c.PersistentVolumeClaims {
+		if o != nil {
+			add("persistentVolumeClaims", o)
+		}
+	}
+	for _, o := range c.PersistentVolumes {
+		if o != nil {
+			objects["persistentVolumes"] = append(objects["persistentVolumes"], o)
+		}
+	}
+	for _, o := range c.StorageClasses {
+		if o != nil {
+			defaultStorageClass(o)
+			objects["storageClasses"] = append(objects["storageClasses"], o)
 		}
 	}
 	for kind, store := range h.stores {
