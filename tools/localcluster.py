@@ -652,7 +652,9 @@ class LocalCluster:
             timeout_s=90,
         )
 
-    def _kubeconfig(self, path: Path, user: str, token: str) -> None:
+    def _kubeconfig(self, path: Path, user: str, credentials: dict[str, str]) -> None:
+        """A kubeconfig of this cluster signing in as ``user`` with ``credentials`` (a
+        ``token``, or a ``client-certificate`` and ``client-key``)."""
         assert self.workdir is not None
         ca = (self.workdir / "pki" / "ca.crt").read_bytes()
         doc = {
@@ -667,7 +669,7 @@ class LocalCluster:
                     },
                 }
             ],
-            "users": [{"name": user, "user": {"token": token}}],
+            "users": [{"name": user, "user": credentials}],
             "contexts": [
                 {"name": "tessera-local", "context": {"cluster": "tessera-local", "user": user}}
             ],
@@ -696,7 +698,7 @@ class LocalCluster:
         return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}"]
 
     def _write_kubeconfig(self) -> None:
-        self._kubeconfig(self.kubeconfig, "admin", ADMIN_TOKEN)
+        self._kubeconfig(self.kubeconfig, "admin", {"token": ADMIN_TOKEN})
 
     def service_kubeconfigs(self, overlay: str = "overlays/dev") -> str:
         """Tessera's ServiceAccounts and RBAC from the manifests (``overlay`` of
@@ -736,7 +738,7 @@ class LocalCluster:
             self._kubeconfig(
                 folder / f"{service}.kubeconfig",
                 f"system:serviceaccount:{namespace}:{name}",
-                token,
+                {"token": token},
             )
         return service_kubeconfig(self.kubeconfig)
 

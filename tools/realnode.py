@@ -360,60 +360,49 @@ def kubelet_config(workdir: Path, ca: Path, runtime_socket: Path, ports: tuple[i
     return path
 
 
-def client_certificate(pki_dir: Path, user: str, group: str, out: Path) -> tuple[Path, Path]:
-    """A client certificate for ``user`` in ``group`` signed by the cluster's CA."""
+def signed_in(cluster: LocalCluster, user: str, group: str, folder: Path) -> Path:
+    """A kubeconfig of ``cluster`` (in ``folder``) signing in as ``user`` in ``group``
+    with a client certificate of the cluster's CA."""
+    assert cluster.workdir is not None
+    pki_dir = cluster.workdir / "pki"
     ca = pki.KeyPair((pki_dir / "ca.crt").read_bytes(), (pki_dir / "ca.key").read_bytes())
     pair = pki.issue(ca, user, hosts=[], days=30, client=True, organization=group)
-    out.mkdir(parents=True, exist_ok=True)
-    cert, key = out / f"{user.replace(':', '-')}.crt", out / f"{user.replace(':', '-')}.key"
+    folder.mkdir(parents=True, exist_ok=True)
+    cert, key = folder / "client.crt", folder / "client.key"
     for path, data in ((cert, pair.cert), (key, pair.key)):
         path.write_bytes(data)
         path.chmod(0o600)
-    return cert, key
-
-
-def cert_kubeconfig(path: Path, server: str, ca: Path, user: str, cert: Path, key: Path) -> Path:
-    """A kubeconfig that signs in with a client certificate."""
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
-        ],
-        "users": [
-            {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
-        ],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
-        "current-context": "local",
-    }
-    path.write_text(yaml.safe_dump(doc))
-    path.chmod(0o600)
-    return path
+    kubeconfig = folder / "kubeconfig"
+    cluster._kubeconfig(kubeconfig, user, {"client-certificate": str(cert), "client-key": str(key)})
+    return kubeconfig
 
 
 # --- the machine's one real node ----------------------------------------------------
 
 
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """Every other process of the machine and its argv (those gone meanwhile left out)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in argv if w]
+        if words:
+            yield int(entry.name), words
+
+
 def running_kubelet() -> int | None:
     """The PID of a kubelet already running on this machine (None when there is none):
     its directories are fixed paths, so a second one would take its sockets."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
-        except OSError:
-            continue
-        if Path(argv0.decode(errors="replace")).name == "kubelet" and _alive(int(entry.name)):
-            return int(entry.name)
-    return None
+    from tools.localcluster import _alive
 
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+    return next(
+        (pid for pid, argv in _processes() if Path(argv[0]).name == "kubelet" and _alive(pid)),
+        None,
+    )
 
 
 @contextlib.contextmanager
@@ -452,22 +441,12 @@ def unmount_below(root: Path) -> None:
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
-def kill_processes(match: Callable[[list[str]], bool]) -> int:
-    """SIGKILL every process whose argv ``match`` accepts; how many were."""
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        words = [w.decode(errors="replace") for w in argv if w]
-        if words and match(words):
+def kill_processes(match: Callable[[list[str]], bool]) -> None:
+    """SIGKILL every process whose argv ``match`` accepts."""
+    for pid, argv in _processes():
+        if match(argv):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-    return killed
+                os.kill(pid, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -514,17 +493,14 @@ def pod_logs(namespace: str, name: str, container: str) -> str:
     return "\n".join(text)
 
 
-def kill_pods_cgroups() -> int:
+def kill_pods_cgroups() -> None:
     """SIGKILL every process left in the kubelet's pod cgroups (``kubepods``), e.g. by
-    a node whose runtime was killed; only one real node runs per machine. How many."""
-    killed = 0
+    a node whose runtime was killed; only one real node runs per machine."""
     for procs in Path("/sys/fs/cgroup").glob("*/kubepods/**/cgroup.procs"):
         with contextlib.suppress(OSError):
             for pid in procs.read_text().split():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
-                    killed += 1
-    return killed
 
 
 def _is_stale_runtime(argv: list[str]) -> bool:
@@ -555,7 +531,7 @@ def clean_machine(workdir: Path | None = None) -> None:
 def start(cluster: LocalCluster, bins: Path) -> None:
     """containerd, the images and the kubelet of node ``cluster.node_name``; returns once
     the Node is Ready. The cluster's API server and controller-manager run already."""
-    from tools.localcluster import ClusterError, _wait, kubectl
+    from tools.localcluster import ClusterError, _wait, free_port, kubectl
 
     why = unavailable()
     if why is not None:
@@ -577,15 +553,10 @@ def start(cluster: LocalCluster, bins: Path) -> None:
         _wait(lambda: socket.exists() and _answers(runtime), proc, "containerd", timeout_s=60)
         for archive in make_images(workdir / "images"):
             runtime.import_image(archive)
-        pki_dir = workdir / "pki"
         user = f"system:node:{cluster.node_name}"
-        cert, key = client_certificate(pki_dir, user, "system:nodes", workdir / "kubelet")
-        kubeconfig = cert_kubeconfig(
-            workdir / "kubelet" / "kubeconfig", cluster.server, pki_dir / "ca.crt", user, cert, key
-        )
-        from tools.localcluster import free_port
-
-        kconfig = kubelet_config(workdir, pki_dir / "ca.crt", socket, (free_port(), free_port()))
+        kubeconfig = signed_in(cluster, user, "system:nodes", workdir / "kubelet")
+        ca = workdir / "pki" / "ca.crt"
+        kconfig = kubelet_config(workdir, ca, socket, (free_port(), free_port()))
         proc = cluster._spawn(
             "kubelet",
             [
@@ -644,11 +615,7 @@ def start_controller_manager(cluster: LocalCluster, bins: Path) -> None:
     assert cluster.workdir is not None
     pki_dir = cluster.workdir / "pki"
     user = "system:kube-controller-manager"
-    folder = cluster.workdir / "controller-manager"
-    cert, key = client_certificate(pki_dir, user, "", folder)
-    kubeconfig = cert_kubeconfig(
-        folder / "kubeconfig", cluster.server, pki_dir / "ca.crt", user, cert, key
-    )
+    kubeconfig = signed_in(cluster, user, "", cluster.workdir / "controller-manager")
     port = free_port()
     proc = cluster._spawn(
         "kube-controller-manager",
