@@ -32,7 +32,11 @@ API server: ``lease`` until the standby holds the lease (service kills), ``any b
 until the first bind after the fault, and ``recovery``: until the first bind of a pod
 created after the fault (for a job-controller kill: of a pod of a Job created after it),
 i.e. the whole path works again. A pod in flight when the watcher dies is still bound,
-so the first bind alone would flatter a watcher kill.
+so the first bind alone would flatter a watcher kill. For a NATS fault also ``JetStream
+leaders``: until JetStream answers again for its meta group, every stream and bucket and
+every durable consumer (each has a leader; the services can do nothing before), and the
+5 s target is held
+against the recovery counted from then (both are printed).
 
 Then, once nothing changed for ``--settle`` seconds, the audit, from the API server:
 every pod bound or Pending with a reason (``PodScheduled=False`` or a
@@ -93,7 +97,10 @@ VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
 BATCH = "/apis/batch.volcano.sh/v1alpha1"
 JOB_LABEL = "volcano.sh/job-name"  # services/job_controller/service.py JOB_NAME
 CENTRAL = ("watcher", "gang-coordinator", "device-allocator", "binder", "job-controller")
-LEASE_S = 3.0
+LEASE_S = 2.0
+"""``scheduler.leaderLeaseS``, the default: a holder the bus does not answer pauses and
+resumes instead of exiting (shared/bus.py ``Lease``), so no longer lease is needed to
+ride out a JetStream election."""
 TARGET_RECOVERY_S = 5.0
 
 # --- the workload ----------------------------------------------------------------------
@@ -238,6 +245,9 @@ class Fault:
     at: float = 0.0
     lease_s: float | None = None
     server_back_s: float | None = None
+    leaders_s: float | None = None
+    """NATS faults: until JetStream answers for every stream and bucket again (each has
+    a leader): what the services' recovery is held against."""
     any_bind_s: float | None = None
     recovery_s: float | None = None
     recovery_note: str = ""
@@ -248,8 +258,14 @@ class Fault:
 
     def worst_s(self) -> float | None:
         """What the recovery target is held against: the first bind of a new pod, or a
-        longer stall after it."""
-        return None if self.recovery_s is None else max(self.recovery_s, self.stall_s)
+        longer stall after it; for a NATS fault, counted from JetStream having its
+        leaders again (the services cannot act before)."""
+        if self.recovery_s is None:
+            return None
+        worst = max(self.recovery_s, self.stall_s)
+        if self.kind.startswith("nats-") and self.leaders_s is not None:
+            return max(0.0, worst - self.leaders_s)
+        return worst
 
     def label(self) -> str:
         if self.kind == "kill":
@@ -463,6 +479,53 @@ class BusView:
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), 5)
+
+    async def jetstream_assets(self) -> dict[str, list[str]]:
+        """Every stream (the events, each KV bucket) and its durable consumers (each
+        service's, each node's), read while the bus is whole: what ``leaders_back``
+        asks for after a fault (listing them then is slow, the list waiting on a lost
+        server's answer)."""
+        js = self.nc.jetstream()
+        out: dict[str, list[str]] = {}
+        for info in await js.streams_info():
+            name = info.config.name
+            consumers = await js.consumers_info(name)
+            out[name] = [c.name for c in consumers if c.config.durable_name]
+        return out
+
+    async def leaders_back(
+        self, fault: Fault, clock: Clock, assets: dict[str, list[str]], cap_s: float = 30.0
+    ) -> None:
+        """Set ``fault.leaders_s`` once JetStream answers again for every stream and
+        durable consumer of ``assets``: each has a leader, which answers for it. Polled
+        every 0.1 s from the fault on."""
+        js = self.nc.jetstream()
+        missing = ""
+
+        async def led(what: str, ask: Any) -> None:
+            try:
+                info = await asyncio.wait_for(ask, 1.5)
+            except Exception as exc:
+                raise RuntimeError(f"{what}: {exc!r}") from None
+            if info.cluster is not None and not info.cluster.leader:
+                raise RuntimeError(f"{what}: no leader")
+
+        while clock.now() - fault.at < cap_s:
+            try:
+                await asyncio.gather(
+                    *(led(stream, js.stream_info(stream)) for stream in assets),
+                    *(
+                        led(f"{stream}/{c}", js.consumer_info(stream, c))
+                        for stream, consumers in assets.items()
+                        for c in consumers
+                    ),
+                )
+                fault.leaders_s = clock.now() - fault.at
+                return
+            except Exception as exc:
+                missing = str(exc)
+                await asyncio.sleep(0.1)
+        fault.detail += f"; JetStream leaders not all back within {cap_s:.0f}s ({missing})"
 
     async def _entries(self, bucket: str, keys: list[str] | None = None) -> dict[str, bytes]:
         js = self.nc.jetstream()
@@ -886,16 +949,21 @@ class Injector:
         elif fault.kind == "nats-restart":
             i = int(fault.target)
             fault.detail = await self.nats_role(i)
+            assets = await self.bus.jetstream_assets()
             fault.at = self.clock.now()
             await asyncio.to_thread(self.cluster.stop_nats, i, kill=True)
+            leaders = asyncio.create_task(self.bus.leaders_back(fault, self.clock, assets))
             await asyncio.sleep(1.0)
             await asyncio.to_thread(self.cluster.start_nats, i)
             fault.server_back_s = self.clock.now() - fault.at
+            await leaders
         elif fault.kind == "nats-lose":
             i = int(fault.target)
             fault.detail = await self.nats_role(i)
+            assets = await self.bus.jetstream_assets()
             fault.at = self.clock.now()
             await asyncio.to_thread(self.cluster.stop_nats, i, kill=True)
+            await self.bus.leaders_back(fault, self.clock, assets)
         else:
             fault.at = self.clock.now()
             await asyncio.to_thread(self.cluster.restart_apiserver)
@@ -938,7 +1006,8 @@ class Injector:
         ) + f"killed {rep.name} pid {pid}"
         if service == "job-controller":
             self.creator.pull_job()
-        # The standby takes the lease once the dead holder's key expires (LEASE_S).
+        # The standby takes the lease once it has seen the dead holder's last renewal
+        # unchanged for LEASE_S.
         lease_deadline = self.clock.now() + self.args.fault_cap
         while self.clock.now() < lease_deadline:
             now = await self.bus.holder(service)
@@ -973,6 +1042,8 @@ def describe(f: Fault) -> str:
         parts.append(f"lease {f.lease_s:.2f}s")
     if f.server_back_s is not None:
         parts.append(f"server back {f.server_back_s:.2f}s")
+    if f.leaders_s is not None:
+        parts.append(f"JetStream leaders {f.leaders_s:.2f}s")
     parts.append(f"recovery {fmt(f.recovery_s)}")
     return ", ".join(parts) + (f" [{f.detail}]" if f.detail else "")
 
@@ -1543,29 +1614,36 @@ def report(
     )
     print()
     print(
-        "| # | fault | at (s) | lease taken (s) | server back (s) | first bind (s) "
-        "| recovery (s) | longest stall (s) | detail |"
+        "| # | fault | at (s) | lease taken (s) | server back (s) | JetStream leaders (s) "
+        "| first bind (s) | recovery (s) | after the leaders (s) | longest stall (s) | detail |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for n, f in enumerate(faults, 1):
         rec = fmt(f.recovery_s).rstrip("s") if f.recovery_s is not None else f.recovery_note
-        if f.recovery_s is not None and f.recovery_s > TARGET_RECOVERY_S:
+        worst = f.worst_s()
+        if worst is not None and worst > TARGET_RECOVERY_S:
             rec = f"**{rec}**"
-        cells = [fmt(v).rstrip("s") for v in (f.lease_s, f.server_back_s, f.any_bind_s)]
+        after = "-"
+        if f.recovery_s is not None and f.leaders_s is not None:
+            after = f"{f.recovery_s - f.leaders_s:.2f}"
+        cells = [
+            fmt(v).rstrip("s") for v in (f.lease_s, f.server_back_s, f.leaders_s, f.any_bind_s)
+        ]
         stalled = f"{f.stall_s:.2f} from +{f.stall_at:.1f}" if f.stall_s else "-"
         if f.stall_s > TARGET_RECOVERY_S:
             stalled = f"**{stalled}**"
         print(
             f"| {n} | {f.label()} | {f.at - burst_start:.1f} ({f.wall}) | "
             + " | ".join(cells)
-            + f" | {rec} | {stalled} | {f.detail} |"
+            + f" | {rec} | {after} | {stalled} | {f.detail} |"
         )
     measured = [w for f in faults if (w := f.worst_s()) is not None]
     missed = [f for f in faults if (w := f.worst_s()) is None or w > TARGET_RECOVERY_S]
     print()
     if measured:
         print(
-            f"recovery (the first bind of a new pod, or a longer stall after it): "
+            f"recovery (the first bind of a new pod, or a longer stall after it; for a NATS "
+            f"fault from JetStream's leaders back): "
             f"max {max(measured):.2f}s, mean {sum(measured) / len(measured):.2f}s over "
             f"{len(measured)} faults; {len(missed)} of {len(faults)} over the "
             f"{TARGET_RECOVERY_S:.0f}s target (or not measured)"
@@ -1639,6 +1717,7 @@ def report(
                 "at_s": round(f.at - burst_start, 1),
                 "lease_s": f.lease_s and round(f.lease_s, 2),
                 "server_back_s": f.server_back_s and round(f.server_back_s, 2),
+                "leaders_s": f.leaders_s and round(f.leaders_s, 2),
                 "first_bind_s": f.any_bind_s and round(f.any_bind_s, 2),
                 "recovery_s": f.recovery_s and round(f.recovery_s, 2),
                 "stall_s": round(f.stall_s, 2),

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -81,3 +82,34 @@ class GroupCommit(Generic[T]):
             for _, done in asked:
                 if not done.done():
                     done.set_result(None)
+
+
+class Acting:
+    """Whether a lease holder may act now: from a renewal until a whole lease after that
+    renewal was *sent* (:meth:`renew`), and not while it is paused or lost (:meth:`clear`);
+    shared/bus.py ``Lease`` keeps it.
+
+    Time-aware, so that a process whose loop stalled past its lease (a long computation,
+    the machine starved) does not act on a lease it may have lost before its renewal
+    loop has run again. What a holder's process writes waits in :meth:`wait`: the bus
+    (``Bus.fence``) and the API server (``kube.Client.fence``)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.until = 0.0
+        """``time.monotonic()`` at which the last renewal lapses."""
+
+    def is_set(self) -> bool:
+        return self._event.is_set() and time.monotonic() < self.until
+
+    def renew(self, until: float) -> None:
+        self.until = until
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    async def wait(self) -> None:
+        while not self.is_set():
+            self._event.clear()  # lapsed: set again by the next renewal
+            await self._event.wait()

@@ -54,7 +54,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from shared import busauth, events, views
-from shared.aio import GroupCommit, raise_if_cancelling
+from shared.aio import Acting, GroupCommit, raise_if_cancelling
 from shared.config import NatsConfig
 from shared.core.model import NodeName
 from shared.telemetry import recording, span
@@ -308,6 +308,9 @@ class Bus:
         self._attributes = {"tessera.service": name}
         self.published: Callable[[events.Event], None] = lambda _event: None
         """Called for each event stored (the runtime counts them)."""
+        self.fence: Acting | None = None
+        """A leader's :attr:`Lease.acting`: its publishes and the delivery of its events
+        wait while it is down (the lease went unrenewed: :class:`Lease`)."""
         self._commit = GroupCommit(self._store, f"{name}:publish")
         """Every publish goes through it: one pipelined write per turn of the loop."""
 
@@ -390,10 +393,11 @@ class Bus:
         return await self.bucket(self.cfg.inventory_bucket)
 
     async def bucket(self, name: str, *, ttl_s: float | None = None) -> KeyValue:
-        """A KV bucket, created on first use (``ttl_s``: entries expire unless rewritten).
-        An existing bucket whose entries expire after another time than ``ttl_s`` (the
-        config changed, or a release changed its default) is brought to it by a user
-        that manages streams (the allocator; shared/busauth.py), else left as it is."""
+        """A KV bucket, created on first use (``ttl_s``: entries expire unless rewritten;
+        0: never). An existing bucket whose entries expire after another time than
+        ``ttl_s`` (the config changed, or a release changed its default) is brought to it
+        by a user that manages streams (the allocator; shared/busauth.py), else left as
+        it is."""
         try:
             kv = await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
@@ -404,7 +408,7 @@ class Bus:
             return await self.js.key_value(name)  # another process created it meanwhile
         if ttl_s is not None and busauth.manages_streams(self.user):
             info = await self.js.stream_info(f"KV_{name}")
-            if info.config.max_age != ttl_s:
+            if (info.config.max_age or 0.0) != ttl_s:
                 log.info(
                     "bucket %s: entries expire after %ss, not %ss: updated",
                     name,
@@ -413,7 +417,7 @@ class Bus:
                 )
                 # no window for duplicates longer than the entries live (the server
                 # refuses it), up to the 2 minutes a new bucket gets
-                window = min(ttl_s, KV_DUPLICATE_WINDOW_S)
+                window = min(ttl_s or KV_DUPLICATE_WINDOW_S, KV_DUPLICATE_WINDOW_S)
                 await self.js.update_stream(
                     replace(info.config, max_age=ttl_s, duplicate_window=window)
                 )
@@ -450,6 +454,8 @@ class Bus:
         round trip each)."""
         batch = [event for event, _ in items]
         contexts = [context for _, context in items]
+        if self.fence is not None:
+            await self.fence.wait()
         await through_failover(
             f"publish {len(batch)} events", lambda: self._publish_many(batch, contexts)
         )
@@ -644,6 +650,8 @@ class Bus:
         handlers are idempotent) or terminated (undecodable)."""
         delivery = delivery_of(msg)
         headers = msg.headers or {}
+        if self.fence is not None:
+            await self.fence.wait()
         try:
             if BATCH_HEADER in headers:
                 decoded = _decode_batch(msg, delivery)
@@ -735,7 +743,18 @@ class Bus:
     async def inventories(self, timeout_s: float = 10.0) -> dict[NodeName, events.NodeInventory]:
         """Every node's latest inventory, read in one pass: a watcher delivers each key's
         last value, then a marker. (A get per key took 1,000 requests at 1,000 nodes, and
-        one timing out under load took the whole reader down.)"""
+        one timing out under load took the whole reader down.) A pass that found nothing
+        in a bucket that holds values is read again: nats-py's watcher may give its
+        marker first when its consumer has not yet counted what is pending (seen right
+        after a failover: an allocator started with no devices for 10 s, bench/chaos.py)."""
+        for _ in range(INVENTORY_READS - 1):
+            found = await self._inventories(timeout_s)
+            if found or not (await self.kv.status()).values:
+                return found
+            log.info("the inventory bucket holds values, a read found none: read again")
+        return await self._inventories(timeout_s)
+
+    async def _inventories(self, timeout_s: float) -> dict[NodeName, events.NodeInventory]:
         watcher = await self.kv.watchall(ignore_deletes=True)
         found: dict[NodeName, events.NodeInventory] = {}
         try:
@@ -750,6 +769,9 @@ class Bus:
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
 
+
+INVENTORY_READS = 3
+"""How many times ``Bus.inventories`` reads a bucket that holds values and seems empty."""
 
 _DELIVERED_AT = {9: 4, 11: 6, 12: 6}
 """Where the delivery count sits in an ack subject of so many tokens (see ``delivery_of``;
@@ -1258,16 +1280,29 @@ class Outbox:
 
 
 class Lease:
-    """Leader election on a KV key that expires unless renewed.
+    """Leader election on a KV key, fenced by its revision.
 
-    ``acquire`` waits until it creates the key (nobody holds it); ``hold`` renews it
-    every third of the lease with a compare-and-set on the revision and raises
-    :class:`LeaseLostError` when a renewal is refused (another holds it) or when none
-    has succeeded for a whole lease: at that moment the key may have expired and a
-    standby may hold it, so the holder stops whatever a renewal in flight is waiting
-    for, and two holders never act at once. The lease lasts ``lease_s`` or the lease
-    bucket's own expiry, whichever is shorter (a bucket made with another setting:
-    until the allocator brings it to the config, ``Bus.bucket``).
+    The holder renews the key every third of the lease with a compare-and-set on the
+    revision it last wrote. A standby takes the key only with a compare-and-set on a
+    revision it has seen unchanged for a whole lease of prompt answers: counted from
+    the first answer that showed it, and again from any answer that came late or after
+    a failed read. A clean stop deletes the key, which a standby then creates. The key
+    never expires by time: so while JetStream elects a new leader for the bucket (4 to
+    9 s after losing a server), nobody can take the key, and the holder renews it as
+    soon as the bus answers again.
+
+    A holder that has not renewed for a whole lease (counted from when it sent its last
+    successful renewal, so before any standby can have started counting) *pauses*:
+    :attr:`acting` lapses, and the bus and API writes of its process wait on it
+    (``Bus.fence``, ``kube.Client.fence``), as does the delivery of its events. It goes
+    on trying: a renewal that succeeds proves that nobody took the key meanwhile, so its
+    state is still right and it resumes where it stopped; a renewal refused (another
+    identity wrote the key, or it was deleted) raises :class:`LeaseLostError`. Two
+    holders never act at once, and a bus failover costs no restart and no state rebuild
+    (docs/architecture.md, "Two of each").
+
+    A bucket made by an older release expires its keys after its ``max_age``: until the
+    allocator brings it to no expiry (``Bus.bucket``), a holder renews within it.
     """
 
     def __init__(self, bus: Bus, name: str, identity: str, lease_s: float) -> None:
@@ -1275,6 +1310,8 @@ class Lease:
         self.name = name
         self.identity = identity
         self.lease_s = lease_s
+        self.acting = Acting()
+        """While this identity holds the lease and renewed it within the lease."""
         self._revision = 0
         self._bucket: KeyValue | None = None
         self._held = False
@@ -1283,7 +1320,7 @@ class Lease:
         if self._bucket is not None:
             return self._bucket
         kv = await through_failover(
-            "lease bucket", lambda: self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=self.lease_s)
+            "lease bucket", lambda: self.bus.bucket(busauth.LEASE_BUCKET, ttl_s=0.0)
         )
         expiry = (await through_failover("lease bucket", kv.status)).ttl
         if expiry and expiry < self.lease_s:
@@ -1298,68 +1335,146 @@ class Lease:
         self._bucket = kv
         return kv
 
+    def _hold_from(self, revision: int, sent: float) -> None:
+        self._revision, self._held = revision, True
+        self.acting.renew(sent + self.lease_s)
+
     async def acquire(self, standby: Callable[[], None] | None = None) -> None:
         """Wait until this identity holds the lease; ``standby`` is called once when
         another holds it."""
         kv = await self._kv()
+        seen: tuple[int, float] | None = None  # a revision, and since when it is unchanged
         announced = False
+        poll = min(STANDBY_POLL_S, self.lease_s / 3)
         while True:
+            sent = time.monotonic()
             try:
-                self._revision = await through_failover(
-                    f"lease {self.name}", lambda: kv.create(self.name, self.identity.encode())
-                )
-                log.info("%s is the active %s", self.identity, self.name)
-                self._held = True
-                return
+                entry: Any = None
+                with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                    entry = await kv.get(self.name)
+                answered = time.monotonic()
+                if entry is None:  # nobody holds it (never taken, or given back)
+                    self._hold_from(await kv.create(self.name, self.identity.encode()), sent)
+                    log.info("%s is the active %s", self.identity, self.name)
+                    return
+                if entry.value == self.identity.encode():
+                    # ours: a create whose answer was lost (only this identity writes it)
+                    self._hold_from(
+                        await kv.update(self.name, entry.value, last=entry.revision), sent
+                    )
+                    log.info("%s is the active %s", self.identity, self.name)
+                    return
+                if seen is None or seen[0] != entry.revision or answered - sent > poll:
+                    # Counted from now: a new renewal, or a late answer (the bus stalled:
+                    # the holder may have had none either, and renews once it does).
+                    seen = (entry.revision, answered)
+                elif answered - seen[1] >= self.lease_s:
+                    self._hold_from(
+                        await kv.update(self.name, self.identity.encode(), last=entry.revision),
+                        sent,
+                    )
+                    log.info(
+                        "%s is the active %s: %s left it unrenewed for %.1fs",
+                        self.identity,
+                        self.name,
+                        (entry.value or b"").decode(errors="replace"),
+                        answered - seen[1],
+                    )
+                    return
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
-                # held by another (or it expired while nats-py's create looked: again)
-                if not announced:
-                    log.info("%s waits as standby %s", self.identity, self.name)
-                    announced = True
-                    if standby is not None:
-                        standby()
-            # Polled often: a create is one small request, and the lease held by a
-            # replica that died is taken within this of its expiry.
-            await asyncio.sleep(min(STANDBY_POLL_S, self.lease_s / 3))
+                seen = None  # another got there first: watch the key again
+            except (*TRANSIENT, TimeoutError) as exc:
+                raise_if_cancelling()
+                log.debug("lease %s: %r", self.name, exc)
+                seen = None
+            if not announced:
+                log.info("%s waits as standby %s", self.identity, self.name)
+                announced = True
+                if standby is not None:
+                    standby()
+            # Polled often: a read is one small request, and the lease of a replica
+            # that died is taken within this of a whole lease.
+            await asyncio.sleep(poll)
 
     async def hold(self) -> None:
+        """Renew the lease until it is lost (raises :class:`LeaseLostError`); pause and
+        resume as the class says."""
         kv = await self._kv()
-        loop = asyncio.get_running_loop()
-        renewed = loop.time()
         pause = self.lease_s / 3
+        paused = False
         while True:
             await asyncio.sleep(pause)
+            sent = time.monotonic()
+            if not paused and sent >= self.acting.until:
+                paused = self._pause("its loop ran late")
+            # While acting, bounded by the lease's end: the pause begins there, not when
+            # a renewal still waiting for its answer times out.
+            limit = (sent + self.lease_s if paused else self.acting.until) - sent
+            revision: int | None = None
             try:
-                async with asyncio.timeout_at(renewed + self.lease_s):
-                    self._revision = await kv.update(
-                        self.name, self.identity.encode(), last=self._revision
-                    )
-                renewed, pause = loop.time(), self.lease_s / 3
-            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
-                self._held = False
-                raise LeaseLostError(f"{self.identity} lost the {self.name} lease") from None
+                async with asyncio.timeout(max(limit, 0.05)):
+                    try:
+                        revision = await kv.update(
+                            self.name, self.identity.encode(), last=self._revision
+                        )
+                    except nats.js.errors.KeyWrongLastSequenceError:
+                        revision = await self._ours(kv)
+            except nats.js.errors.KeyNotFoundError:
+                pass
             except (*TRANSIENT, TimeoutError) as exc:
-                # A slow, reconnecting or failing-over server (a JetStream election
-                # takes up to 9 s): keep trying, more often, while the lease holds.
+                # A slow, reconnecting or failing-over server: try again, more often.
                 raise_if_cancelling()
-                if loop.time() >= renewed + self.lease_s:
-                    self._held = False
-                    raise LeaseLostError(
-                        f"{self.identity} could not renew the {self.name} lease within "
-                        f"{self.lease_s:g}s: {exc!r}"
-                    ) from None
-                log.warning("renewing the %s lease failed (%r); retrying", self.name, exc)
-                pause = min(RENEW_RETRY_S, self.lease_s / 3)
+                if not paused and time.monotonic() >= self.acting.until:
+                    paused = self._pause(repr(exc))
+                elif not paused:
+                    log.warning("renewing the %s lease failed (%r); retrying", self.name, exc)
+                pause = min(STANDBY_POLL_S if paused else RENEW_RETRY_S, self.lease_s / 3)
+                continue
+            if revision is None:
+                self._held = False
+                self.acting.clear()
+                raise LeaseLostError(f"{self.identity} lost the {self.name} lease")
+            if paused:
+                log.warning(
+                    "%s: the %s lease renewed after %.1fs without: acting again",
+                    self.identity,
+                    self.name,
+                    sent - (self.acting.until - self.lease_s),
+                )
+                paused = False
+            self._hold_from(revision, sent)
+            pause = self.lease_s / 3
+
+    def _pause(self, why: str) -> bool:
+        self.acting.clear()
+        log.warning(
+            "%s: the %s lease was not renewed within %gs (%s): paused until the bus answers",
+            self.identity,
+            self.name,
+            self.lease_s,
+            why,
+        )
+        return True
+
+    async def _ours(self, kv: KeyValue) -> int | None:
+        """The key's revision if it still holds this identity (a renewal stored whose
+        answer was lost moved it on), else None."""
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            entry = await kv.get(self.name)
+            if entry.value == self.identity.encode() and entry.revision is not None:
+                return entry.revision
+        return None
 
     async def release(self) -> None:
         """Give the lease back at a clean stop, so the standby takes it at once. Not
         when it was lost (nothing to give back), nor once ``RELEASE_WAIT_S`` passed (the
-        bus is failing over): it expires within the lease, and a process stopping
-        because the bus does not answer is not held up waiting for it."""
+        bus is failing over): a standby takes it a lease after its last renewal, and a
+        process stopping because the bus does not answer is not held up waiting for it."""
         if not self._held or self._bucket is None:
             return
         kv = self._bucket
         self._held = False
+        self.acting.clear()
         with contextlib.suppress(
             nats.js.errors.KeyValueError, nats.js.errors.KeyNotFoundError, *TRANSIENT, TimeoutError
         ):

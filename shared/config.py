@@ -72,6 +72,12 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     owns it (services/gang_coordinator/queues.py)."""
     device_policy: Policy = "spread"
     """Default device-level policy (HAMi's default)."""
+    topology_aware: bool = False
+    """HAMi's ``gpuSchedulerPolicy: topology-aware`` as the default, for pods without
+    ``hami.io/gpu-scheduler-policy``: of the cards that fit on a node, the best-linked
+    set (NVLinks, NVSwitch, then the PCIe path); for one card, the one whose use splits
+    the least linked group; ``devicePolicy`` orders equals (shared/core/topology.py).
+    Off as in HAMi; nodes whose agents report no links are placed as without it."""
     allow_more_devices_than_cards: bool = False
     """Let a container ask for more vGPUs than the node has cards (several slices of one
     card). Upstream refuses; off by default for the same behaviour."""
@@ -478,6 +484,12 @@ def _check(cfg: Config) -> None:
         if spec.enabled:
             given = msgspec.to_builtins(spec)
             roles += [(f"devices.{vendor}.{k}", names(given[k])) for k in ROLE_KEYS if k in given]
+        keys = names(spec.use_uuid_annotation) + names(spec.nouse_uuid_annotation)
+        if not spec.models and any("{model}" in k for k in keys):
+            raise ConfigError(
+                f"`$.devices.{vendor}` names UUID annotations per model ({{model}}) but lists "
+                "no `models`: list the models, or write the keys without {model}"
+            )
     for i, chip in enumerate(cfg.devices.vnpus):
         roles += [
             (f"devices.vnpus[{i}].resourceName", (chip.resource_name,)),

@@ -24,7 +24,7 @@ import msgspec
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiException
 
-from shared.aio import raise_if_cancelling
+from shared.aio import Acting, raise_if_cancelling
 from shared.config import KubernetesConfig
 from shared.core.model import NodeName, PodRef, PodUID
 from shared.http1 import Pool, ProtocolError
@@ -54,6 +54,8 @@ class Client:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         self.pool = Pool(self.host, context, limit=pool, proxy=configuration.proxy or None)
+        self.fence: Acting | None = None
+        """A leader's ``Lease.acting`` (shared/bus.py): its writes wait while it is down."""
 
     async def headers(self, content_type: str | None = None) -> dict[str, str]:
         """Accept, User-Agent, Content-Type and the bearer token (re-read when it rotates)."""
@@ -386,7 +388,10 @@ async def _raw(
     body: Any = None,
     content_type: str = "application/json",
 ) -> bytes:
-    """The one place a (non-watch) API call is made and its status checked."""
+    """The one place a (non-watch) API call is made and its status checked; a write
+    waits while the client's fence is down."""
+    if api.fence is not None and method != "GET":
+        await api.fence.wait()
     response = await api.pool.request(
         method,
         api.pool.target(path, query),

@@ -72,7 +72,8 @@ class Runtime:
         self.role = "starting"
         """``electing``, ``standby`` (another replica holds the lease), ``starting``
         (reading its state), ``active``, or ``lost`` (its lease: it stops, and does
-        nothing more as the active replica): readiness says it."""
+        nothing more as the active replica): readiness says it, and that an active one
+        is paused (:attr:`acting`)."""
         self.health = Health(alive=self._alive)
         self.health.add("nats", self._bus_check)
         self.health.add("role", self._role_check)
@@ -96,8 +97,14 @@ class Runtime:
         self.metrics.gauge(
             "tessera_active",
             "1 while this replica is the active one (holds the lease), else 0.",
-            lambda: [(int(self.role == "active"), {"service": service})],
+            lambda: [(int(self.role == "active" and self.acting), {"service": service})],
         )
+
+    @property
+    def acting(self) -> bool:
+        """False once its lease is lost, and while a leader is paused because its lease
+        went unrenewed (shared/bus.py ``Lease``): its writes wait meanwhile."""
+        return self.role != "lost" and (self.bus.fence is None or self.bus.fence.is_set())
 
     def _alive(self) -> str | None:
         if self._failed.is_set():
@@ -108,6 +115,8 @@ class Runtime:
         return self.bus.connected()
 
     async def _role_check(self) -> str | None:
+        if self.role == "active" and not self.acting:
+            return "paused: its lease went unrenewed (the bus does not answer) until renewed"
         if self.role in ("standby", "active"):
             return None
         return {
@@ -358,10 +367,12 @@ async def _lead(rt: Runtime, service: type[Service], lease: Lease) -> None:
 
     await lease.acquire(standby)
     rt.role = "starting"
+    rt.bus.fence = lease.acting
     rt.on_stop(lease.release)
     # Renewed from now on: rebuilding a large cluster's state may take longer than the
-    # lease (12,500 nodes: 10-20 s on 2 cores). ``hold`` raises when the lease is lost:
-    # the service stops (starting or not) and restarts.
+    # lease (12,500 nodes: 10-20 s on 2 cores). While it goes unrenewed (the bus fails
+    # over) the service's writes wait on ``lease.acting``; ``hold`` raises when the lease
+    # is lost: the service stops (starting or not) and restarts.
     holding = asyncio.ensure_future(lease.hold())
     starting = asyncio.ensure_future(_start(rt, service))
     try:
@@ -383,6 +394,7 @@ async def _start(rt: Runtime, service: type[Service]) -> None:
     api = None
     if service.USES_API:
         api = await kube.connect(rt.cfg.kubernetes, service.NAME)
+        api.fence = rt.bus.fence
         rt.on_stop(api.close)
         client = api
 

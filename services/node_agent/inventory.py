@@ -2,7 +2,8 @@
 
 - ``NvmlSource``: NVIDIA GPUs through NVML (pynvml): UUID, index, model, memory, SM
   count, NUMA node (from the PCI bus address in sysfs), MIG mode and the instances the
-  card runs, and health from NVML's critical XID events.
+  card runs, each card pair's link (NVLinks, NVSwitch, PCIe path: ``read_links``), and
+  health from NVML's critical XID events.
 - ``AscendSource``: Huawei Ascend NPUs from ``npu-smi info`` (chip, HBM or DDR memory,
   health); AI cores and templates come from the config's ``vnpus`` entry for the chip.
 - ``FileSource``: one node of an inventory file (simulate.py's format), read again at
@@ -19,7 +20,8 @@ import logging
 import re
 import subprocess
 import threading
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +30,7 @@ from services.node_agent.simulate import expand, load_inventory
 from shared.config import Config
 from shared.core.hosts import go_int64
 from shared.core.model import DeviceInfo, DeviceUUID, MigInstance, NodeName
+from shared.core.topology import pair_score
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,89 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _bus(bus_id: str | bytes) -> str:
+    """A PCI address as one spelling: NVML writes the domain with 8 digits in ``busId``
+    and with 4 in ``busIdLegacy`` (``00000000:3B:00.0``, ``0000:3b:00.0``)."""
+    text = _text(bus_id).strip().lower()
+    domain, _, rest = text.partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return text
+
+
+def _not_supported(nvml: Any, exc: Exception) -> bool:
+    return getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
+
+
+def _nvlinks(nvml: Any, h: Any, peers: dict[str, int]) -> tuple[Counter[int], int]:
+    """One card's active NVLinks: per peer card (by index, ``peers`` maps bus addresses)
+    how many reach it directly, and how many reach an NVSwitch. A card without NVLink
+    (NVML's NotSupported) has none; a link NVML cannot read is left out."""
+    direct: Counter[int] = Counter()
+    switch = 0
+    remote_pci = getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None)
+    if remote_pci is None:  # nvidia-ml-py 12+: the plain name calls the _v2 function
+        remote_pci = nvml.nvmlDeviceGetNvLinkRemotePciInfo
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(h, link)
+        except nvml.NVMLError as exc:
+            if _not_supported(nvml, exc):
+                break  # no NVLink on this card
+            continue  # past the card's links (InvalidArgument), or unreadable
+        if state != nvml.NVML_FEATURE_ENABLED:
+            continue
+        try:
+            peer = peers.get(_bus(remote_pci(h, link).busId))
+            if peer is not None:
+                direct[peer] += 1
+            elif nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link) == (
+                nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+            ):
+                switch += 1
+        except nvml.NVMLError:
+            continue
+    return direct, switch
+
+
+def read_links(nvml: Any, handles: Sequence[Any]) -> dict[int, dict[int, int]]:
+    """Per card (its index in ``handles``), the score of its link to each other card, as
+    HAMi's device plugin reads them (``pkg/device/nvidia/links.go``; shared/core/topology.py
+    for the scale): the PCIe level the pair shares (``nvmlDeviceGetTopologyCommonAncestor``)
+    plus 100 per NVLink, counted on each active link (``nvmlDeviceGetNvLinkState``) whose
+    far end (``nvmlDeviceGetNvLinkRemotePciInfo_v2``) is the peer; two cards with no direct
+    link that both reach NVSwitches (``nvmlDeviceGetNvLinkRemoteDeviceType``) count the
+    fewer of their switch links. A pair whose two cards count different direct links
+    scores 0, as HAMi scores it, with a warning. A pair NVML says nothing of (PCIe cards,
+    NotSupported everywhere) is left out: 0."""
+    peers = {_bus(nvml.nvmlDeviceGetPciInfo(h).busId): i for i, h in enumerate(handles)}
+    reach = [_nvlinks(nvml, h, peers) for h in handles]
+    out: dict[int, dict[int, int]] = {}
+    for i, a in enumerate(handles):
+        for j in range(i + 1, len(handles)):
+            try:
+                level: int | None = int(nvml.nvmlDeviceGetTopologyCommonAncestor(a, handles[j]))
+            except nvml.NVMLError:
+                level = None
+            there, back = reach[i][0][j], reach[j][0][i]
+            if there != back:
+                log.warning(
+                    "GPU %d counts %d NVLinks to GPU %d, which counts %d back: the pair "
+                    "scores 0 (HAMi's AsymmetricGPUP2PLink)",
+                    i,
+                    there,
+                    j,
+                    back,
+                )
+                continue
+            score = pair_score(level, there or min(reach[i][1], reach[j][1]))
+            if score:
+                out.setdefault(i, {})[j] = score
+                out.setdefault(j, {})[i] = score
+    return out
+
+
 @dataclass
 class NoDevices:
     """A node with neither NVML nor npu-smi: the agent stays up and serves nothing
@@ -127,14 +213,20 @@ class NvmlSource:
         """UUID → why (the XID), from the event watcher."""
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._links: tuple[tuple[str, ...], dict[int, dict[int, int]]] | None = None
+        """(the cards' UUIDs, their links) as last read: links change with the cards."""
         nvml.nvmlInit()
 
     def read(self) -> tuple[DeviceInfo, ...]:
         nvml = self.nvml
         out = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(nvml.nvmlDeviceGetUUID(h))
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        uuids = tuple(_text(nvml.nvmlDeviceGetUUID(h)) for h in handles)
+        if self._links is None or self._links[0] != uuids:
+            self._links = (uuids, read_links(nvml, handles))
+        links = self._links[1]
+        for i, h in enumerate(handles):
+            uuid = uuids[i]
             model = nvidia_model(_text(nvml.nvmlDeviceGetName(h)))
             mig_on = False
             geometry: tuple[MigInstance, ...] = ()
@@ -157,6 +249,7 @@ class NvmlSource:
                     mode="mig" if mig_on else "hami-core",
                     healthy=uuid not in self.unhealthy,
                     mig_geometry=geometry,
+                    links=links.get(i, {}),
                 )
             )
         return tuple(out)

@@ -78,7 +78,8 @@ def handout(
     """Everything the container gets for ``grant`` on ``node``, whose devices (with
     their sharing mode and running MIG instances) are ``devices``."""
     out = Handout()
-    nvidia = [d for d in grant.devices if d.vendor == "nvidia"]
+    # an external device (a nvidia.com/mig-<profile> instance) is NVIDIA's plugin's to hand
+    nvidia = [d for d in grant.devices if d.vendor == "nvidia" and not d.external]
     ascend = [d for d in grant.devices if d.vendor == "ascend"]
     if nvidia:
         mig = [d for d in nvidia if d.mig_profile is not None]

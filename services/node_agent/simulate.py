@@ -14,8 +14,14 @@ Inventory file::
         taints: [{key: dedicated, value: gpu, effect: NoSchedule}]
         allocatable: {cpu: "32", memory: 256Gi, pods: "110"}
         devices:
-          - {vendor: nvidia, model: NVIDIA-A100-SXM4-80GB, memory: 81920, count: 8, numa: 2}
+          - {vendor: nvidia, model: NVIDIA-A100-SXM4-80GB, memory: 81920, count: 8, numa: 2,
+             nvlink: {islands: 2, links: 4}}   # cards 0-3 and 4-7 linked, 4 NVLinks a pair
           - {vendor: ascend, model: Ascend910B3, chip: 910B3, memory: 65536, count: 8}
+
+``nvlink`` gives a group's cards the link scores an agent reads with NVML
+(``DeviceInfo.links``): ``islands`` equal runs of consecutive cards, each pair within one
+linked by ``links`` NVLinks (one island: an NVSwitch box); every pair's PCIe path is one
+CPU's when the two share a NUMA node, else across CPUs. Without it: no links reported.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from shared import events as ev
 from shared import kube
 from shared.config import Config, ConfigError, read_yaml
 from shared.core.model import DeviceInfo, DeviceUUID, MpsState, NodeName, SharingMode, Vendor
+from shared.core.topology import CROSS_NUMA, SAME_NUMA, pair_score
 from shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,15 @@ MAX_COUNT = 64
 
 class _Inv(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     pass
+
+
+class SimNvlink(_Inv, frozen=True, kw_only=True):
+    """NVLinks among a group's cards (see the module docstring)."""
+
+    islands: Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)] = 1
+    """Equal runs of consecutive cards, all pairs of each linked (1: an NVSwitch box)."""
+    links: Annotated[int, msgspec.Meta(ge=1, le=18)] = 1
+    """NVLinks between two cards of one island (NVSwitch: each card's links to it)."""
 
 
 class SimDevices(_Inv, frozen=True, kw_only=True):
@@ -67,6 +83,8 @@ class SimDevices(_Inv, frozen=True, kw_only=True):
     sm_count: Annotated[int, msgspec.Meta(ge=0)] = 0
     unhealthy: list[int] = msgspec.field(default_factory=list)
     """Indexes of devices to report unhealthy."""
+    nvlink: SimNvlink | None = None
+    """The cards' NVLink islands; None: no links reported (PCIe cards, other vendors)."""
 
 
 class SimTaint(_Inv, frozen=True, kw_only=True):
@@ -134,6 +152,29 @@ def _uuid(node: str, vendor: str, index: int) -> DeviceUUID:
     return DeviceUUID(f"{prefix}-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:28]}")
 
 
+def _links(group: SimDevices, n: int, base: int) -> dict[int, int]:
+    """Card ``n`` of ``group``: its link score to each other card of the group (index
+    ``base + m``), as NVML would give it (shared/core/topology.py)."""
+    if group.nvlink is None:
+        return {}
+    islands, links = group.nvlink.islands, group.nvlink.links
+
+    def island(m: int) -> int:
+        return m * islands // group.count
+
+    def numa(m: int) -> int:
+        return m * group.numa // group.count
+
+    return {
+        base + m: pair_score(
+            SAME_NUMA if numa(m) == numa(n) else CROSS_NUMA,
+            links if island(m) == island(n) else 0,
+        )
+        for m in range(group.count)
+        if m != n
+    }
+
+
 def expand(inventory: Inventory) -> dict[NodeName, tuple[SimNode, tuple[DeviceInfo, ...]]]:
     """Every simulated node with its devices (UUIDs stable across restarts)."""
     out: dict[NodeName, tuple[SimNode, tuple[DeviceInfo, ...]]] = {}
@@ -159,6 +200,7 @@ def expand(inventory: Inventory) -> dict[NodeName, tuple[SimNode, tuple[DeviceIn
                             mode=group.mode,
                             healthy=n not in group.unhealthy,
                             chip=group.chip,
+                            links=_links(group, n, index - n),
                         )
                     )
             out[name] = (spec, tuple(devices))

@@ -339,9 +339,10 @@ class Watcher(Service):
         )
 
     async def flush(self) -> None:
-        """At a stop, publish what is still queued; not once the lease is lost: another
-        watcher may be publishing already (it relists, and announces it all again)."""
-        if self.rt.role != "lost":
+        """At a stop, publish what is still queued; not once the lease is lost or while
+        it is paused: another watcher may be publishing already (it relists, and
+        announces it all again)."""
+        if self.rt.acting:
             await self.out.flush()
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:

@@ -13,7 +13,11 @@ is created.
   placed is refused with the message the watcher would put in its Event; any pod that
   carries a grant annotation at creation (Tessera's ``tessera.io/grant`` and its
   companions, or HAMi's and Volcano's assignment keys) is refused: only the binder
-  writes them, through the Binding.
+  writes them, through the Binding. A Volcano Job (``batch.volcano.sh/v1alpha1``) whose
+  ``schedulerName`` (default ``volcano``) is one of ``scheduler.names`` is refused at
+  creation when Volcano's admission would refuse it (shared/core/vcjob.py, and its queue
+  missing while others exist, not Open, ``root`` or not a leaf), and at an update that
+  changes more than Volcano lets change or breaks a rule the Job kept.
 - ``/healthz`` and ``/readyz`` (ready once it serves with a certificate the API server
   trusts).
 
@@ -37,11 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from kubernetes_asyncio.client import ApiException
 
 from services.webhook import certs
 from shared import kube
 from shared.config import Config, request_parser
 from shared.core import annotations as ann
+from shared.core import vcjob
 from shared.core.model import PodRequest
 from shared.core.request import rejection
 from shared.health import API_CHECK_TTL_S, Cached, Health
@@ -50,6 +56,7 @@ from shared.runtime import process_main
 log = logging.getLogger(__name__)
 
 NAME = "webhook"
+QUEUES = "/apis/scheduling.volcano.sh/v1beta1/queues"
 OPT_OUT = "tessera.io/webhook"
 """Label a namespace ``tessera.io/webhook: disabled`` to leave it out."""
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -135,12 +142,55 @@ class Webhook:
             return None
         return rejection(parsed)
 
-    def review(self, body: dict[str, Any], mutating: bool) -> dict[str, Any]:
-        """The AdmissionReview answer to one AdmissionReview request."""
+    def validate_job(
+        self,
+        job: dict[str, Any],
+        old: dict[str, Any] | None = None,
+        queues: dict[str, dict[str, Any]] | None = None,
+    ) -> str | None:
+        """Why a Volcano Job (created, or updated from ``old``) is refused, or None.
+        ``queues``: every Queue by name (None: not read; the queue is not checked)."""
+        spec = job.get("spec") or {}
+        if (spec.get("schedulerName") or vcjob.DEFAULT_SCHEDULER) not in self.cfg.scheduler.names:
+            return None  # another controller's Job (Volcano's, beside it)
+        name = (job.get("metadata") or {}).get("name") or ""
+        errors = vcjob.check(name, spec)
+        if old is not None:
+            # An update may not change what Volcano keeps, nor break a rule the Job kept
+            # (one made invalid while the webhook was down may still be fixed).
+            kept = {e.field for e in vcjob.check(name, old.get("spec") or {})}
+            errors = vcjob.check_update(old.get("spec") or {}, spec) + [
+                e for e in errors if e.field not in kept
+            ]
+        elif queues is not None:
+            errors += queue_errors(spec.get("queue") or vcjob.DEFAULT_QUEUE, queues)
+        return vcjob.refusal(errors) if errors else None
+
+    def review(
+        self,
+        body: dict[str, Any],
+        mutating: bool,
+        queues: dict[str, dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """The AdmissionReview answer to one AdmissionReview request (``queues``: see
+        :meth:`validate_job`)."""
         request = body.get("request") or {}
         response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
         pod = request.get("object")
-        if request.get("operation") == "CREATE" and isinstance(pod, dict):
+        operation = request.get("operation")
+        if is_job(request) and isinstance(pod, dict) and not mutating:
+            old = request.get("oldObject") if operation == "UPDATE" else None
+            try:
+                refused = self.validate_job(pod, old if isinstance(old, dict) else None, queues)
+            except Exception as exc:  # never block Jobs on the webhook's own bug
+                log.exception("could not review a Job in %s", request.get("namespace"))
+                response["warnings"] = [f"tessera webhook could not check this Job: {exc}"]
+                refused = None
+            if refused is not None:
+                response["allowed"] = False
+                response["status"] = {"code": 403, "reason": "Forbidden", "message": refused}
+                log.info("refused a Job in %s: %s", request.get("namespace"), refused)
+        elif operation == "CREATE" and isinstance(pod, dict) and not is_job(request):
             try:
                 if mutating:
                     patch = self.mutate(pod)
@@ -166,6 +216,47 @@ class Webhook:
             "kind": "AdmissionReview",
             "response": response,
         }
+
+
+def is_job(request: dict[str, Any]) -> bool:
+    """Is the AdmissionReview request about a Volcano Job?"""
+    kind = request.get("kind") or {}
+    return bool(kind.get("group") == "batch.volcano.sh" and kind.get("kind") == "Job")
+
+
+def queue_errors(name: str, queues: dict[str, dict[str, Any]]) -> list[vcjob.JobError]:
+    """Volcano's queue checks at a Job's creation: the queue exists (here: once any
+    Queue does, as Tessera's scheduler reads queues), is Open, is not ``root`` and has
+    no child queues."""
+    where = "spec.queue"
+    if name == "root":
+        return [vcjob.JobError(where, "a Job may not be submitted to the root queue")]
+    queue = queues.get(name)
+    if queue is None:
+        if not queues:
+            return []
+        return [vcjob.JobError(where, f'queue "{name}" does not exist; create it or name another')]
+    state = (queue.get("status") or {}).get("state") or (queue.get("spec") or {}).get("state")
+    if (state or "Open") != "Open":
+        return [vcjob.JobError(where, f'queue "{name}" is {state}: only an Open queue takes Jobs')]
+    children = sum(1 for q in queues.values() if (q.get("spec") or {}).get("parent") == name)
+    if children:
+        return [
+            vcjob.JobError(
+                where, f'queue "{name}" has {children} child queues: submit to a leaf queue'
+            )
+        ]
+    return []
+
+
+JOB_RULE = {
+    "apiGroups": ["batch.volcano.sh"],
+    "apiVersions": ["v1alpha1"],
+    "operations": ["CREATE", "UPDATE"],
+    "resources": ["jobs"],
+    "scope": "Namespaced",
+}
+"""The Volcano Jobs the validating webhook checks (not their status subresource)."""
 
 
 def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -215,13 +306,16 @@ def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
             "admissionReviewVersions": ["v1"],
             "timeoutSeconds": 5,
         }
+        hooks = [hook]
         if kind.startswith("Mutating"):
             hook["reinvocationPolicy"] = "Never"
+        else:
+            hooks.append({**hook, "name": "validate.jobs.tessera.io", "rules": [JOB_RULE]})
         obj = {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": kind,
             "metadata": {"name": w.configuration},
-            "webhooks": [hook],
+            "webhooks": hooks,
         }
         out.append((f"/apis/admissionregistration.k8s.io/v1/{path}/{w.configuration}", obj))
     return out
@@ -269,7 +363,26 @@ class Server:
             return web.json_response({"error": "not an AdmissionReview"}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": "not an AdmissionReview"}, status=400)
-        return web.json_response(self.webhook.review(body, mutating))
+        queues = None
+        asked = body.get("request") or {}
+        if not mutating and is_job(asked) and asked.get("operation") == "CREATE":
+            queues = await self._queues()
+        return web.json_response(self.webhook.review(body, mutating, queues))
+
+    async def _queues(self) -> dict[str, dict[str, Any]] | None:
+        """Every Volcano Queue by name; None (the queue goes unchecked, as the
+        scheduler checks it again) when they cannot be read now."""
+        try:
+            items, _ = await kube.list_all(self.api, QUEUES)
+        except ApiException as exc:
+            if exc.status != 404:  # 404: no Queue CRD, so no queues
+                log.warning("cannot read Volcano queues: API error %s", exc.status)
+                return None
+            return {}
+        except kube.UNREACHABLE as exc:
+            log.warning("cannot read Volcano queues: %s", exc)
+            return None
+        return {str(q["metadata"]["name"]): q for q in items}
 
     async def _mutate(self, request: web.Request) -> web.Response:
         return await self._review(request, mutating=True)

@@ -64,6 +64,8 @@ def amounts(grant: ContainerGrant) -> dict[Channel, int]:
     """The device IDs one container asks of each channel it uses."""
     per: dict[Channel, int] = {}
     for d in grant.devices:
+        if d.external:
+            continue  # another device plugin's: no Allocate of it reaches Tessera's agent
         channel = channel_of(d)
         per[channel] = per.get(channel, 0) + (d.units or 1)
     return per

@@ -13,12 +13,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
 
-from shared.core.model import ContainerGrant, NodeName
+from shared.core.model import ContainerGrant, DeviceGrant, NodeName, Vendor
+from shared.core.spec import DEFAULT_VENDORS, DEFAULT_VNPUS
 
 GRANT = "tessera.io/grant"
 NODE = "tessera.io/node"
@@ -49,6 +52,193 @@ COMPAT_KEYS: dict[str, dict[str, str]] = {
     },
 }
 
+Placed = list[tuple[ContainerGrant, list[DeviceGrant]]]
+"""Every container of a pod (init containers first) with its devices of one type."""
+Extras = Callable[[Placed, NodeName, float], dict[str, str]]
+
+
+@dataclass(frozen=True)
+class DeviceKeys:
+    """Where HAMi's scheduler writes one device type's grant at bind (the type's
+    ``PatchAnnotations`` in ``pkg/device/<vendor>/``), which that vendor's device plugin
+    reads. ``{model}`` in a key or the type stands for the device's model word (an Ascend
+    chip's or an Iluvatar model's common word)."""
+
+    allocated: str
+    to_allocate: str = ""
+    """Empty: HAMi writes only ``allocated`` for this type."""
+    type_word: str = ""
+    """The type in the device list; empty: the device's model."""
+    extras: Extras | None = None
+    """The type's own annotations beside the device list."""
+
+
+def _nanos(now: float) -> str:
+    return str(int(now * 1e9))
+
+
+def _indexes(devices: Sequence[DeviceGrant]) -> str:
+    return ",".join(str(d.index) for d in devices)
+
+
+def _first_device(placed: Placed) -> DeviceGrant | None:
+    return next((devs[0] for _, devs in placed if devs), None)
+
+
+def _last_indexes(placed: Placed) -> str:
+    """The device indexes of the last container holding any (HAMi rewrites the key per
+    container, so the last one stays)."""
+    return next((_indexes(devs) for _, devs in reversed(placed) if devs), "")
+
+
+def _cambricon(placed: Placed, node: NodeName, now: float) -> dict[str, str]:
+    # the first container's first device: index, cores, memory in 256 MiB units
+    d = _first_device(placed)
+    out = {"CAMBRICON_DSMLU_ASSIGNED": "false"}
+    if d is not None:
+        out["CAMBRICON_DSMLU_PROFILE"] = f"{d.index}_{d.cores}_{d.memory_mib // 256}"
+    return out
+
+
+def _metax(placed: Placed, node: NodeName, now: float) -> dict[str, str]:
+    # per container, per device: uuid, compute (cores), vRam (MiB); zeros left out
+    per = [
+        [
+            {"uuid": d.uuid}
+            | ({"compute": d.cores} if d.cores else {})
+            | ({"vRam": d.memory_mib} if d.memory_mib else {})
+            for d in devs
+        ]
+        for _, devs in placed
+    ]
+    return {
+        "metax-tech.com/gpu-devices-allocated": json.dumps(per, separators=(",", ":")),
+        "metax-tech.com/predicate-time": _nanos(now),
+    }
+
+
+def _mthreads(placed: Placed, node: NodeName, now: float) -> dict[str, str]:
+    return {
+        "mthreads.com/gpu-index": _last_indexes(placed),
+        "mthreads.com/predicate-node": node,
+        "mthreads.com/predicate-time": _nanos(now),
+    }
+
+
+def _kunlun(placed: Placed, node: NodeName, now: float) -> dict[str, str]:
+    return {"BAIDU_COM_DEVICE_IDX": _last_indexes(placed)}
+
+
+def _enflame(placed: Placed, node: NodeName, now: float) -> dict[str, str]:
+    out = {"enflame.com/gcu-assigned": "false", "enflame.com/gcu-assigned-time": _nanos(now)}
+    d = _first_device(placed)
+    if d is not None:
+        out["enflame.com/gcu-assigned-index"] = out["enflame.com/gcu-assigned-id"] = str(d.index)
+    return out
+
+
+def _neuron(placed: Placed, node: NodeName, now: float) -> dict[str, str]:
+    # whole devices: their indexes, every container's together
+    return {
+        "AWS_NEURON_IDS": ",".join(_indexes(devs) for _, devs in placed if devs),
+        "NEURON_ALLOC_TIME": _nanos(now),
+        "NEURON_ALLOCATED": "false",
+        "aws.amazon.com/predicate-node": node,
+    }
+
+
+def _ascend(placed: Placed, node: NodeName, now: float) -> dict[str, str]:
+    # huawei.com/<word>: per device its UUID, template (vNPU templates only), MiB, cores
+    out = {"predicate-time": str(int(now))}
+    info: dict[str, list[dict[str, object]]] = {}
+    for _, devs in placed:
+        for d in devs:
+            item: dict[str, object] = {"UUID": d.uuid}
+            if d.vnpu_template:
+                item["temp"] = d.vnpu_template
+            item["memory"] = d.memory_mib
+            item["core"] = d.ai_cores if d.vnpu_template else d.cores
+            info.setdefault(f"huawei.com/{_word(d)}", []).append(item)
+    out.update({k: json.dumps(v, separators=(",", ":")) for k, v in info.items()})
+    return out
+
+
+HAMI_DEVICE_KEYS: dict[tuple[Vendor, bool], DeviceKeys] = {
+    # (vendor, granted through a whole-count name): pkg/device/<vendor>/ of HAMi
+    ("nvidia", False): DeviceKeys(
+        "hami.io/vgpu-devices-allocated", "hami.io/vgpu-devices-to-allocate"
+    ),
+    ("cambricon", False): DeviceKeys(
+        "hami.io/cambricon-mlu-devices-allocated",
+        "hami.io/cambricon-mlu-devices-to-allocate",
+        "MLU",
+        _cambricon,
+    ),
+    ("hygon", False): DeviceKeys(
+        "hami.io/dcu-devices-allocated", "hami.io/dcu-devices-to-allocate", "DCU"
+    ),
+    ("metax", False): DeviceKeys(
+        "hami.io/metax-sgpu-devices-allocated",
+        "hami.io/metax-sgpu-devices-to-allocate",
+        "Metax-SGPU",
+        _metax,
+    ),
+    ("metax", True): DeviceKeys(
+        "hami.io/metax-gpu-devices-allocated", "hami.io/metax-gpu-devices-to-allocate", "Metax-GPU"
+    ),
+    ("mthreads", False): DeviceKeys(
+        "hami.io/mthreads-vgpu-devices-allocated", "", "Mthreads", _mthreads
+    ),
+    ("enflame", False): DeviceKeys(
+        "hami.io/enflame-vgpu-devices-allocated", "", "Enflame", _enflame
+    ),
+    ("enflame", True): DeviceKeys(
+        "hami.io/enflame-gcu-devices-allocated", "hami.io/enflame-gcu-devices-to-allocate", "GCU"
+    ),
+    ("kunlunxin", False): DeviceKeys(
+        "hami.io/xpu-devices-allocated", "hami.io/xpu-devices-to-allocate", "XPU"
+    ),
+    ("kunlunxin", True): DeviceKeys("hami.io/kunlun-allocated", "", "kunlun", _kunlun),
+    ("iluvatar", False): DeviceKeys(
+        "hami.io/{model}-devices-allocated", "hami.io/{model}-devices-to-allocate", "{model}"
+    ),
+    ("amd", False): DeviceKeys("hami.io/amd-devices-allocated", "hami.io/amd-devices-to-allocate"),
+    ("awsneuron", False): DeviceKeys("hami.io/aws-neuron-devices-allocated", "", "AWSNeuron"),
+    ("awsneuron", True): DeviceKeys(
+        "hami.io/aws-neuron-devices-allocated", "", "AWSNeuron", _neuron
+    ),
+    ("ascend", False): DeviceKeys(
+        "hami.io/{model}-devices-allocated",
+        "hami.io/{model}-devices-to-allocate",
+        "{model}",
+        _ascend,
+    ),
+}
+"""HAMi's bind annotations per device type, written with ``compat.annotations: hami``."""
+
+_ASCEND_WORDS = {c.chip_name: c.common_word for c in DEFAULT_VNPUS}
+_ILUVATAR_MODELS = tuple(DEFAULT_VENDORS["iluvatar"].models)
+
+
+def _word(d: DeviceGrant) -> str:
+    """The common word HAMi names a device's type by: an Ascend chip's (from its model,
+    ``Ascend910B3``), an Iluvatar model's (``BI-V100``); else the vendor."""
+    if d.vendor == "ascend":
+        chip = d.model.removeprefix("Ascend")
+        return _ASCEND_WORDS.get(chip, d.model)
+    lowered = d.model.lower()
+    return max((m for m in _ILUVATAR_MODELS if m.lower() in lowered), key=len, default=d.model)
+
+
+COMPAT_KEYS["hami"] |= {
+    f"{role}:{vendor}{'-whole' if whole else ''}": key
+    for (vendor, whole), keys in HAMI_DEVICE_KEYS.items()
+    for role, key in (("allocated", keys.allocated), ("to-allocate", keys.to_allocate))
+    if key and "{model}" not in key
+}
+"""(The roles ``allocated:<vendor>``... are written by :func:`hami_device_annotations`;
+listed here so that a pod may not bring its own: services/webhook/service.py.)"""
+
 _grants_encoder = msgspec.json.Encoder()
 _grants_decoder = msgspec.json.Decoder(tuple[ContainerGrant, ...])
 
@@ -62,12 +252,50 @@ def decode_grants(text: str) -> tuple[ContainerGrant, ...]:
     return _grants_decoder.decode(text)
 
 
-def device_list(grants: Sequence[ContainerGrant]) -> str:
-    """HAMi/Volcano encoding: ``UUID,Type,memMiB,cores:`` per device, ``;`` per container."""
+def device_list(grants: Sequence[ContainerGrant], type_word: str = "") -> str:
+    """HAMi/Volcano encoding: ``UUID,Type,memMiB,cores:`` per device, ``;`` per container;
+    the type is ``type_word`` (``{model}``: the device's common word) or the model."""
     parts = []
     for c in grants:
-        parts.append("".join(f"{d.uuid},{d.model},{d.memory_mib},{d.cores}:" for d in c.devices))
+        parts.append(
+            "".join(
+                f"{d.uuid},{_type_of(d, type_word)},{d.memory_mib},{d.cores}:" for d in c.devices
+            )
+        )
     return "".join(p + ";" for p in parts)
+
+
+def _type_of(d: DeviceGrant, type_word: str) -> str:
+    return type_word.replace("{model}", _word(d)) if type_word else d.model
+
+
+def hami_device_annotations(
+    node: NodeName, grants: Sequence[ContainerGrant], now: float
+) -> dict[str, str]:
+    """Per device type of the grant, HAMi's keys: its device list (every container, with
+    only that type's devices) and the type's own annotations (:data:`HAMI_DEVICE_KEYS`)."""
+    by_key: dict[tuple[DeviceKeys, str], list[list[DeviceGrant]]] = {}
+    for i, c in enumerate(grants):
+        for d in c.devices:
+            keys = HAMI_DEVICE_KEYS.get((d.vendor, d.whole)) or HAMI_DEVICE_KEYS.get(
+                (d.vendor, False)
+            )
+            if keys is None:
+                continue
+            word = _word(d) if "{model}" in keys.allocated else ""
+            per = by_key.setdefault((keys, word), [[] for _ in grants])
+            per[i].append(d)
+    out: dict[str, str] = {}
+    for (keys, word), per in by_key.items():
+        placed: Placed = list(zip(grants, per, strict=True))
+        only = [msgspec.structs.replace(c, devices=tuple(devs)) for c, devs in placed]
+        text = device_list(only, keys.type_word)
+        out[keys.allocated.replace("{model}", word)] = text
+        if keys.to_allocate:
+            out[keys.to_allocate.replace("{model}", word)] = text
+        if keys.extras is not None:
+            out.update(keys.extras(placed, node, now))
+    return out
 
 
 def signature(key: bytes, uid: str, node: str, grants: Sequence[ContainerGrant]) -> str:
@@ -105,17 +333,20 @@ def grant_annotations(
         out[SIGNATURE] = signature(key, uid, node, grants)
     keys = COMPAT_KEYS.get(compat)
     if keys is not None:
-        devices = device_list(grants)
         when = str(int(now))
-        values = {
-            "node": node,
-            "time": when,
-            "allocated": devices,
-            "to-allocate": devices,
-            "phase": "allocating",
-            "bind-time": when,
-        }
-        out.update({key: values[role] for role, key in keys.items()})
+        values = {"node": node, "time": when, "phase": "allocating", "bind-time": when}
+        out.update({key: values[role] for role, key in keys.items() if role in values})
+        if compat == "hami":  # every vendor's own keys (NVIDIA's vgpu ones among them)
+            out.update(hami_device_annotations(node, grants, now))
+        else:  # Volcano's vGPU device plugin serves NVIDIA cards only
+            nvidia = [
+                msgspec.structs.replace(
+                    c, devices=tuple(d for d in c.devices if d.vendor == "nvidia")
+                )
+                for c in grants
+            ]
+            devices = device_list(nvidia)
+            out.update({keys["allocated"]: devices, keys["to-allocate"]: devices})
     return out
 
 

@@ -25,10 +25,19 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from shared.core.ledger import Dev, MigSlot, NodeState, PoolIndex, PoolKey, geometry_id
-from shared.core.model import MPS_ALONE, Constraints, DeviceGrant, DeviceRequest, Policy
+from shared.core.model import (
+    MPS_ALONE,
+    Constraints,
+    DeviceGrant,
+    DeviceRequest,
+    Policy,
+    VendorSelector,
+    gpu_type,
+)
 from shared.core.policy import Workload, device_score, prefer_high
-from shared.core.spec import DeviceSpecs, VnpuChip, VnpuTemplate
+from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, VnpuChip, VnpuTemplate
 from shared.core.status import UNRESOLVABLE, Reason
+from shared.core.topology import best_set
 
 
 @dataclass(slots=True)
@@ -36,6 +45,8 @@ class FitContext:
     """What a filter needs beyond the request: policy and the pod's group history."""
 
     device_policy: Policy = "spread"
+    topology: bool = False
+    """HAMi's ``topology-aware``: the best-linked cards that fit (shared/core/topology.py)."""
     allow_more_devices_than_cards: bool = False
     avoid: frozenset[str] = frozenset()
     """Cards used by other pods of the same PodGroup (``vgpu-podgroup-policy: spread``)."""
@@ -93,20 +104,48 @@ def mps_refusal(d: Dev, run_as: int | None) -> Reason | None:
 
 
 NUMA = Reason(kind="numa")
+SLICE_SIZE = Reason(
+    kind="slice-size",
+    detail="device(s) hold slices of another size (a card holds one slice size at a time)",
+)
 MIG_NONE_FREE = Reason(kind="mig-none-free")
 MIG_TOO_SMALL = Reason(kind="mig-too-small", code=UNRESOLVABLE)
 
 
+def _selects(dev: Dev, s: Constraints | VendorSelector) -> Reason | None:
+    """One vendor's type and UUID allow/deny lists on ``dev``."""
+    if s.use_types and not any(t in dev.model_lc for t in s.use_types):
+        return TYPE_EXCLUDED
+    if s.nouse_types and any(t in dev.model_lc for t in s.nouse_types):
+        return TYPE_EXCLUDED
+    if s.use_uuids and dev.uuid not in s.use_uuids:
+        return UUID_EXCLUDED
+    if s.nouse_uuids and dev.uuid in s.nouse_uuids:
+        return UUID_EXCLUDED
+    return None
+
+
+def _covers(s: VendorSelector, dev: Dev) -> bool:
+    """Do a selector's keys speak of ``dev``: its vendor, and its model when the keys
+    name one (an Ascend chip exactly, another vendor's model as a type substring)?"""
+    if s.vendor != dev.vendor:
+        return False
+    return not s.model or (dev.chip == s.model if dev.chip else gpu_type(s.model) in dev.model_lc)
+
+
 def _static_filter(dev: Dev, c: Constraints) -> Reason | None:
-    """The pod's annotations: gpu type, uuid and index allow/deny lists."""
-    if c.use_types and not any(t in dev.model_lc for t in c.use_types):
-        return TYPE_EXCLUDED
-    if c.nouse_types and any(t in dev.model_lc for t in c.nouse_types):
-        return TYPE_EXCLUDED
-    if c.use_uuids and dev.uuid not in c.use_uuids:
-        return UUID_EXCLUDED
-    if c.nouse_uuids and dev.uuid in c.nouse_uuids:
-        return UUID_EXCLUDED
+    """The pod's annotations: each vendor's type and uuid allow/deny lists on that
+    vendor's devices (NVIDIA's in the Constraints' own fields, as HAMi reads
+    ``nvidia.com/use-gputype`` for NVIDIA devices only), and the index list."""
+    if dev.vendor == "nvidia":
+        refused = _selects(dev, c)
+        if refused is not None:
+            return refused
+    for s in c.selectors:
+        if _covers(s, dev):
+            refused = _selects(dev, s)
+            if refused is not None:
+                return refused
     if c.device_indexes and dev.index not in c.device_indexes:
         return INDEX_EXCLUDED
     return None
@@ -124,6 +163,8 @@ def _pool_devices(
         return devs
     modes = sorted({p[1] for p in pools})
     what = (request.chip and f"Ascend{request.chip}") or request.vendor
+    if request.mig_profile is not None:
+        what = f"nvidia MIG {request.mig_profile}"
     return Reason(kind="no-pool", code=UNRESOLVABLE, resource=what, detail="/".join(modes))
 
 
@@ -185,6 +226,15 @@ def _numa_group(devs: list[Dev], count: int) -> list[Dev] | None:
     return None
 
 
+def _link(a: Dev, b: Dev) -> int:
+    """The score ``a`` reports for its link to ``b`` (cards of one vendor on one node)."""
+    return a.info.links.get(b.index, 0)
+
+
+def _numa_of(d: Dev) -> int:
+    return d.numa
+
+
 def _fgd_pick(
     devs: list[Dev], node: NodeState, share: Callable[[Dev], float], workload: Workload
 ) -> Dev:
@@ -236,10 +286,27 @@ class SlicedFamily(_Family):
     Serves NVIDIA in hami-core and MPS mode (MPS: cores are the active-thread percentage),
     Volcano gpu-share (one device, memory only) and gpu-number (whole devices), Ascend in
     hami-core vNPU mode and every other vendor. Exclusive requests (cores 100, memory
-    100 %, or a count alone) take only idle devices and keep them to themselves.
+    100 %, or a count alone) take only idle devices and keep them to themselves. A
+    request naming a model (Iluvatar's names) takes that model's devices only; a vendor
+    with slice templates (Kunlunxin) puts slices of one size on a card. Of the cards
+    that fit, the device policy's first ``count`` are taken (one NUMA node's with
+    ``numa``), or with ``topology-aware`` on a node whose cards report links the
+    best-linked set (shared/core/topology.py).
     """
 
+    def __init__(self, specs: DeviceSpecs | None = None) -> None:
+        self.uniform: frozenset[str] = frozenset(
+            v
+            for v in GENERIC_VENDORS
+            if specs is not None and (spec := specs.vendor(v)) and spec.memory_templates
+        )
+        """Vendors whose cards hold slices of one template at a time (Kunlunxin's vXPU:
+        HAMi pkg/device/kunlun/vdevice.go takes a used card only for a slice of the
+        size it already holds)."""
+
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        if request.mig_profile is not None:
+            return ()  # an existing MIG instance of that profile: MigFamily
         if request.vendor == "ascend":
             return (("ascend", "hami-core", request.chip or ""),)
         if request.vendor != "nvidia":
@@ -265,6 +332,8 @@ class SlicedFamily(_Family):
         percent = request.memory_percent or 100
         cores = request.cores
         exclusive = request.exclusive
+        model = gpu_type(request.model) if request.model else ""
+        uniform = request.vendor in self.uniform and not exclusive
         if request.count > 1 and not exclusive and any(d.mode == "mps" for d in devs):
             devs = [d for d in devs if d.mode != "mps"]  # MPS cards serve one per container
             if not devs:
@@ -275,6 +344,13 @@ class SlicedFamily(_Family):
             return min(need, d.phys_mem) if ctx.clamp_memory else need
 
         def static(d: Dev) -> Reason | None:
+            if model and model not in d.model_lc:
+                return Reason(
+                    kind="model-mismatch",
+                    code=UNRESOLVABLE,
+                    resource=request.resource,
+                    detail=f"device model is not the {request.model} {request.resource} asks",
+                )
             need = need_of(d)
             if need <= d.total_mem and not cores > d.total_cores > 0:
                 return None
@@ -298,6 +374,8 @@ class SlicedFamily(_Family):
             if exclusive and d.used_slots:
                 return BUSY
             need = need_of(d)
+            if uniform and d.used_slots and d.used_mem != need * d.used_slots:
+                return SLICE_SIZE
             short = None
             if d.total_mem - d.used_mem < need:
                 short = (request.memory_resource, need, d.total_mem - d.used_mem, d.total_mem)
@@ -334,6 +412,7 @@ class SlicedFamily(_Family):
                 need > d.total_mem
                 or cores > d.total_cores > 0
                 or _static_filter(d, constraints) is not None
+                or (model and model not in d.model_lc)
             ):
                 if screened.static is None:
                     screened.static = _static_filter(d, constraints) or static(d)
@@ -350,6 +429,7 @@ class SlicedFamily(_Family):
                     or (d.total_cores - d.used_cores >= cores and d.used_cores < d.total_cores)
                 )
                 and d.uuid not in avoid
+                and not (uniform and d.used_slots and d.used_mem != need * d.used_slots)
                 and (
                     d.mode != "mps"
                     or (
@@ -381,12 +461,15 @@ class SlicedFamily(_Family):
         if len(ok) < count and not (more and ok):
             return screened.failure()
 
+        whole = request.kind == "gpu-number"
+
         def grant(d: Dev) -> DeviceGrant:
             return d.grant(
                 memory_mib=need_of(d),
                 cores=cores,
                 exclusive=exclusive,
                 mps_user=run_as if d.mode == "mps" else None,
+                whole=whole,
             )
 
         policy = ctx.device_policy
@@ -413,13 +496,6 @@ class SlicedFamily(_Family):
         if count == 1 and len(ok) == 1:
             return ok
         cores = request.cores
-        if policy == "fgd" and count == 1:
-
-            def share(d: Dev) -> float:
-                mem = need_of(d) / d.total_mem if d.total_mem else 0.0
-                return 1.0 if request.exclusive else max(mem, cores / 100)
-
-            return [_fgd_pick(ok, node, share, ctx.workload)]
 
         def score(d: Dev) -> float:
             return device_score(
@@ -432,6 +508,19 @@ class SlicedFamily(_Family):
             )
 
         high = prefer_high("binpack" if policy == "fgd" else policy)
+        if ctx.topology and any(d.info.links for d in ok):
+            # The best-linked set (one card: the one that splits least), the policy's
+            # order breaking ties; with numa, within one NUMA node.
+            ordered = sorted(ok, key=score, reverse=high)
+            return best_set(ordered, count, _link, _numa_of if constraints.numa_bind else None)
+        if policy == "fgd" and count == 1:
+
+            def share(d: Dev) -> float:
+                mem = need_of(d) / d.total_mem if d.total_mem else 0.0
+                return 1.0 if request.exclusive else max(mem, cores / 100)
+
+            return [_fgd_pick(ok, node, share, ctx.workload)]
+
         if count == 1 and not constraints.numa_bind:  # the first best, as the sort below
             return [max(ok, key=score) if high else min(ok, key=score)]
         ordered = sorted(ok, key=score, reverse=high)
@@ -480,7 +569,9 @@ class MigFamily(_Family):
     instance that fits is taken; an idle card is (re)configured to the geometry that
     wastes least (smallest fitting instance, then most instances), preferring the one it
     already runs. Each device of the request is one instance; instances of one card may
-    serve one container (upstream allows more devices than cards in MIG mode)."""
+    serve one container (upstream allows more devices than cards in MIG mode). A request
+    through ``nvidia.com/mig-<profile>`` takes existing instances of that profile only,
+    never recutting a card (NVIDIA's plugin in ``migStrategy: mixed`` hands what exists)."""
 
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
         if request.vendor != "nvidia" or request.kind != "vgpu":
@@ -499,6 +590,8 @@ class MigFamily(_Family):
         def static(d: Dev) -> Reason | None:
             if d.mig is None:
                 return Reason(kind="no-mig-geometry", code=UNRESOLVABLE, detail=d.model)
+            if request.mig_profile is not None:
+                return None  # whether the card holds one is a matter of its geometry now
             return MIG_TOO_SMALL if self._need(request, d) > d.mig.largest else None
 
         def dynamic(d: Dev) -> Reason | None:
@@ -522,6 +615,11 @@ class MigFamily(_Family):
                     if best is None or rank < best[0]:
                         best = (rank, d, a, slot)
             if best is None:
+                if request.mig_profile is not None:
+                    return Reason(
+                        kind="mig-profile-none-free",
+                        detail=f"no free MIG {request.mig_profile} instance",
+                    )
                 return MIG_NONE_FREE
             _, d, a, slot = best
             assert d.mig is not None
@@ -536,6 +634,7 @@ class MigFamily(_Family):
                         mig_placement=slot.placement,
                         mig_geometry=geometry_id(d.mig.alternatives[a]),
                         exclusive=False,
+                        external=request.mig_profile is not None,
                     ),
                 )
             )
@@ -552,8 +651,23 @@ class MigFamily(_Family):
     def _options(
         self, d: Dev, alt: int, taken: set[int], request: DeviceRequest
     ) -> list[tuple[int, MigSlot]]:
-        """(geometry, instance) pairs that could take the request: the smallest per geometry."""
+        """(geometry, instance) pairs that could take the request: the smallest per geometry.
+
+        A ``nvidia.com/mig-<profile>`` request takes an instance of that profile that
+        exists now (the geometry the card runs: in use, else as reported), as NVIDIA's
+        device plugin in ``migStrategy: mixed`` hands only existing instances."""
         assert d.mig is not None
+        profile = request.mig_profile
+        if profile is not None:
+            now = alt if alt >= 0 else d.mig_reported
+            if now < 0:
+                return []
+            same = [
+                s
+                for s in d.mig.alternatives[now]
+                if s.profile == profile and s.placement not in taken
+            ]
+            return [(now, min(same, key=lambda s: s.placement))] if same else []
         need = self._need(request, d)
         alts = [alt] if alt >= 0 else range(len(d.mig.alternatives))
         found = []

@@ -146,6 +146,12 @@ class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     """Device IDs the kubelet asks per device when the resource counts units, not
     devices: Volcano gpu-share (memory units of ``gpuMemoryFactor`` MiB, as written) and
     MindCluster ``npu-core`` (AI cores); 0 for a count resource (shared/core/admission.py)."""
+    model: str = ""
+    """The device model the resource name pins (Iluvatar's ``iluvatar.ai/<model>-vgpu``,
+    matched as ``nvidia.com/use-gputype`` matches); empty: any model of the vendor."""
+    mig_profile: str | None = None
+    """A MIG instance of exactly this profile per device (``nvidia.com/mig-<profile>``,
+    NVIDIA's ``migStrategy: mixed`` names); None for every other request."""
 
 
 class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -163,10 +169,26 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     """``GPU_CORE_UTILIZATION_POLICY`` as the container sets it."""
 
 
+class VendorSelector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One vendor's type and UUID allow/deny lists (its own annotation keys, as HAMi
+    reads them per vendor: ``hygon.com/use-dcutype``, ``amd.com/use-gpu-uuid``...): they
+    apply to that vendor's devices only, and to one ``model`` of it when set (Ascend's
+    and Iluvatar's keys name the chip)."""
+
+    vendor: Vendor
+    model: str = ""
+    use_types: tuple[str, ...] = ()
+    nouse_types: tuple[str, ...] = ()
+    use_uuids: tuple[str, ...] = ()
+    nouse_uuids: tuple[str, ...] = ()
+
+
 class Constraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Pod-level placement constraints, from the annotations of docs/compat.md, section 2."""
 
     use_types: tuple[str, ...] = ()
+    """NVIDIA's ``nvidia.com/use-gputype``: it filters NVIDIA devices only (the other
+    vendors' keys are in ``selectors``)."""
     nouse_types: tuple[str, ...] = ()
     use_uuids: tuple[str, ...] = ()
     nouse_uuids: tuple[str, ...] = ()
@@ -175,6 +197,10 @@ class Constraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     node_policy: Policy | None = None
     device_policy: Policy | None = None
     numa_bind: bool = False
+    topology: bool | None = None
+    """HAMi's ``topology-aware`` device policy (shared/core/topology.py): True when the
+    pod's ``hami.io/gpu-scheduler-policy`` names it, False when that annotation names
+    other policies only, None when the pod has none (``scheduler.topologyAware`` decides)."""
     group_spread: bool = False
     vnpu_hami_core: bool = False
     vnpu_level: Literal["low", "high"] | None = None
@@ -184,6 +210,8 @@ class Constraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     the one ``runAsUser`` of its device containers; :data:`MPS_ALONE` when unset and
     ``nodeAgent.mps.unsetUser`` is ``exclusive`` (an MPS card of its own); None when
     unset and that rule is ``refuse`` (no MPS card)."""
+    selectors: tuple[VendorSelector, ...] = ()
+    """Every other vendor's type and UUID lists the pod's annotations give."""
 
 
 class PodRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -245,6 +273,12 @@ class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     a card in ``mps`` mode whose daemon is ``unavailable`` is offered to no MPS pod."""
     mps_clients: NonNegInt = 0
     """MPS client processes on this card now (cards in ``mps`` mode)."""
+    links: dict[NonNegInt, NonNegInt] = msgspec.field(default_factory=dict)
+    """How this card is linked to each other card of its vendor on the node: the peer's
+    ``index`` → the pair's score on HAMi's scale (shared/core/topology.py: 100 per NVLink,
+    plus 10 to 60 for the PCIe path); read with NVML by the node agent. Empty when not
+    read (no NVML topology, another vendor, an older agent): ``topology-aware`` then
+    has nothing to weigh on this node."""
 
 
 class DeviceGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -272,6 +306,15 @@ class DeviceGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     units: NonNegInt = 0
     """Device IDs of a resource counted in units that the kubelet asks for this device
     (its request's ``units``); 0 when the device is asked by count."""
+    external: bool = False
+    """Handed by another device plugin, not Tessera's node agent (NVIDIA's MIG profile
+    names of ``migStrategy: mixed``): the kubelet asks that plugin, so the grant makes no
+    admission key (shared/core/admission.py)."""
+    whole: bool = False
+    """Granted through a whole-count name (``volcano.sh/gpu-number``, ``kunlunxin.com/xpu``,
+    ``metax-tech.com/gpu``, ``enflame.com/gcu``, ``aws.amazon.com/neuron``): upstream
+    serves these through another device type than the vendor's slices, with its own
+    bind annotations (shared/core/annotations.py)."""
 
 
 class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -70,6 +70,9 @@ class PlacementConfig:
 
     node_policy: Policy = "binpack"
     device_policy: Policy = "spread"
+    topology_aware: bool = False
+    """HAMi's ``topology-aware`` for pods without ``hami.io/gpu-scheduler-policy``: the
+    best-linked cards of a node (shared/core/topology.py)."""
     allow_more_devices_than_cards: bool = False
     memory_larger_than_card: Literal["reject", "clamp"] = "reject"
     """``clamp`` (Volcano vGPU): memory above a card is the whole card's memory."""
@@ -188,7 +191,7 @@ class Placer:
     ) -> None:
         self.ledger = ledger
         self.config = config or PlacementConfig()
-        self.sliced = SlicedFamily()
+        self.sliced = SlicedFamily(ledger.specs)
         self.mig = MigFamily()
         self.template = TemplateFamily(ledger.specs)
         self.mindcluster = MindClusterFamily()
@@ -219,7 +222,7 @@ class Placer:
         """Which families may serve a request, and from which pools, in preference order
         (the same for every request of one shape: kept per shape)."""
         c = pod.constraints
-        shape = (request.kind, request.vendor, request.chip, c.mode)
+        shape = (request.kind, request.vendor, request.chip, c.mode, request.mig_profile is None)
         known = self._routes.get(shape)
         if known is not None:
             return known
@@ -275,6 +278,7 @@ class Placer:
             avoid = frozenset(self.ledger.group_devices.get(group, ()))
         return FitContext(
             device_policy=c.device_policy or self.config.device_policy,
+            topology=self.config.topology_aware if c.topology is None else c.topology,
             allow_more_devices_than_cards=self.config.allow_more_devices_than_cards,
             avoid=avoid,
             workload=self.workload,

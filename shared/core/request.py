@@ -3,7 +3,11 @@
 Every resource name of docs/compat.md (section 1) is recognised through the configured names
 (HAMi's and Volcano's at once by default), together with the annotations of section 2.
 The semantics follow upstream (``count`` devices, memory and cores per device,
-``defaultMemory``/``defaultCores``, ``gpuMemoryFactor``, exclusivity).
+``defaultMemory``/``defaultCores``, ``gpuMemoryFactor``, exclusivity), and each vendor as
+HAMi's own device code reads it: its units, defaults, slice sizes, whole-card rules and
+type/UUID annotation keys are data of its ``devices.<vendor>`` block (shared/core/spec.py),
+applied here in one place (``_sliced``, ``_selectors``); NVIDIA's ``nvidia.com/mig-<profile>``
+names (``migStrategy: mixed``) ask existing MIG instances of a profile.
 Where upstream silently does something surprising, Tessera says so instead:
 
 - memory or cores without a count name is an error naming the count to add: the
@@ -40,6 +44,7 @@ from shared.core.model import (
     RequestError,
     SharingMode,
     Vendor,
+    VendorSelector,
     gpu_type,
 )
 from shared.core.quantity import parse_whole
@@ -63,6 +68,13 @@ TASK_SPEC = "volcano.sh/task-spec"
 """A Volcano Job pod's task role (``minTaskMember`` counts per role)."""
 VNPU_LEVEL = "vnpu-level"
 VNPU_DVPP = "vnpu-dvpp"
+ASCEND_USE_UUID = "hami.io/use-{model}-uuid"
+ASCEND_NOUSE_UUID = "hami.io/no-use-{model}-uuid"
+"""Ascend's UUID keys, one pair per chip's common word (HAMi pkg/device/ascend/device.go)."""
+MIG_PREFIX = "nvidia.com/mig-"
+"""NVIDIA's device plugin with ``migStrategy: mixed`` registers one resource per MIG
+profile, ``nvidia.com/mig-<profile>`` (``mig-1g.10gb``): each device asked is one
+existing instance of that profile."""
 
 ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
@@ -91,6 +103,7 @@ class Role(enum.Enum):
     NPU_MEMORY = "npu memory"
     NPU_CORES = "npu cores"
     NPU_MINDCLUSTER = "npu-core"
+    MIG = "MIG instance count"
 
 
 _SLICING = frozenset({Role.MEMORY, Role.MEMORY_PERCENT, Role.CORES})
@@ -103,6 +116,7 @@ _MOST: dict[Role, tuple[int, str]] = {
     Role.WHOLE: (MAX_DEVICES, "devices per container"),
     Role.NPU_COUNT: (MAX_DEVICES, "NPUs per container"),
     Role.NPU_MINDCLUSTER: (8 * MAX_DEVICES, "AI cores per container"),
+    Role.MIG: (MAX_DEVICES, "MIG instances per container"),
 }
 """The largest value of each role and what it counts per container; any other role
 asks for :data:`MAX_AMOUNT` of one device at most."""
@@ -116,6 +130,13 @@ class Resource:
     vendor: Vendor
     role: Role
     chip: VnpuChip | None = None
+    model: str = ""
+    """The device model the name pins (``VendorSpec.models``), or a MIG profile."""
+
+
+def _model_of(name: str, models: Sequence[str]) -> str:
+    """The longest of ``models`` that ``name`` carries ("" when none)."""
+    return max((m for m in models if m in name), key=len, default="")
 
 
 @dataclass(frozen=True)
@@ -125,6 +146,14 @@ class ResourceTable:
     by_name: dict[str, Resource]
     vendors: dict[Vendor, VendorSpec]
     specs: DeviceSpecs
+
+    def lookup(self, name: str) -> Resource | None:
+        """What ``name`` means: a configured name, or NVIDIA's mixed-strategy MIG name."""
+        found = self.by_name.get(name)
+        if found is not None or not name.startswith(MIG_PREFIX) or "nvidia" not in self.vendors:
+            return found
+        profile = name[len(MIG_PREFIX) :]
+        return Resource(name, "nvidia", Role.MIG, model=profile) if profile else None
 
     @classmethod
     def build(cls, specs: DeviceSpecs) -> ResourceTable:
@@ -144,7 +173,7 @@ class ResourceTable:
                 (spec.resource_priority_name, Role.PRIORITY),
             ):
                 for name in names(key):
-                    by_name[name] = Resource(name, vendor, role)
+                    by_name[name] = Resource(name, vendor, role, model=_model_of(name, spec.models))
         for name in names(specs.nvidia.gpu_share_memory_name):
             if specs.nvidia.enabled:
                 by_name[name] = Resource(name, "nvidia", Role.SHARE_MEMORY)
@@ -172,7 +201,11 @@ class _Values:
 
     vendor: Vendor
     chip: VnpuChip | None = None
+    model: str = ""
     values: dict[Role, tuple[str, int]] = field(default_factory=dict)
+    memory_in_mib: bool = False
+    """The memory was written with a suffix and read as bytes, now MiB
+    (``VendorSpec.suffixed_memory_in_bytes``): no ``gpuMemoryFactor`` applies."""
 
     def get(self, role: Role) -> int | None:
         found = self.values.get(role)
@@ -204,7 +237,7 @@ class RequestParser:
             for c in spec.get(key) or ():
                 res = c.get("resources") or {}
                 for part in ("limits", "requests"):
-                    if any(n in self.table.by_name for n in res.get(part) or ()):
+                    if any(self.table.lookup(n) is not None for n in res.get(part) or ()):
                         return True
         return False
 
@@ -225,6 +258,8 @@ class RequestParser:
                     res = self.table.by_name.get(rname)
                     if res is None or res.vendor not in self.table.vendors:
                         continue
+                    if self.table.vendors[res.vendor].count_optional:
+                        continue  # its device plugin registers memory and cores itself
                     if res.role in _SLICING:
                         asked.setdefault(res.vendor, []).append(rname)
                     elif res.role in _COUNTING:
@@ -244,7 +279,7 @@ class RequestParser:
         labels: Mapping[str, str] = meta.get("labels") or {}
         spec = pod.get("spec") or {}
         errors: list[RequestError] = []
-        constraints = _constraints(annotations, labels, errors)
+        constraints = _constraints(annotations, labels, errors, self.table)
         containers: list[ContainerRequest] = []
         users: set[int | None] = set()
         pod_user = _run_as_user(spec.get("securityContext"))
@@ -308,7 +343,7 @@ class RequestParser:
         merged.update(resources.get("limits") or {})
         groups: dict[tuple[Vendor, str], _Values] = {}
         for rname, raw in merged.items():
-            res = self.table.by_name.get(rname)
+            res = self.table.lookup(rname)
             if res is None:
                 continue
             where = f"{rname} (container {cname})"
@@ -322,6 +357,10 @@ class RequestParser:
                     RequestError(field=where, message=f"{value} is negative; ask for 0 or more")
                 )
                 continue
+            in_bytes = res.role == Role.MEMORY and _suffixed(raw)
+            in_bytes = in_bytes and self.table.vendors[res.vendor].suffixed_memory_in_bytes
+            if in_bytes:  # MetaX: "4Gi" is bytes, a plain number GiB
+                value //= 1 << 20
             most, what = _MOST.get(res.role, (MAX_AMOUNT, "per device"))
             if value > most:
                 holder = "device" if res.role not in _MOST else "node"
@@ -334,7 +373,13 @@ class RequestParser:
                 )
                 continue
             chip_key = res.chip.chip_name if res.chip and res.role != Role.NPU_MINDCLUSTER else ""
-            group = groups.setdefault((res.vendor, chip_key), _Values(res.vendor, res.chip))
+            if res.role == Role.MIG:
+                chip_key = rname  # each MIG profile is a request of its own
+            group = groups.setdefault(
+                (res.vendor, chip_key or res.model), _Values(res.vendor, res.chip, res.model)
+            )
+            if in_bytes:
+                group.memory_in_mib = True
             if res.role in group.values:
                 other = group.values[res.role][0]
                 errors.append(
@@ -366,6 +411,8 @@ class RequestParser:
             if Role.NPU_MINDCLUSTER in g.values:
                 return _mindcluster(g, cname, constraints, errors)
             return self._ascend(g, cname, constraints, errors)
+        if Role.MIG in g.values:
+            return _mig_mixed(g)
         return self._sliced(g, self.table.vendors[g.vendor], cname, errors)
 
     def _err(
@@ -374,19 +421,26 @@ class RequestParser:
         errors.append(RequestError(field=f"{g.name(role)} (container {cname})", message=message))
 
     def _cores(
-        self, g: _Values, role: Role, cname: str, errors: list[RequestError], unit: str = "percent"
+        self, g: _Values, role: Role, cname: str, errors: list[RequestError], most: int | None = 100
     ) -> int | None:
+        """The cores asked as written; above ``most`` (a whole device: 100 %, or Moore
+        Threads' 16) an error, or ``most`` with ``clamp_cores``. None: no bound."""
         cores = g.get(role)
-        if cores is not None and unit == "percent" and cores > 100:
+        if cores is not None and most is not None and cores > most:
             if self.clamp_cores:
-                return 100
+                return most
+            what = (
+                "cores are percent of one device"
+                if most == 100
+                else f"{g.name(role)} counts {most} for one whole device"
+            )
             self._err(
                 errors,
                 g,
                 role,
                 cname,
-                f"{cores} exceeds 100 (cores are percent of one device); ask for at most "
-                "100, where 100 means the whole device",
+                f"{cores} exceeds {most} ({what}); ask for at most {most}, where {most} means "
+                "the whole device",
             )
             return None
         return cores
@@ -400,7 +454,9 @@ class RequestParser:
         count = g.get(Role.COUNT)
         memory = g.get(Role.MEMORY)
         percent = g.get(Role.MEMORY_PERCENT)
-        cores = self._cores(g, Role.CORES, cname, errors, spec.core_unit)
+        percent_unit = spec.core_unit == "percent"
+        per_device = spec.cores_per_device
+        cores = self._cores(g, Role.CORES, cname, errors, per_device if percent_unit else None)
         priority = g.get(Role.PRIORITY)
         slicing = [
             r for r in (Role.COUNT, Role.MEMORY, Role.MEMORY_PERCENT, Role.CORES) if r in g.values
@@ -421,7 +477,8 @@ class RequestParser:
                 return []  # zero devices, or zero memory: nothing asked
             asked = DeviceRequest(vendor=g.vendor, kind="gpu-share", resource=g.name(role))
             if whole is not None:  # Volcano gpu-number: whole devices, exclusive
-                whole_cards = {"memory_percent": 100, "cores": 100, "exclusive": True}
+                cores_all = 100 if percent_unit else 0  # exclusive takes them all anyway
+                whole_cards = {"memory_percent": 100, "cores": cores_all, "exclusive": True}
                 return [replace(asked, kind="gpu-number", count=whole, **whole_cards)]
             # Volcano gpu-share: a memory slice of one device, no cores; the kubelet asks
             # its device plugin for one ID per memory unit (shared/core/admission.py)
@@ -432,7 +489,7 @@ class RequestParser:
             ]
         if not slicing:
             return []  # priority alone asks for nothing
-        if count is None:
+        if count is None and not spec.count_optional:
             asked_names = [g.name(r) for r in slicing]
             self._err(errors, g, slicing[0], cname, missing_count(spec, g.vendor, asked_names))
         for role, value in ((Role.MEMORY, memory), (Role.MEMORY_PERCENT, percent)):
@@ -469,6 +526,7 @@ class RequestParser:
                 cname,
                 f"memory and {g.name(Role.MEMORY_PERCENT)} are both set; give one of them",
             )
+        self._vendor_checks(g, spec, cname, errors)
         if count == 0:
             if memory or percent or cores:
                 self._err(
@@ -481,11 +539,32 @@ class RequestParser:
             return []
         if len(errors) > n_errors:
             return []
-        assert count is not None  # refused above
-        resource = g.name(Role.COUNT)
-        memory = memory * spec.gpu_memory_factor if memory else None
+        devices = 1 if count is None else count  # count_optional: one device
+        resource = g.name(Role.COUNT if count is not None else slicing[0])
+        if memory and not g.memory_in_mib:
+            memory *= spec.gpu_memory_factor
+        memory = memory or None
         percent = percent or None
-        exclusive = (cores == 100 and spec.core_unit == "percent") or percent == 100
+        if cores is not None and percent_unit and per_device != 100:
+            cores = cores * 100 // per_device  # Moore Threads: 16 a card, booked as percent
+        if spec.count_is_slices and count is not None:  # Enflame drs-gcu: slices of one card
+            devices, split = 1, spec.device_split_count
+            if count < split:
+                percent, cores = max(1, count * 100 // split), -(-count * 100 // split)
+            else:
+                percent = 100
+        if count is None and not percent_unit and cores is not None and cores > per_device:
+            devices, cores = cores // per_device, per_device  # AWS: that many whole devices
+        if spec.memory_templates and memory is not None:
+            t = min(
+                (t for t in spec.memory_templates if t.memory >= memory), key=lambda t: t.memory
+            )
+            memory, cores = t.memory, t.cores
+        if ("several" in spec.whole_when and devices > 1) or (
+            "no-memory" in spec.whole_when and memory is None and percent is None
+        ):
+            memory, percent, cores = None, 100, None  # the webhook writes whole cards
+        exclusive = (cores == 100 and percent_unit) or percent == 100
         if not names(spec.resource_memory_name) and not names(spec.resource_memory_percentage_name):
             memory = 0  # the vendor slices no memory (AWS Neuron): cores or whole devices only
             exclusive = exclusive or cores is None
@@ -498,15 +577,18 @@ class RequestParser:
                     exclusive = True  # count only: whole cards, as upstream
         if cores is None:
             # an exclusive grant takes the whole device whatever its cores say
-            whole = 100 if spec.core_unit == "percent" else 0
+            whole = 100 if percent_unit else 0
             cores = whole if exclusive else spec.default_cores
+        # cores 100 holds the card alone, given or by default (HAMi: "Coresreq=100
+        # indicates it want this card exclusively"; defaultCores 100 for several vendors)
+        exclusive = exclusive or (cores == 100 and percent_unit)
 
         return [
             DeviceRequest(
                 vendor=g.vendor,
                 kind="vgpu",
                 resource=resource,
-                count=count,
+                count=devices,
                 memory_mib=memory,
                 memory_percent=percent,
                 cores=cores,
@@ -518,8 +600,71 @@ class RequestParser:
                     spec.resource_memory_name,
                 ),
                 core_resource=_named(g, Role.CORES, spec.resource_core_name),
+                model=g.model,
             )
         ]
+
+    def _vendor_checks(
+        self, g: _Values, spec: VendorSpec, cname: str, errors: list[RequestError]
+    ) -> None:
+        """The refusals of one vendor's own rules (docs/compat.md, its table)."""
+        memory = g.get(Role.MEMORY)
+        count = g.get(Role.COUNT)
+        cores = g.get(Role.CORES)
+        allowed = spec.allowed_memory
+        if memory and allowed and not g.memory_in_mib and memory not in allowed:
+            sizes = ", ".join(str(m) for m in allowed)
+            self._err(
+                errors,
+                g,
+                Role.MEMORY,
+                cname,
+                f"{memory} is not a size this device offers; ask for one of {sizes} "
+                f"(units of {spec.gpu_memory_factor} MiB), or leave it out for the whole card",
+            )
+        if memory and spec.memory_templates:
+            mib = memory if g.memory_in_mib else memory * spec.gpu_memory_factor
+            largest = max(t.memory for t in spec.memory_templates)
+            if mib > largest:
+                self._err(
+                    errors,
+                    g,
+                    Role.MEMORY,
+                    cname,
+                    f"{mib} MiB is larger than the largest slice ({largest} MiB); ask for at "
+                    "most that, or leave it out for the whole card",
+                )
+        if spec.count_is_slices and count:
+            other = [r for r in (Role.MEMORY, Role.MEMORY_PERCENT, Role.CORES) if r in g.values]
+            if other:
+                self._err(
+                    errors,
+                    g,
+                    Role.COUNT,
+                    cname,
+                    f"asks {count} slice(s) of one device by itself: drop {g.name(other[0])}, "
+                    f"or drop {g.name(Role.COUNT)} to ask by memory and cores",
+                )
+            elif count > spec.device_split_count:
+                self._err(
+                    errors,
+                    g,
+                    Role.COUNT,
+                    cname,
+                    f"{count} slices are more than one device has ({spec.device_split_count}, "
+                    "deviceSplitCount); ask for at most that",
+                )
+        per_device = spec.cores_per_device
+        counted = spec.core_unit == "count" and count is None
+        if counted and cores and cores > per_device and cores % per_device:
+            self._err(
+                errors,
+                g,
+                Role.CORES,
+                cname,
+                f"{cores} cores fill no whole number of devices ({per_device} a device); ask "
+                f"for at most {per_device}, or a multiple of {per_device}",
+            )
 
     def _ascend(
         self, g: _Values, cname: str, constraints: Constraints, errors: list[RequestError]
@@ -600,6 +745,21 @@ class RequestParser:
         if whole:
             return [replace(asked, memory_percent=100, exclusive=True)]
         return [replace(asked, memory_mib=memory)]
+
+
+def _suffixed(raw: object) -> bool:
+    """Was a quantity written with a suffix (``4Gi``, ``512Mi``, ``20k``)?"""
+    return isinstance(raw, str) and raw.strip()[-1:].isalpha()
+
+
+def _mig_mixed(g: _Values) -> list[DeviceRequest]:
+    """``nvidia.com/mig-<profile>: N``: N existing MIG instances of that profile, as the
+    kubelet hands them from NVIDIA's device plugin in ``migStrategy: mixed``."""
+    name, count = g.values[Role.MIG]
+    if not count:
+        return []
+    request = DeviceRequest(vendor="nvidia", resource=name, count=count, mig_profile=g.model)
+    return [request]
 
 
 def _named(g: _Values, role: Role, configured: str | list[str]) -> str:
@@ -720,8 +880,90 @@ def _first(annotations: Mapping[str, str], keys: Sequence[str]) -> tuple[str, st
     return None
 
 
+def _lists(
+    annotations: Mapping[str, str], keys: Sequence[Sequence[str]], errors: list[RequestError]
+) -> list[tuple[str, ...]]:
+    """Per group of keys, the comma list of the first key present (empty when none is);
+    a key present that names nothing is an error (it would silently filter nothing)."""
+    out: list[tuple[str, ...]] = []
+    for group in keys:
+        found = _first(annotations, [k for k in group if k])
+        if found is None:
+            out.append(())
+            continue
+        key, value = found
+        items = _split(value)
+        if not items:
+            errors.append(
+                RequestError(
+                    field=key,
+                    message=f"{value!r} names no device; list at least one, or remove the "
+                    "annotation",
+                )
+            )
+        out.append(items)
+    return out
+
+
+_Keys = tuple[str, ...]
+
+
+def _selectors(
+    annotations: Mapping[str, str], table: ResourceTable, errors: list[RequestError]
+) -> tuple[tuple[tuple[str, ...], ...], tuple[VendorSelector, ...]]:
+    """NVIDIA's type and UUID lists, and every other vendor's (its own keys; a key with
+    ``{model}`` once per model, applying to that model), from the pod's annotations."""
+    scopes: list[tuple[Vendor, str, _Keys, _Keys, _Keys, _Keys]] = []
+    for vendor, spec in table.vendors.items():
+        use, nouse = names(spec.use_uuid_annotation), names(spec.nouse_uuid_annotation)
+        types = (names(spec.use_type_annotation), names(spec.nouse_type_annotation))
+        if not any("{model}" in k for k in use + nouse):
+            scopes.append((vendor, "", *types, use, nouse))
+            continue
+        scopes.append((vendor, "", *types, (), ()))
+        for m in spec.models:
+            scopes.append(
+                (
+                    vendor,
+                    m,
+                    (),
+                    (),
+                    tuple(k.replace("{model}", m) for k in use),
+                    tuple(k.replace("{model}", m) for k in nouse),
+                )
+            )
+    for chip in table.specs.vnpus:
+        word = chip.common_word
+        use_key = ASCEND_USE_UUID.replace("{model}", word)
+        nouse_key = ASCEND_NOUSE_UUID.replace("{model}", word)
+        scopes.append(("ascend", chip.chip_name, (), (), (use_key,), (nouse_key,)))
+    nvidia: tuple[tuple[str, ...], ...] = ((), (), (), ())
+    found: list[VendorSelector] = []
+    for vendor, model, *keys in scopes:
+        lists = _lists(annotations, keys, errors)
+        use_types = tuple(gpu_type(t) for t in lists[0])
+        nouse_types = tuple(gpu_type(t) for t in lists[1])
+        if vendor == "nvidia":
+            nvidia = (use_types, nouse_types, lists[2], lists[3])
+        elif any(lists):
+            found.append(
+                VendorSelector(
+                    vendor=vendor,
+                    model=model,
+                    use_types=use_types,
+                    nouse_types=nouse_types,
+                    use_uuids=lists[2],
+                    nouse_uuids=lists[3],
+                )
+            )
+    return nvidia, tuple(found)
+
+
 def _constraints(
-    annotations: Mapping[str, str], labels: Mapping[str, str], errors: list[RequestError]
+    annotations: Mapping[str, str],
+    labels: Mapping[str, str],
+    errors: list[RequestError],
+    table: ResourceTable,
 ) -> Constraints:
     def bad(key: str, value: str, allowed: str) -> None:
         errors.append(RequestError(field=key, message=f"{value!r} is not valid; use {allowed}"))
@@ -747,13 +989,25 @@ def _constraints(
             bad(NODE_POLICY, annotations[NODE_POLICY], "binpack, spread or fgd")
     device_policy: Policy | None = None
     numa = False
+    topology: bool | None = None
     if GPU_POLICY in annotations:
-        value = annotations[GPU_POLICY]
-        device_policy = _POLICIES.get(value)
-        if value in ("numa", "topology-aware"):
-            numa = True  # topology-aware: NUMA locality is the topology Tessera knows
-        elif device_policy is None:
-            bad(GPU_POLICY, value, "binpack, spread, fgd, numa or topology-aware")
+        # HAMi's comma list: at most one order (binpack, spread, fgd), and the filters
+        # numa (one NUMA node) and topology-aware (the best-linked cards).
+        topology = False
+        for value in _split(annotations[GPU_POLICY]) or (annotations[GPU_POLICY],):
+            if value == "numa":
+                numa = True
+            elif value == "topology-aware":
+                topology = True
+            elif value in _POLICIES and device_policy is None:
+                device_policy = _POLICIES[value]
+            else:
+                bad(
+                    GPU_POLICY,
+                    value,
+                    "binpack, spread, fgd, numa or topology-aware (a comma list names one "
+                    "of binpack, spread and fgd at most)",
+                )
     if NUMA_BIND in annotations:
         value = annotations[NUMA_BIND].lower()
         if value in ("true", "false"):
@@ -782,32 +1036,21 @@ def _constraints(
     dvpp = _DVPP.get(raw_dvpp) if raw_dvpp is not None else None
     if raw_dvpp is not None and dvpp is None:
         bad(VNPU_DVPP, raw_dvpp, "yes, no or null")
-    lists: dict[str, tuple[str, ...]] = {}
-    for keys in ((USE_GPUTYPE,), (NOUSE_GPUTYPE,), USE_UUID, NOUSE_UUID):
-        found_list = _first(annotations, keys)
-        if found_list is None:
-            continue
-        key, value = found_list
-        items = _split(value)
-        if not items:  # "," or "": a filter that names nothing would silently filter nothing
-            errors.append(
-                RequestError(
-                    field=key,
-                    message=f"{value!r} names no device; list at least one, or remove the "
-                    "annotation",
-                )
-            )
-        lists[keys[0]] = items
+    (use_types, nouse_types, use_uuids, nouse_uuids), selectors = _selectors(
+        annotations, table, errors
+    )
     return Constraints(
-        use_types=tuple(gpu_type(t) for t in lists.get(USE_GPUTYPE, ())),
-        nouse_types=tuple(gpu_type(t) for t in lists.get(NOUSE_GPUTYPE, ())),
-        use_uuids=lists.get(USE_UUID[0], ()),
-        nouse_uuids=lists.get(NOUSE_UUID[0], ()),
+        use_types=use_types,
+        nouse_types=nouse_types,
+        use_uuids=use_uuids,
+        nouse_uuids=nouse_uuids,
+        selectors=selectors,
         device_indexes=tuple(indexes),
         mode=mode,
         node_policy=node_policy,
         device_policy=device_policy,
         numa_bind=numa,
+        topology=topology,
         group_spread=group_spread,
         vnpu_hami_core=hami_core,
         vnpu_level=level,

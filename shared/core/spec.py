@@ -59,8 +59,28 @@ class KnownMigGeometries(_Spec, frozen=True, kw_only=True):
     allowed_geometries: list[MigGeometry]
 
 
+class MemoryTemplate(_Spec, frozen=True, kw_only=True):
+    """A slice size a vendor cuts cards into (Kunlunxin's vXPU): ``{memory: 24576,
+    cores: 25}``, MiB and the percent of the card's cores it holds."""
+
+    memory: PosInt
+    cores: Percent
+
+
+WholeWhen = Literal["several", "no-memory"]
+"""When a vendor's request takes whole devices: ``several`` devices in one container
+(Moore Threads', Iluvatar's webhook writes a whole card's cores), or ``no-memory`` named
+(Moore Threads' webhook writes a whole card's memory and cores)."""
+
+
 class VendorSpec(_Spec, frozen=True, kw_only=True):
-    """The settings every vendor shares: how pods name its resources, how cards are shared."""
+    """The settings every vendor shares: how pods name its resources, how cards are shared.
+
+    The keys below ``coreUnit`` say how HAMi's device code for the vendor reads a request
+    (``pkg/device/<vendor>/`` at the commit ../shared/UPSTREAM.md names); their defaults
+    in :data:`DEFAULT_VENDORS` are that code's, docs/compat.md section 1 has one table per
+    vendor.
+    """
 
     enabled: bool = True
     resource_count_name: Names = ""
@@ -86,6 +106,37 @@ class VendorSpec(_Spec, frozen=True, kw_only=True):
     disable_core_limit: bool = False
     core_unit: Literal["percent", "count"] = "percent"
     """``count`` when the core resource counts cores (AWS NeuronCores), not percent."""
+    cores_per_device: PosInt = 100
+    """What the core name asks for one whole device: 100 for a percentage; Moore Threads'
+    ``sgpu-core`` counts 16 per card (booked as that share of 100 %, rounded down); AWS
+    NeuronCores 2 per device (``coreUnit: count``: more is that many whole devices)."""
+    use_type_annotation: str = ""
+    """Pod annotation listing the device models to use (case-insensitive substrings of
+    the model); applies to this vendor's devices only."""
+    nouse_type_annotation: str = ""
+    use_uuid_annotation: Names = ""
+    """Pod annotation(s) listing the device UUIDs to use (the first one present is
+    read). ``{model}`` stands for each of ``models``, the key then applies to that model."""
+    nouse_uuid_annotation: Names = ""
+    models: list[str] = msgspec.field(default_factory=list)
+    """Device models the resource names carry (``iluvatar.ai/<model>-vgpu``): a request
+    through a name holding a model lands only on devices of that model."""
+    suffixed_memory_in_bytes: bool = False
+    """A memory quantity written with a suffix (``4Gi``, ``512Mi``) is bytes, turned into
+    MiB; a plain number is in units of ``gpuMemoryFactor`` MiB (MetaX reads GiB)."""
+    allowed_memory: list[PosInt] = msgspec.field(default_factory=list)
+    """The only memory values (as written, before ``gpuMemoryFactor``) a request may
+    give; empty: any (Moore Threads' webhook refuses others)."""
+    memory_templates: list[MemoryTemplate] = msgspec.field(default_factory=list)
+    """Slice sizes: memory rounds up to the smallest template holding it, which fixes
+    the cores, and a card holds slices of one size at a time (Kunlunxin's vXPU)."""
+    whole_when: list[WholeWhen] = msgspec.field(default_factory=list)
+    count_optional: bool = False
+    """Memory or cores without a count ask for one device: the vendor's device plugin
+    registers those names itself, so the webhook adds no count (Enflame, AWS Neuron)."""
+    count_is_slices: bool = False
+    """The count names ask that many slices of ONE device, of ``deviceSplitCount`` per
+    device (Enflame's ``drs-gcu``), not that many devices."""
 
     def all_names(self) -> tuple[str, ...]:
         """Every resource name this vendor answers to."""
@@ -245,49 +296,131 @@ DEFAULT_NVIDIA = NvidiaSpec(
     resource_priority_name="nvidia.com/priority",
     gpu_share_memory_name="volcano.sh/gpu-memory",
     known_mig_geometries=DEFAULT_MIG_GEOMETRIES,
+    use_type_annotation="nvidia.com/use-gputype",
+    nouse_type_annotation="nvidia.com/nouse-gputype",
+    use_uuid_annotation=["nvidia.com/use-gpuuuid", "volcano.sh/vgpu-use-gpuuuid"],
+    nouse_uuid_annotation=["nvidia.com/nouse-gpuuuid", "volcano.sh/vgpu-nouse-gpuuuid"],
 )
 
 _ILUVATAR_MODELS = ("BI-V100", "BI-V150", "MR-V100", "MR-V50")
 
 DEFAULT_VENDORS: dict[str, VendorSpec] = {
+    # HAMi pkg/device/cambricon/device.go: vmemory counts 256 MiB, cores default to 100.
     "cambricon": _vendor(
         "cambricon",
         "cambricon.com/vmlu",
         "cambricon.com/mlu.smlu.vmemory",
         "cambricon.com/mlu.smlu.vcore",
+        gpuMemoryFactor=256,
+        defaultCores=100,
+        useTypeAnnotation="cambricon.com/use-mlutype",
+        nouseTypeAnnotation="cambricon.com/nouse-mlutype",
+        useUuidAnnotation="cambricon.com/use-gpuuuid",
+        nouseUuidAnnotation="cambricon.com/nouse-gpuuuid",
     ),
-    "hygon": _vendor("hygon", "hygon.com/dcunum", "hygon.com/dcumem", "hygon.com/dcucores"),
+    # HAMi pkg/device/hygon/device.go: cores default to 100, dcutype keys.
+    "hygon": _vendor(
+        "hygon",
+        "hygon.com/dcunum",
+        "hygon.com/dcumem",
+        "hygon.com/dcucores",
+        defaultCores=100,
+        useTypeAnnotation="hygon.com/use-dcutype",
+        nouseTypeAnnotation="hygon.com/nouse-dcutype",
+        useUuidAnnotation="hygon.com/use-gpuuuid",
+        nouseUuidAnnotation="hygon.com/nouse-gpuuuid",
+    ),
+    # HAMi pkg/device/metax/sdevice.go (sGPU: GiB, cores default 100) and device.go
+    # (metax-tech.com/gpu: whole cards).
     "metax": _vendor(
         "metax",
-        ["metax-tech.com/sgpu", "metax-tech.com/gpu"],
+        "metax-tech.com/sgpu",
         "metax-tech.com/vmemory",
         "metax-tech.com/vcore",
+        resourceWholeCountName="metax-tech.com/gpu",
+        gpuMemoryFactor=1024,
+        suffixedMemoryInBytes=True,
+        defaultCores=100,
+        useUuidAnnotation="metax-tech.com/use-gpuuuid",
+        nouseUuidAnnotation="metax-tech.com/nouse-gpuuuid",
     ),
+    # HAMi pkg/device/mthreads/device.go: 512 MiB blocks of listed sizes, 16 cores a card.
     "mthreads": _vendor(
-        "mthreads", "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
+        "mthreads",
+        "mthreads.com/vgpu",
+        "mthreads.com/sgpu-memory",
+        "mthreads.com/sgpu-core",
+        gpuMemoryFactor=512,
+        allowedMemory=[2, 4, 8, 16, 32, 64, 96],
+        coresPerDevice=16,
+        wholeWhen=["several", "no-memory"],
+        useUuidAnnotation="mthreads.ai/use-gpuuuid",
+        nouseUuidAnnotation="mthreads.ai/nouse-gpuuuid",
     ),
+    # HAMi pkg/device/enflame/gcu.go (gcu: whole cards) and device.go (drs-gcu: slices of
+    # one card; memory and cores alone ask one card).
     "enflame": _vendor(
         "enflame",
-        ["enflame.com/vgcu", "enflame.com/gcu", "enflame.com/drs-gcu"],
+        ["enflame.com/drs-gcu", "enflame.com/vgcu"],
         "enflame.com/gcu-memory",
         "enflame.com/gcu-core",
+        resourceWholeCountName="enflame.com/gcu",
         resourceMemoryPercentageName="enflame.com/vgcu-percentage",
+        countOptional=True,
+        countIsSlices=True,
+        useUuidAnnotation="enflame.com/use-gpuuuid",
+        nouseUuidAnnotation="enflame.com/nouse-gpuuuid",
     ),
+    # HAMi pkg/device/kunlun/vdevice.go (vXPU templates) and device.go (xpu: whole cards).
     "kunlunxin": _vendor(
         "kunlunxin",
         "kunlunxin.com/vxpu",
         "kunlunxin.com/vxpu-memory",
         resourceWholeCountName="kunlunxin.com/xpu",
+        memoryTemplates=[
+            {"memory": 24576, "cores": 25},
+            {"memory": 49152, "cores": 50},
+            {"memory": 98304, "cores": 100},
+        ],
+        useUuidAnnotation=["hami.io/use-xpu-uuid", "baidu.com/use-gpuuuid"],
+        nouseUuidAnnotation=["hami.io/no-use-xpu-uuid", "baidu.com/nouse-gpuuuid"],
     ),
+    # HAMi pkg/device/iluvatar/device.go: one device type per model, vMem counts 256 MiB.
     "iluvatar": _vendor(
         "iluvatar",
         [f"iluvatar.ai/{m}-vgpu" for m in _ILUVATAR_MODELS],
         [f"iluvatar.ai/{m}.vMem" for m in _ILUVATAR_MODELS],
         [f"iluvatar.ai/{m}.vCore" for m in _ILUVATAR_MODELS],
+        models=list(_ILUVATAR_MODELS),
+        gpuMemoryFactor=256,
+        wholeWhen=["several"],
+        useUuidAnnotation="hami.io/use-{model}-uuid",
+        nouseUuidAnnotation="hami.io/no-use-{model}-uuid",
     ),
-    "amd": _vendor("amd", "amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores"),
+    # HAMi pkg/device/amd/device.go: cores default to 100, gputype and gpu-uuid keys.
+    "amd": _vendor(
+        "amd",
+        "amd.com/gpu",
+        "amd.com/gpumem",
+        "amd.com/gpucores",
+        defaultCores=100,
+        useTypeAnnotation="amd.com/use-gputype",
+        nouseTypeAnnotation="amd.com/nouse-gputype",
+        useUuidAnnotation="amd.com/use-gpu-uuid",
+        nouseUuidAnnotation="amd.com/nouse-gpu-uuid",
+    ),
+    # HAMi pkg/device/awsneuron/device.go: neuron = whole devices, neuroncore = cores (2
+    # a device) asked on their own.
     "awsneuron": _vendor(
-        "awsneuron", "aws.amazon.com/neuron", cores="aws.amazon.com/neuroncore", coreUnit="count"
+        "awsneuron",
+        "",
+        cores="aws.amazon.com/neuroncore",
+        resourceWholeCountName="aws.amazon.com/neuron",
+        coreUnit="count",
+        coresPerDevice=2,
+        countOptional=True,
+        useUuidAnnotation="aws.amazon.com/use-neuron-uuid",
+        nouseUuidAnnotation="aws.amazon.com/nouse-neuron-uuid",
     ),
 }
 

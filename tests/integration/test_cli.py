@@ -19,6 +19,7 @@ from shared.core import annotations as ann
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
 from tests.integration.test_batch import member, vcjob
+from tests.integration.vcjobs import run_all
 from tests.service.test_ops import tessera
 
 pytestmark = pytest.mark.integration
@@ -180,6 +181,7 @@ async def test_get_jobs_and_queues_show_a_job_and_a_podgroup_waiting(
     job = vcjob("mnist", 1, 1, {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 1000})
     await kube.request(pipeline.api, "POST", f"{JOBS}/namespaces/{ns}/jobs", job)
     try:
+        await run_all(pipeline, ns, ["mnist-worker-0"])  # running, as its kubelet would say
 
         async def status(path: str) -> dict[str, Any]:
             found: dict[str, Any] = await kube.request(pipeline.api, "GET", path)

@@ -257,3 +257,61 @@ async def test_its_certificate_is_renewed_and_it_keeps_serving(
         api, "POST", f"/api/v1/namespaces/{ns}/pods", _pod("after", {"nvidia.com/gpumem": 1024})
     )
     assert created["spec"]["schedulerName"] == "tessera"
+
+
+def _vcjob(name: str, **spec: Any) -> dict[str, Any]:
+    worker = {
+        "name": "worker",
+        "replicas": 2,
+        "template": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}},
+    }
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"minAvailable": 2, "schedulerName": "volcano", "tasks": [worker], **spec},
+    }
+
+
+async def test_a_volcano_job_volcano_refuses_is_refused_naming_the_field(
+    webhook: dict[str, Any], api: kube.Client, kubeconfig: Path
+) -> None:
+    """The rules of Volcano's own invalid examples (example/invalid_jobs: minAvailable
+    above the replicas, two tasks of one name, one event in two policies) and its queue
+    checks, at kubectl apply; a valid Job is created; an update may only scale it."""
+    ns = await _namespace(api, LABEL)
+    worker = _vcjob("x")["spec"]["tasks"][0]
+    cases = {
+        "spec.minAvailable: 3 is greater than the tasks' replicas in all (2)": _vcjob(
+            "too-few", minAvailable=3
+        ),
+        "spec.tasks[1].name: duplicated task name 'worker'": _vcjob(
+            "twins", tasks=[worker, worker]
+        ),
+        "spec.policies[1]: duplicate event PodFailed": _vcjob(
+            "twice",
+            policies=[
+                {"event": "PodFailed", "action": "RestartJob"},
+                {"event": "PodFailed", "action": "AbortJob"},
+            ],
+        ),
+        'spec.queue: queue "nowhere" does not exist': _vcjob("lost", queue="nowhere"),
+    }
+    for message, job in cases.items():
+        proc = _apply(kubeconfig, ns, job)
+        assert proc.returncode != 0, message
+        assert 'admission webhook "validate.jobs.tessera.io" denied the request' in proc.stderr
+        assert message in proc.stderr
+    proc = _apply(kubeconfig, ns, _vcjob("fine"))
+    assert proc.returncode == 0, proc.stderr
+    theirs = _vcjob("theirs", minAvailable=3, schedulerName="kube-batch")  # not ours
+    assert _apply(kubeconfig, ns, theirs).returncode == 0
+    moved = _apply(kubeconfig, ns, _vcjob("fine", queue="other"))
+    assert moved.returncode != 0
+    assert "may change only minAvailable" in moved.stderr
+    scaled = _vcjob("fine", minAvailable=3)
+    scaled["spec"]["tasks"][0]["replicas"] = 3
+    proc = _apply(kubeconfig, ns, scaled)
+    assert proc.returncode == 0, proc.stderr
+    # no job-controller runs here; a later module's would run what is left
+    await kube.request(api, "DELETE", f"/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs")

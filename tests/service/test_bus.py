@@ -27,7 +27,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from shared import bus as bus_module
+from shared import busauth
 from shared import events as ev
+from shared.aio import Acting
 from shared.bus import Bus, Delivery, connect
 from shared.config import NatsConfig, TelemetryConfig
 from shared.core.model import PodRef, PodUID
@@ -453,6 +455,31 @@ async def test_inventory_kv_keeps_the_latest_per_node(nats_cfg: NatsConfig) -> N
         assert set(await fresh.inventories()) == {inv.node}
 
 
+async def test_an_inventory_read_that_finds_nothing_in_a_full_bucket_reads_again(
+    nats_cfg: NatsConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py's watcher can give its end marker before anything when its consumer has
+    not counted what is pending yet (seen after a failover: an allocator started with no
+    devices). A read that finds nothing in a bucket that holds values is read again; an
+    empty bucket is read once."""
+    inv = next(e for e in sample_events() if isinstance(e, ev.NodeInventory))
+    async with Bus(nats_cfg, name="allocator") as bus:
+        real = bus._inventories
+        reads: list[int] = []
+
+        async def first_read_misses(timeout_s: float) -> dict[Any, ev.NodeInventory]:
+            reads.append(1)
+            return {} if len(reads) == 1 else await real(timeout_s)
+
+        monkeypatch.setattr(bus, "_inventories", first_read_misses)
+        assert await bus.inventories() == {}
+        assert len(reads) == 1  # empty bucket: nothing to read again
+        await bus.put_inventory(inv)
+        reads.clear()
+        assert await bus.inventories() == {inv.node: inv}
+        assert len(reads) == 2
+
+
 async def test_concurrent_handlers_run_together_and_all_are_acked(nats_cfg: NatsConfig) -> None:
     sent = sample_events()
     in_flight = 0
@@ -757,70 +784,189 @@ async def test_a_flush_of_many_commands_is_one_write_on_the_tls_connection(
         await nc.close()
 
 
-async def test_a_lease_rides_out_a_bus_pause_shorter_than_it_and_stops_at_its_end_in_a_longer(
+async def _fresh_lease_bucket(js: Any) -> None:
+    with contextlib.suppress(nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
+        await js.delete_key_value(busauth.LEASE_BUCKET)
+
+
+async def test_a_lease_rides_out_a_short_bus_pause_and_its_holder_pauses_then_resumes_a_long_one(
     nats_cfg: NatsConfig, nats_server: LocalCluster
 ) -> None:
     """The NATS server stopped (SIGSTOP: no answer, no closed connection, as while
     JetStream elects a leader): a holder keeps its lease through a pause shorter than
-    the lease, and through a longer one stops once a whole lease has passed since its
-    last renewal, not when its renewal request times out later."""
-    from shared import busauth
-    from shared.bus import Lease, LeaseLostError
+    the lease; through a longer one it stops acting once a whole lease has passed since
+    its last renewal (not when its renewal request times out later), keeps the lease
+    (nobody can take it while the bus does not answer) and acts again within a renewal
+    retry of the bus answering. The standby, waiting all along, never takes it."""
+    from shared.bus import Lease
 
-    lease_s = 3.0
+    lease_s = 1.5
     admin = await connect(nats_cfg, busauth.ADMIN)
-    js = admin.jetstream()
-    with contextlib.suppress(nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
-        await js.delete_key_value(busauth.LEASE_BUCKET)
+    await _fresh_lease_bucket(admin.jetstream())
     async with Bus(nats_cfg, name="test") as bus:
         lease = Lease(bus, "pause-test", "me", lease_s)
         await lease.acquire()
         holding = asyncio.create_task(lease.hold())
-        other = Lease(bus, "pause-test-2", "me", lease_s)
-        await other.acquire()
+        standby = Lease(bus, "pause-test", "standby", lease_s)
+        waiting = asyncio.create_task(standby.acquire())
         try:
             await asyncio.sleep(lease_s / 2)
             nats_server.pause_nats()
             await asyncio.sleep(lease_s * 0.6)
             nats_server.pause_nats(paused=False)
             await asyncio.sleep(lease_s)
-            assert not holding.done(), holding.exception()
-            kv = await js.key_value(busauth.LEASE_BUCKET)
-            assert (await kv.get("pause-test")).value == b"me"
+            assert lease.acting.is_set()
+            assert not holding.done(), holding
 
             nats_server.pause_nats()
             paused = time.monotonic()
-            with pytest.raises(LeaseLostError, match="could not renew"):
-                await asyncio.wait_for(holding, timeout=4 * lease_s)
+            await eventually(
+                lambda: _truthy(not lease.acting.is_set()),
+                timeout_s=lease_s + 1,
+                interval_s=0.02,
+                what="the holder paused",
+            )
             # renewed at most a third of the lease before the pause
-            assert time.monotonic() - paused <= lease_s + 0.5
-            # Stopping now: a lost lease is not given back, a held one is tried for a
-            # second (the process is not held up by a bus that does not answer).
-            started = time.monotonic()
-            await lease.release()
-            assert time.monotonic() - started < 0.1
-            await other.release()
-            assert time.monotonic() - started <= bus_module.RELEASE_WAIT_S + 0.3
+            assert time.monotonic() - paused <= lease_s + 0.3
+            await asyncio.sleep(6 - (time.monotonic() - paused))  # an election's length
+            assert not holding.done()
+            assert not waiting.done()
+            nats_server.pause_nats(paused=False)
+            back = time.monotonic()
+            await asyncio.wait_for(lease.acting.wait(), timeout=5)
+            assert time.monotonic() - back <= bus_module.RENEW_RETRY_S + 1.0
+            await asyncio.sleep(2 * lease_s)
+            assert not holding.done()
+            assert not waiting.done()
+            kv = await admin.jetstream().key_value(busauth.LEASE_BUCKET)
+            assert (await kv.get("pause-test")).value == b"me"
         finally:
             nats_server.pause_nats(paused=False)
-            holding.cancel()
-            await asyncio.gather(holding, return_exceptions=True)
+            for task in (holding, waiting):
+                task.cancel()
+            await asyncio.gather(holding, waiting, return_exceptions=True)
+        started = time.monotonic()
+        await lease.release()  # given back: the key is gone
+        assert time.monotonic() - started < 1
+    kv = await admin.jetstream().key_value(busauth.LEASE_BUCKET)
+    with pytest.raises(nats.js.errors.KeyNotFoundError):
+        await kv.get("pause-test")
     await admin.close()
 
 
-async def test_the_lease_bucket_expires_leases_after_the_configured_lease(
+class _Link:
+    """A TCP relay to a server that can be cut (``cut``: nothing passes either way, no
+    connection closes, what was sent arrives once ``restore``d), as a network partition
+    between one client and the bus looks to both."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.up = asyncio.Event()
+        self.up.set()
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    await self.up.wait()
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(pipe(src, dst))
+            self._pipes.add(task)
+
+    async def close(self) -> None:
+        self.server.close()
+        for task in self._pipes:
+            task.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+
+async def test_a_holder_cut_off_from_the_bus_pauses_before_a_standby_takes_over_and_stops_when_back(
     nats_cfg: NatsConfig,
 ) -> None:
-    """A bucket made with another lease (an older default, a changed config): the
-    allocator, which manages streams, brings it to its config; a holder that may not
-    renews within the bucket's shorter expiry."""
-    from shared import busauth
+    """Only the holder loses the bus (its link cut, the standby's not): it stops acting
+    a whole lease after its last renewal; the standby, which counts a whole lease from
+    first seeing that renewal, takes the lease after that and never before; when the
+    link is back the old holder's renewal is refused (fenced by the revision) and it
+    stops for good."""
+    from urllib.parse import urlsplit
+
+    from shared.bus import Lease, LeaseLostError
+
+    lease_s = 1.5
+    admin = await connect(nats_cfg, busauth.ADMIN)
+    await _fresh_lease_bucket(admin.jetstream())
+    server = urlsplit(nats_cfg.url)
+    link = _Link(server.port or 4222)
+    port = await link.start()
+    cut_off = msgspec.structs.replace(nats_cfg, url=f"{server.scheme}://127.0.0.1:{port}")
+    async with Bus(cut_off, name="test") as far, Bus(nats_cfg, name="test") as near:
+        holder = Lease(far, "partition-test", "holder", lease_s)
+        await holder.acquire()
+        holding = asyncio.create_task(holder.hold())
+        standby = Lease(near, "partition-test", "standby", lease_s)
+        waiting = asyncio.create_task(standby.acquire())
+        paused_at: list[float] = []
+
+        async def note_pause() -> None:
+            await eventually(
+                lambda: _truthy(not holder.acting.is_set()), interval_s=0.01, what="a pause"
+            )
+            paused_at.append(time.monotonic())
+
+        noting = asyncio.create_task(note_pause())
+        try:
+            await asyncio.sleep(lease_s)
+            assert not waiting.done()
+            link.up.clear()
+            cut = time.monotonic()
+            await asyncio.wait_for(waiting, timeout=3 * lease_s)
+            taken = time.monotonic()
+            assert paused_at, "the holder still acts"
+            assert paused_at[0] < taken, (paused_at, taken)
+            assert taken - cut <= 2 * lease_s
+            assert not holding.done()
+            link.up.set()
+            with pytest.raises(LeaseLostError, match="holder lost the partition-test lease"):
+                await asyncio.wait_for(holding, timeout=10)
+            assert not holder.acting.is_set()
+            assert standby.acting.is_set()
+            kv = await admin.jetstream().key_value(busauth.LEASE_BUCKET)
+            assert (await kv.get("partition-test")).value == b"standby"
+            await holder.release()  # lost: nothing given back
+            assert (await kv.get("partition-test")).value == b"standby"
+        finally:
+            link.up.set()
+            for task in (holding, waiting, noting):
+                task.cancel()
+            await asyncio.gather(holding, waiting, noting, return_exceptions=True)
+    await link.close()
+    await admin.close()
+
+
+async def test_the_lease_bucket_never_expires_its_keys_and_an_older_one_is_brought_to_that(
+    nats_cfg: NatsConfig,
+) -> None:
+    """A bucket made by an older release expired its keys after the lease, so a key
+    could vanish during a JetStream election and a standby take it: a holder that may
+    not change the bucket renews within that expiry; the allocator, which manages
+    streams, brings it to no expiry."""
     from shared.bus import Lease
 
     admin = await connect(nats_cfg, busauth.ADMIN)
     js = admin.jetstream()
-    with contextlib.suppress(nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
-        await js.delete_key_value(busauth.LEASE_BUCKET)
+    await _fresh_lease_bucket(js)
     await js.create_key_value(KeyValueConfig(bucket=busauth.LEASE_BUCKET, history=1, ttl=2.0))
     try:
         binder = msgspec.structs.replace(nats_cfg, user="binder")
@@ -838,18 +984,108 @@ async def test_the_lease_bucket_expires_leases_after_the_configured_lease(
             await lease.acquire()
             assert lease.lease_s == 15.0
             await lease.release()
-            info = await js.stream_info(f"KV_{busauth.LEASE_BUCKET}")
-            assert info.config.max_age == 15.0
-            shorter = Lease(bus, "device-allocator", "allocator-1", 1.0)
-            await shorter.acquire()  # a shorter lease: the server's duplicate window too
-            await shorter.release()
         info = await js.stream_info(f"KV_{busauth.LEASE_BUCKET}")
-        assert info.config.max_age == 1.0
-        assert info.config.duplicate_window == 1.0
+        assert not info.config.max_age
+        assert info.config.duplicate_window == bus_module.KV_DUPLICATE_WINDOW_S
     finally:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await js.delete_key_value(busauth.LEASE_BUCKET)
+        await _fresh_lease_bucket(js)
         await admin.close()
+
+
+def _noting_leader(seen: dict[str, Any]) -> type[Any]:
+    """A leading service (the binder's user and lease key, no API server) that notes its
+    runtime in ``seen["rt"]`` and counts its starts in ``seen["starts"]``."""
+    from shared.runtime import Runtime, Service
+
+    class Leader(Service):
+        NAME = "binder"
+        USES_API = False
+
+        def __init__(self, rt: Runtime, api: Any) -> None:
+            super().__init__(rt, api)
+            seen["rt"] = rt
+
+        async def start(self) -> None:
+            seen["starts"] = seen.get("starts", 0) + 1
+
+    return Leader
+
+
+async def test_a_leader_paused_by_its_lease_says_so_holds_its_writes_and_resumes_without_restarting(
+    nats_cfg: NatsConfig, nats_server: LocalCluster
+) -> None:
+    """The service's side: while its lease goes unrenewed the replica reads ``paused``
+    (not ready), ``tessera_active`` is 0 and a publish waits; once renewed it goes on in
+    the same process with the state it had (``start`` ran once), and the held publish
+    is stored."""
+    from shared.config import Config, SchedulerConfig
+    from shared.runtime import run_service
+
+    seen: dict[str, Any] = {}
+    leader = _noting_leader(seen)
+
+    lease_s = 1.5
+    admin = await connect(nats_cfg, busauth.ADMIN)
+    await _fresh_lease_bucket(admin.jetstream())
+    cfg = Config(nats=nats_cfg, scheduler=SchedulerConfig(leader_lease_s=lease_s))
+    stop = asyncio.Event()
+    running = asyncio.create_task(run_service(leader, cfg, stop=stop))
+    try:
+
+        async def active() -> bool:
+            return "rt" in seen and seen["rt"].role == "active"
+
+        await eventually(active, timeout_s=10, what="the service active")
+        rt = seen["rt"]
+        nats_server.pause_nats()
+        await eventually(
+            lambda: _truthy(not rt.acting), timeout_s=lease_s + 1, interval_s=0.02, what="paused"
+        )
+        assert (await rt.health.checks["role"]()).startswith("paused")
+        assert rt.bus.fence is not None
+        assert not rt.bus.fence.is_set()
+        assert b'tessera_active{service="binder"} 0.0' in rt.metrics.text()
+        nats_server.pause_nats(paused=False)
+        await eventually(lambda: _truthy(rt.acting), timeout_s=5, what="acting again")
+        assert await rt.health.checks["role"]() is None
+        assert b'tessera_active{service="binder"} 1.0' in rt.metrics.text()
+        assert seen["starts"] == 1
+        assert not running.done()
+    finally:
+        nats_server.pause_nats(paused=False)
+        stop.set()
+        await asyncio.wait_for(running, timeout=15)
+        await admin.close()
+
+
+async def _truthy(value: bool) -> bool:
+    return value
+
+
+async def test_a_lowered_fence_holds_publishes_and_deliveries_until_raised(
+    nats_cfg: NatsConfig,
+) -> None:
+    """``Bus.fence`` (a leader's ``Lease.acting``): nothing is stored or handled while it
+    is down, everything once it is up again."""
+    sent = sample_events()[:3]
+    got: asyncio.Queue[tuple[ev.AnyEvent, Delivery]] = asyncio.Queue()
+
+    async def handler(event: ev.AnyEvent, delivery: Delivery) -> None:
+        await got.put((event, delivery))
+
+    async with Bus(nats_cfg, name="test") as bus:
+        await bus.publish(sent[0])
+        bus.fence = Acting()
+        bus.consume("fenced", [ev.STREAM_SUBJECTS], handler)
+        publishing = asyncio.create_task(bus.publish_many(sent[1:]))
+        await asyncio.sleep(0.5)
+        assert not publishing.done()
+        assert got.empty()
+        assert (await bus.js.stream_info(nats_cfg.stream)).state.messages == 1
+        bus.fence.renew(time.monotonic() + 60)
+        await asyncio.wait_for(publishing, timeout=5)
+        received = await _collect(len(sent), got)
+    assert [e for e, _ in received] == sent
 
 
 async def test_a_leader_whose_lease_is_taken_stops_and_reads_lost_while_it_stops(
@@ -861,18 +1097,11 @@ async def test_a_leader_whose_lease_is_taken_stops_and_reads_lost_while_it_stops
     from shared import busauth
     from shared.bus import LeaseLostError
     from shared.config import Config, SchedulerConfig
-    from shared.runtime import Runtime, Service, run_service
+    from shared.runtime import run_service
 
     seen: dict[str, Any] = {}
 
-    class Leader(Service):
-        NAME = "binder"  # a leading service's user and lease key
-        USES_API = False
-
-        def __init__(self, rt: Runtime, api: Any) -> None:
-            super().__init__(rt, api)
-            seen["rt"] = rt
-
+    class Leader(_noting_leader(seen)):  # type: ignore[misc]
         async def start(self) -> None:
             async def at_stop() -> None:
                 seen["role"] = self.rt.role
@@ -900,3 +1129,32 @@ async def test_a_leader_whose_lease_is_taken_stops_and_reads_lost_while_it_stops
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await nc.close()
+
+
+async def test_a_holder_whose_loop_stalled_past_its_lease_does_not_act_before_renewing(
+    nats_cfg: NatsConfig,
+) -> None:
+    """A process busy for longer than its lease (a long computation, a starved
+    machine): when its loop runs again, what it writes waits before the renewal loop
+    has even run, since a standby may hold the lease by then; renewed, it acts again."""
+    from shared.bus import Lease
+
+    lease_s = 1.0
+    admin = await connect(nats_cfg, busauth.ADMIN)
+    await _fresh_lease_bucket(admin.jetstream())
+    async with Bus(nats_cfg, name="test") as bus:
+        lease = Lease(bus, "stall-test", "me", lease_s)
+        await lease.acquire()
+        holding = asyncio.create_task(lease.hold())
+        try:
+            await asyncio.sleep(lease_s / 2)
+            assert lease.acting.is_set()
+            time.sleep(lease_s + 0.1)  # noqa: ASYNC251 (the stall itself)
+            assert not lease.acting.is_set()
+            await asyncio.wait_for(lease.acting.wait(), timeout=3)
+            assert not holding.done()
+        finally:
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
+            await lease.release()
+    await admin.close()

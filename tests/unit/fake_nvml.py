@@ -6,6 +6,12 @@ A recording is JSON: per GPU its UUID, NVML name, memory (bytes), SM count, PCI 
 MIG mode and the MIG devices it runs (UUID, GPU-instance id, placement start, compute
 slices, memory). ``FakeNvml`` answers the NVML calls the node agent makes from it, and
 can create and destroy MIG instances on the recorded cards for the dynamic-MIG logic.
+
+Topology, when recorded: per GPU ``nvlink`` (peer index → NVLinks to it) and ``nvswitch``
+(links to NVSwitches), which become its active links in that order (the rest of its
+``NVML_NVLINK_MAX_LINKS`` are disabled; a GPU with neither key answers NotSupported, as
+a PCIe card does); and ``ancestors``, the n x n matrix of NVML's common-ancestor levels
+(``NVML_TOPOLOGY_*``; absent: NotSupported).
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 class NVMLError(Exception):
-    pass
+    value = 999  # NVML_ERROR_UNKNOWN
+
+
+class NVMLError_NotSupported(NVMLError):
+    value = 3
 
 
 class NVMLError_NotFound(NVMLError):
@@ -51,13 +61,32 @@ class Gpu:
     bus: str
     mig: int
     migs: list[Mig] = field(default_factory=list)
+    links: list[int | None] | None = None
+    """Each active NVLink's far end: a peer's index, or None for an NVSwitch; None: no
+    NVLink on this card (NotSupported)."""
+
+
+def _links(g: dict[str, Any]) -> list[int | None] | None:
+    if "nvlink" not in g and "nvswitch" not in g:
+        return None
+    links: list[int | None] = []
+    for peer, n in g.get("nvlink", {}).items():
+        links += [int(peer)] * n
+    return links + [None] * g.get("nvswitch", 0)
 
 
 class FakeNvml:
     NVML_DEVICE_MIG_ENABLE = 1
+    NVML_FEATURE_ENABLED = 1
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_NVLINK_DEVICE_TYPE_GPU = 0
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
+    SWITCH_BUS = "00000000:C5:00.0"
     nvmlEventTypeXidCriticalError = 8
     NVMLError = NVMLError
     NVMLError_NotFound = NVMLError_NotFound
+    NVMLError_NotSupported = NVMLError_NotSupported
     NVMLError_Timeout = NVMLError_Timeout
 
     def __init__(self, recording: dict[str, Any]) -> None:
@@ -71,9 +100,13 @@ class FakeNvml:
                 bus=g["bus"],
                 mig=g.get("mig", 0),
                 migs=[Mig(**m) for m in g.get("migs", [])],
+                links=_links(g),
             )
             for i, g in enumerate(recording["gpus"])
         ]
+        self.ancestors: list[list[int]] | None = recording.get("ancestors")
+        self.calls: dict[str, int] = {}
+        """Topology calls made, by name (the agent reads the topology once)."""
         self.xids: queue.Queue[tuple[int, int]] = queue.Queue()
         self.initialised = False
 
@@ -131,6 +164,34 @@ class FakeNvml:
 
     def nvmlGpuInstanceGetInfo(self, gi: Mig) -> SimpleNamespace:
         return SimpleNamespace(placement=SimpleNamespace(start=gi.start, size=gi.slices))
+
+    # topology
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: Gpu, b: Gpu) -> int:
+        self._count("ancestor")
+        if self.ancestors is None:
+            raise NVMLError_NotSupported
+        return self.ancestors[a.index][b.index]
+
+    def nvmlDeviceGetNvLinkState(self, h: Gpu, link: int) -> int:
+        self._count("state")
+        if h.links is None:
+            raise NVMLError_NotSupported
+        return 1 if link < len(h.links) else 0
+
+    def nvmlDeviceGetNvLinkRemotePciInfo_v2(self, h: Gpu, link: int) -> SimpleNamespace:
+        assert h.links is not None
+        assert link < len(h.links), "a disabled link has no far end"
+        peer = h.links[link]
+        bus = self.SWITCH_BUS if peer is None else self.gpus[peer].bus
+        return SimpleNamespace(busId=bus[4:].lower().encode())  # as busIdLegacy spells it
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: Gpu, link: int) -> int:
+        assert h.links is not None
+        assert link < len(h.links)
+        return self.NVML_NVLINK_DEVICE_TYPE_GPU if h.links[link] is not None else 2
 
     # events
     def nvmlEventSetCreate(self) -> object:

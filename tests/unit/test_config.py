@@ -185,6 +185,7 @@ def test_every_placement_knob_is_read_from_the_scheduler_key() -> None:
         {
             "nodePolicy": "fgd",
             "devicePolicy": "binpack",
+            "topologyAware": True,
             "allowMoreDevicesThanCards": True,
             "memoryLargerThanCard": "clamp",
             "fgdCandidates": 3,
@@ -197,6 +198,7 @@ def test_every_placement_knob_is_read_from_the_scheduler_key() -> None:
     assert placement_config(changed) == PlacementConfig(
         node_policy="fgd",
         device_policy="binpack",
+        topology_aware=True,
         allow_more_devices_than_cards=True,
         memory_larger_than_card="clamp",
         fgd_candidates=3,

@@ -55,16 +55,14 @@ def test_a_pod_event_names_its_namespace_and_whether_a_volcano_job_controls_it()
     assert ev.NodeInventory.filter_subject("n.1") == "tessera.v1.node.inventory.n%2E1"
 
 
-def test_the_job_controller_reads_job_events_and_its_jobs_pods_only() -> None:
+def test_the_job_controller_reads_job_events_only() -> None:
+    """Its Jobs' pods it watches itself: their phase, readiness, restarts and exit codes
+    are not on the bus (services/job_controller/service.py)."""
     from services.job_controller.service import JobController
 
     assert JobController.subjects(JobController.__new__(JobController)) == [
         "tessera.v1.job.deleted.>",
         "tessera.v1.job.updated.>",
-        "tessera.v1.pod.deleted.*",  # an older watcher's: the namespace alone
-        "tessera.v1.pod.deleted.*.vcjob",
-        "tessera.v1.pod.updated.*",
-        "tessera.v1.pod.updated.*.vcjob",
     ]
 
 

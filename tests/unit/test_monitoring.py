@@ -69,6 +69,8 @@ class Sampled(Metrics):
 class NoBus:
     """The bus, for construction only: a service may keep its methods, none is called."""
 
+    fence = None  # no lease: always acting
+
     def __getattr__(self, name: str) -> Any:
         def never(*_args: Any, **_kwargs: Any) -> None:
             raise AssertionError(f"bus.{name} called while only building the services")

@@ -250,19 +250,22 @@ def test_gpu_share_and_gpu_number_share_the_same_cards() -> None:
 
 
 @pytest.mark.parametrize(
-    ("vendor", "limits"),
+    ("vendor", "limits", "mib"),
     [
-        ("cambricon", {"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": 1000}),
-        ("hygon", {"hygon.com/dcunum": 1, "hygon.com/dcumem": 1000}),
-        ("metax", {"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 1000}),
-        ("mthreads", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 1000}),
-        ("enflame", {"enflame.com/vgcu": 1, "enflame.com/gcu-memory": 1000}),
-        ("kunlunxin", {"kunlunxin.com/vxpu": 1, "kunlunxin.com/vxpu-memory": 1000}),
-        ("iluvatar", {"iluvatar.ai/BI-V100-vgpu": 1, "iluvatar.ai/BI-V100.vMem": 1000}),
-        ("amd", {"amd.com/gpu": 1, "amd.com/gpumem": 1000}),
+        # each vendor's memory unit (HAMi pkg/device/<vendor>/device.go)
+        ("cambricon", {"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": 4}, 1024),
+        ("hygon", {"hygon.com/dcunum": 1, "hygon.com/dcumem": 1000}, 1000),
+        ("metax", {"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 1}, 1024),
+        ("mthreads", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 2}, 1024),
+        ("enflame", {"enflame.com/gcu-memory": 1000}, 1000),
+        ("kunlunxin", {"kunlunxin.com/vxpu": 1, "kunlunxin.com/vxpu-memory": 1000}, 24576),
+        ("iluvatar", {"iluvatar.ai/BI-V100-vgpu": 1, "iluvatar.ai/BI-V100.vMem": 4}, 1024),
+        ("amd", {"amd.com/gpu": 1, "amd.com/gpumem": 1000}, 1000),
     ],
 )
-def test_other_vendors_slice_their_own_devices(vendor: str, limits: dict[str, int]) -> None:
+def test_other_vendors_slice_their_own_devices(
+    vendor: str, limits: dict[str, int], mib: int
+) -> None:
     pl = placer(
         {
             "nv": gpus(1),
@@ -270,23 +273,23 @@ def test_other_vendors_slice_their_own_devices(vendor: str, limits: dict[str, in
                 gpu(
                     0,
                     vendor=vendor,
-                    model=f"{vendor}-card",  # type: ignore[arg-type]
-                    memory=16384,
+                    model=f"{vendor}-BI-V100-card",  # type: ignore[arg-type]
+                    memory=98304,
                 )
             ],
         }
     )
     p = place(pl, limits)
-    assert (p.node, devices_of(p)[0].vendor, devices_of(p)[0].memory_mib) == ("x", vendor, 1000)
+    assert (p.node, devices_of(p)[0].vendor, devices_of(p)[0].memory_mib) == ("x", vendor, mib)
 
 
 def test_neuron_cores_are_counted_not_percent() -> None:
     pl = placer({"inf": [gpu(0, vendor="awsneuron", model="inferentia2", memory=32768, cores=2)]})
-    place(pl, {"aws.amazon.com/neuron": 1, "aws.amazon.com/neuroncore": 1})
-    place(pl, {"aws.amazon.com/neuron": 1, "aws.amazon.com/neuroncore": 1})
+    place(pl, {"aws.amazon.com/neuroncore": 1})
+    place(pl, {"aws.amazon.com/neuroncore": 1})
     assert (
         "insufficient aws.amazon.com/neuroncore"
-        in fail(pl, {"aws.amazon.com/neuron": 1, "aws.amazon.com/neuroncore": 1}).message
+        in fail(pl, {"aws.amazon.com/neuroncore": 1}).message
     )
     pl = placer({"inf": [gpu(0, vendor="awsneuron", model="inferentia2", memory=32768, cores=2)]})
     assert devices_of(place(pl, {"aws.amazon.com/neuron": 1}))[0].exclusive

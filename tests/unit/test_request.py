@@ -84,7 +84,7 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
     (
         {
             "cambricon.com/vmlu": 1,
-            "cambricon.com/mlu.smlu.vmemory": 4096,
+            "cambricon.com/mlu.smlu.vmemory": 16,  # 256 MiB units
             "cambricon.com/mlu.smlu.vcore": 20,
         },
         "cambricon",
@@ -106,7 +106,7 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
         False,
     ),
     (
-        {"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 4096, "metax-tech.com/vcore": 40},
+        {"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 4, "metax-tech.com/vcore": 40},
         "metax",
         "vgpu",
         1,
@@ -115,29 +115,20 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
         40,
         False,
     ),
-    ({"metax-tech.com/gpu": 1}, "metax", "vgpu", 1, None, 100, 100, True),
+    ({"metax-tech.com/gpu": 1}, "metax", "gpu-number", 1, None, 100, 100, True),
     (
         {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 8, "mthreads.com/sgpu-core": 4},
         "mthreads",
         "vgpu",
         1,
-        8,
+        4096,  # 512 MiB blocks
         None,
-        4,
+        25,  # 4 of 16
         False,
     ),
+    ({"enflame.com/vgcu-percentage": 25}, "enflame", "vgpu", 1, None, 25, 0, False),
     (
-        {"enflame.com/vgcu": 1, "enflame.com/vgcu-percentage": 25},
-        "enflame",
-        "vgpu",
-        1,
-        None,
-        25,
-        0,
-        False,
-    ),
-    (
-        {"enflame.com/gcu": 1, "enflame.com/gcu-memory": 1000, "enflame.com/gcu-core": 10},
+        {"enflame.com/gcu-memory": 1000, "enflame.com/gcu-core": 10},
         "enflame",
         "vgpu",
         1,
@@ -146,7 +137,8 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
         10,
         False,
     ),
-    ({"enflame.com/drs-gcu": 1}, "enflame", "vgpu", 1, None, 100, 100, True),
+    ({"enflame.com/gcu": 1}, "enflame", "gpu-number", 1, None, 100, 100, True),
+    ({"enflame.com/drs-gcu": 1}, "enflame", "vgpu", 1, None, 10, 10, False),
     ({"kunlunxin.com/xpu": 2}, "kunlunxin", "gpu-number", 2, None, 100, 100, True),
     (
         {"kunlunxin.com/vxpu": 1, "kunlunxin.com/vxpu-memory": 24576},
@@ -155,13 +147,13 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
         1,
         24576,
         None,
-        0,
+        25,
         False,
     ),
     (
         {
             "iluvatar.ai/BI-V150-vgpu": 1,
-            "iluvatar.ai/BI-V150.vMem": 8192,
+            "iluvatar.ai/BI-V150.vMem": 32,  # 256 MiB units
             "iluvatar.ai/BI-V150.vCore": 50,
         },
         "iluvatar",
@@ -182,17 +174,8 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
         50,
         False,
     ),
-    (
-        {"aws.amazon.com/neuron": 1, "aws.amazon.com/neuroncore": 2},
-        "awsneuron",
-        "vgpu",
-        1,
-        0,
-        None,
-        2,
-        False,
-    ),
-    ({"aws.amazon.com/neuron": 2}, "awsneuron", "vgpu", 2, 0, None, 0, True),
+    ({"aws.amazon.com/neuroncore": 1}, "awsneuron", "vgpu", 1, 0, None, 1, False),
+    ({"aws.amazon.com/neuron": 2}, "awsneuron", "gpu-number", 2, None, 100, 0, True),
 ]
 
 
@@ -458,7 +441,13 @@ ANNOTATIONS: list[tuple[dict[str, str], dict[str, Any]]] = [
     ({"hami.io/node-scheduler-policy": "spread"}, {"node_policy": "spread"}),
     ({"hami.io/gpu-scheduler-policy": "binpack"}, {"device_policy": "binpack"}),
     ({"hami.io/gpu-scheduler-policy": "numa"}, {"numa_bind": True}),
-    ({"hami.io/gpu-scheduler-policy": "topology-aware"}, {"numa_bind": True}),
+    ({"hami.io/gpu-scheduler-policy": "topology-aware"}, {"topology": True, "numa_bind": False}),
+    (
+        {"hami.io/gpu-scheduler-policy": "binpack,topology-aware"},
+        {"device_policy": "binpack", "topology": True},
+    ),
+    ({"hami.io/gpu-scheduler-policy": "spread"}, {"topology": False}),
+    ({}, {"topology": None}),
     ({"nvidia.com/numa-bind": "true"}, {"numa_bind": True}),
     ({"volcano.sh/vgpu-podgroup-policy": "spread"}, {"group_spread": True}),
     ({"huawei.com/vnpu-mode": "hami-core"}, {"vnpu_hami_core": True}),
@@ -528,6 +517,16 @@ BAD: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
         {"nvidia.com/gpu": 1},
         {"annotations": {"nvidia.com/numa-bind": "yes"}},
         ["nvidia.com/numa-bind"],
+    ),
+    (
+        {"nvidia.com/gpu": 1},
+        {"annotations": {"hami.io/gpu-scheduler-policy": "binpack,spread"}},
+        ["hami.io/gpu-scheduler-policy", "'spread' is not valid", "one of binpack, spread"],
+    ),
+    (
+        {"nvidia.com/gpu": 1},
+        {"annotations": {"hami.io/gpu-scheduler-policy": "topology"}},
+        ["hami.io/gpu-scheduler-policy", "topology-aware"],
     ),
     ({"huawei.com/npu-core": 1}, {"labels": {"vnpu-level": "medium"}}, ["vnpu-level"]),
     ({"huawei.com/npu-core": 1}, {"labels": {"vnpu-dvpp": "maybe"}}, ["vnpu-dvpp"]),

@@ -104,3 +104,119 @@ def test_the_count_is_defaultgpunum_of_the_vendor_and_only_for_tesseras_pods() -
         theirs = copy.deepcopy(ours)
         theirs["spec"]["schedulerName"] = scheduler
         assert hook.mutate(theirs) == []
+
+
+# --- Volcano Jobs -------------------------------------------------------------------------
+
+
+def vcjob(min_available: int = 1, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "mnist", "namespace": "ml"},
+        "spec": {
+            "minAvailable": min_available,
+            "tasks": [
+                {
+                    "name": "worker",
+                    "replicas": 2,
+                    "template": {"spec": {"containers": [container("main", {})]}},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def job_review(
+    job: dict[str, Any], operation: str = "CREATE", old: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    request = {
+        "uid": "u1",
+        "kind": {"group": "batch.volcano.sh", "version": "v1alpha1", "kind": "Job"},
+        "operation": operation,
+        "namespace": "ml",
+        "object": job,
+    }
+    if old is not None:
+        request["oldObject"] = old
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def test_a_job_volcano_refuses_is_refused_naming_the_field() -> None:
+    """Volcano's webhook refuses it at creation; so does Tessera's, for the Jobs its
+    controller runs (``schedulerName`` in ``scheduler.names``, default ``volcano``)."""
+    answer = HOOK.review(job_review(vcjob(3)), mutating=False)["response"]
+    assert answer["allowed"] is False
+    assert answer["status"]["message"] == (
+        "invalid Volcano Job: spec.minAvailable: 3 is greater than the tasks' replicas in all (2)"
+    )
+    assert HOOK.review(job_review(vcjob(2)), mutating=False)["response"]["allowed"] is True
+    others = vcjob(3, schedulerName="kube-batch")  # another controller's Job: not ours
+    assert HOOK.review(job_review(others), mutating=False)["response"]["allowed"] is True
+    # the mutating hook is not registered for Jobs; asked anyway, it changes nothing
+    assert "patch" not in HOOK.review(job_review(vcjob(3)), mutating=True)["response"]
+
+
+def test_a_job_update_may_only_scale_and_not_break_a_rule() -> None:
+    old = vcjob(2)
+    scaled = copy.deepcopy(old)
+    scaled["spec"]["tasks"][0]["replicas"] = 3
+    assert HOOK.review(job_review(scaled, "UPDATE", old), mutating=False)["response"]["allowed"]
+    moved = vcjob(2, queue="other")
+    said = HOOK.validate_job(moved, old)
+    assert said is not None
+    assert "may change only minAvailable" in said
+    broken = copy.deepcopy(old)
+    broken["spec"]["minAvailable"] = 5
+    assert "spec.minAvailable: 5" in (HOOK.validate_job(broken, old) or "")
+    # made while no webhook ran, invalid: its labels may change, and it may be fixed
+    invalid = vcjob(5)
+    labelled = copy.deepcopy(invalid)
+    labelled["metadata"]["labels"] = {"team": "a"}
+    assert HOOK.validate_job(labelled, invalid) is None
+    assert HOOK.validate_job(vcjob(2), invalid) is None
+
+
+def test_a_jobs_queue_must_exist_be_open_and_be_a_leaf() -> None:
+    """Volcano's webhook: "unable to find job queue", "can only submit job to queue with
+    state Open", "can not submit job to root queue", "can only submit job to leaf
+    queue"; with no Queue at all, queues are not checked (as Tessera's scheduler)."""
+    queues = {
+        "default": {"metadata": {"name": "default"}},
+        "closed": {"metadata": {"name": "closed"}, "status": {"state": "Closed"}},
+        "team": {"metadata": {"name": "team"}},
+        "team-a": {"metadata": {"name": "team-a"}, "spec": {"parent": "team"}},
+    }
+    assert HOOK.validate_job(vcjob(2), queues=queues) is None
+    for queue, said in (
+        ("missing", 'queue "missing" does not exist'),
+        ("closed", 'queue "closed" is Closed'),
+        ("root", "a Job may not be submitted to the root queue"),
+        ("team", 'queue "team" has 1 child queues'),
+    ):
+        found = HOOK.validate_job(vcjob(2, queue=queue), queues=queues)
+        assert found is not None
+        assert f"spec.queue: {said}" in found
+    assert HOOK.validate_job(vcjob(2, queue="missing"), queues={}) is None
+
+
+def test_the_validating_configuration_covers_volcano_jobs() -> None:
+    from services.webhook.service import configurations
+
+    cfg = parse_config({"webhook": {"url": "https://127.0.0.1:8443"}})
+    (_, mutating), (_, validating) = configurations(cfg, b"ca")
+    assert [h["name"] for h in mutating["webhooks"]] == ["mutate.pods.tessera.io"]
+    hooks = {h["name"]: h for h in validating["webhooks"]}
+    jobs = hooks["validate.jobs.tessera.io"]
+    assert jobs["rules"] == [
+        {
+            "apiGroups": ["batch.volcano.sh"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["jobs"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert jobs["clientConfig"]["url"].endswith("/validate")
+    assert jobs["namespaceSelector"] == hooks["validate.pods.tessera.io"]["namespaceSelector"]
