@@ -207,6 +207,12 @@ HAMI_DEVICE_KEYS: dict[tuple[Vendor, bool], DeviceKeys] = {
     ("awsneuron", True): DeviceKeys(
         "hami.io/aws-neuron-devices-allocated", "", "AWSNeuron", _neuron
     ),
+    ("biren", False): DeviceKeys(
+        "hami.io/Biren-devices-allocated", "hami.io/Biren-devices-to-allocate", "Biren"
+    ),
+    ("vastai", False): DeviceKeys(
+        "hami.io/Vastai-devices-allocated", "hami.io/Vastai-devices-to-allocate", "Vastai"
+    ),
     ("ascend", False): DeviceKeys(
         "hami.io/{model}-devices-allocated",
         "hami.io/{model}-devices-to-allocate",

@@ -34,6 +34,8 @@ Vendor = Literal[
     "iluvatar",
     "amd",
     "awsneuron",
+    "biren",
+    "vastai",
 ]
 """A device vendor: which node-side driver and isolation mechanism a device has."""
 

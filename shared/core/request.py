@@ -564,6 +564,8 @@ class RequestParser:
             "no-memory" in spec.whole_when and memory is None and percent is None
         ):
             memory, percent, cores = None, 100, None  # the webhook writes whole cards
+        if spec.count_alone == "slot" and memory is None and percent is None and cores is None:
+            memory, cores = 0, 0  # Biren, VastAI: a task slot of each device, nothing else
         exclusive = (cores == 100 and percent_unit) or percent == 100
         if not names(spec.resource_memory_name) and not names(spec.resource_memory_percentage_name):
             memory = 0  # the vendor slices no memory (AWS Neuron): cores or whole devices only

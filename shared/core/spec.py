@@ -137,6 +137,11 @@ class VendorSpec(_Spec, frozen=True, kw_only=True):
     count_is_slices: bool = False
     """The count names ask that many slices of ONE device, of ``deviceSplitCount`` per
     device (Enflame's ``drs-gcu``), not that many devices."""
+    count_alone: Literal["whole", "slot"] = "whole"
+    """What a count with no memory and no cores asks of each device: ``whole``, the card
+    to itself (HAMi books 100 % of its memory); ``slot``, one of its ``deviceSplitCount``
+    tasks and nothing more, no memory or cores booked (HAMi's Biren and VastAI code
+    checks only a device's task count, so the vendor's plugin decides the sharing)."""
 
     def all_names(self) -> tuple[str, ...]:
         """Every resource name this vendor answers to."""
@@ -422,6 +427,26 @@ DEFAULT_VENDORS: dict[str, VendorSpec] = {
         useUuidAnnotation="aws.amazon.com/use-neuron-uuid",
         nouseUuidAnnotation="aws.amazon.com/nouse-neuron-uuid",
     ),
+    # HAMi pkg/device/biren/device.go and vastai/device.go: a count alone takes task slots,
+    # nothing else is booked; a device has one (Biren's plugin registers one a device,
+    # biren-device-plugin pkg/brgpu/register.go; HAMi's VastAI tests register one). Only
+    # the UUID keys are read (use-biren / use-va are declared, never read).
+    "biren": _vendor(
+        "biren",
+        "birentech.com/gpu",
+        countAlone="slot",
+        deviceSplitCount=1,
+        useUuidAnnotation="birentech.com/use-gpuuuid",
+        nouseUuidAnnotation="birentech.com/nouse-gpuuuid",
+    ),
+    "vastai": _vendor(
+        "vastai",
+        "vastaitech.com/va",
+        countAlone="slot",
+        deviceSplitCount=1,
+        useUuidAnnotation="vastaitech.com/use-gpuuuid",
+        nouseUuidAnnotation="vastaitech.com/nouse-gpuuuid",
+    ),
 }
 
 
@@ -503,6 +528,8 @@ class DeviceSpecs(_Spec, frozen=True, kw_only=True):
     iluvatar: VendorSpec = msgspec.field(default_factory=lambda: DEFAULT_VENDORS["iluvatar"])
     amd: VendorSpec = msgspec.field(default_factory=lambda: DEFAULT_VENDORS["amd"])
     awsneuron: VendorSpec = msgspec.field(default_factory=lambda: DEFAULT_VENDORS["awsneuron"])
+    biren: VendorSpec = msgspec.field(default_factory=lambda: DEFAULT_VENDORS["biren"])
+    vastai: VendorSpec = msgspec.field(default_factory=lambda: DEFAULT_VENDORS["vastai"])
     vnpus: list[VnpuChip] = msgspec.field(default_factory=lambda: list(DEFAULT_VNPUS))
     mindcluster: MindClusterSpec = msgspec.field(default_factory=MindClusterSpec)
 

@@ -176,6 +176,8 @@ ROWS: list[tuple[dict[str, Any], str, str, int, int | None, int | None, int, boo
     ),
     ({"aws.amazon.com/neuroncore": 1}, "awsneuron", "vgpu", 1, 0, None, 1, False),
     ({"aws.amazon.com/neuron": 2}, "awsneuron", "gpu-number", 2, None, 100, 0, True),
+    ({"birentech.com/gpu": 2}, "biren", "vgpu", 2, 0, None, 0, False),  # task slots only
+    ({"vastaitech.com/va": 1}, "vastai", "vgpu", 1, 0, None, 0, False),
 ]
 
 

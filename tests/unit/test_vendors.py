@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
+from services.node_agent.resources import capacity
+from services.node_agent.simulate import Inventory, expand
 from shared.config import ConfigError
 from shared.config import parse as parse_config
 from shared.core import annotations as ann
@@ -29,7 +32,18 @@ from shared.core.model import (
 )
 from shared.core.placement import Failure, Placement, Placer
 from shared.core.request import RequestParser
-from tests.unit.corekit import PARSER, gpu, npu, place, placer, pod_json, ref, request
+from tests.unit.corekit import (
+    PARSER,
+    gpu,
+    gpus,
+    ledger,
+    npu,
+    place,
+    placer,
+    pod_json,
+    ref,
+    request,
+)
 
 NODE = NodeName("n1")
 NOW = 1700000000.0
@@ -443,6 +457,114 @@ def test_neuron_uuid_annotation_and_bind_annotations() -> None:
     assert out["hami.io/aws-neuron-devices-allocated"].startswith("awsneuron-0,AWSNeuron,0,2:")
     assert (out["AWS_NEURON_IDS"], out["NEURON_ALLOCATED"]) == ("0,1", "false")
     assert out["aws.amazon.com/predicate-node"] == "n1"
+
+
+# --- Biren and VastAI --------------------------------------------------------------------
+
+# The container of HAMi's examples/biren/default_use.yaml and examples/vastai/default_use.yaml,
+# its resources as written there.
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "biren": {"name": "pod1", "resources": {"limits": {"birentech.com/gpu": 1}}},
+    "vastai": {"name": "test", "resources": {"limits": {"vastaitech.com/va": 1}}},
+}
+SIMULATED: dict[str, dict[str, Any]] = {
+    "biren": {"vendor": "biren", "model": "Biren166M", "memory": 65024},
+    "vastai": {"vendor": "vastai", "model": "VA16", "memory": 32768},
+}
+"""An inventory file's device group of each (services/node_agent/simulate.py)."""
+COUNT_NAME = {"biren": "birentech.com/gpu", "vastai": "vastaitech.com/va"}
+TIME_SLICED = pytest.mark.parametrize("vendor", ["biren", "vastai"])
+
+
+def simulated(vendor: str, count: int = 2) -> list[DeviceInfo]:
+    """A simulated node's ``count`` devices of ``vendor``, as the node agent plays them."""
+    group = SIMULATED[vendor] | {"count": count}
+    inventory = msgspec.convert({"nodes": [{"name": "sim", "devices": [group]}]}, Inventory)
+    return list(expand(inventory)[NodeName("sim")][1])
+
+
+def example(vendor: str) -> PodRequest:
+    pod = pod_json(containers=[EXAMPLES[vendor]])
+    assert PARSER.missing_counts(pod) == []  # MutateAdmission adds nothing
+    parsed = PARSER.parse(pod)
+    assert isinstance(parsed, PodRequest), parsed
+    return parsed
+
+
+@TIME_SLICED
+def test_time_sliced_example_pod_takes_a_task_slot_of_a_simulated_device(vendor: str) -> None:
+    """HAMi pkg/device/biren/device.go and pkg/device/vastai/device.go
+    GenerateResourceRequests: the count name alone (limits, else requests) asks that many
+    devices with no memory and no cores; Fit takes a device while its registered count
+    (one a device) exceeds its users. HAMi's example pod, parsed unchanged, lands on a
+    simulated node of that vendor, one pod a device."""
+    [d] = example(vendor).containers[0].devices
+    assert (d.vendor, d.count, d.memory_mib, d.cores, d.exclusive) == (vendor, 1, 0, 0, False)
+    pl = placer({"nv": gpus(1), "sim": simulated(vendor)})
+    taken = []
+    for _ in range(2):
+        result = pl.place(ref(), example(vendor), None)
+        assert isinstance(result, Placement), result
+        [g] = grants(result)
+        assert (result.node, g.vendor, g.memory_mib, g.cores) == ("sim", vendor, 0, 0)
+        taken.append(g.index)
+    assert sorted(taken) == [0, 1]
+    full = pl.place(ref(), example(vendor), None)
+    assert isinstance(full, Failure), full
+    assert "device split count reached" in full.message
+
+
+@TIME_SLICED
+def test_time_sliced_device_shares_as_many_tasks_as_its_split_count(vendor: str) -> None:
+    """HAMi pkg/device/biren/device.go and vastai/device.go Fit check only the device's
+    registered count against its users (no memory, no cores): a plugin registering more
+    tasks a device time-slices it, which devices.<vendor>.deviceSplitCount says here."""
+    cfg = parse_config({"devices": {vendor: {"deviceSplitCount": 3}}})
+    pl = Placer(ledger({"sim": simulated(vendor, 1)}, specs=cfg.devices))
+    parser = RequestParser(cfg.devices)
+    for _ in range(3):
+        assert grants(place(pl, {}, containers=[EXAMPLES[vendor]], parser=parser))[0].index == 0
+    assert "split count" in fail(pl, {COUNT_NAME[vendor]: 1}, parser=parser).message
+
+
+@TIME_SLICED
+def test_time_sliced_vendors_read_uuid_keys_only(vendor: str) -> None:
+    """HAMi pkg/device/biren/device.go (birentech.com/use-gpuuuid, nouse-gpuuuid) and
+    vastai/device.go (vastaitech.com/...) read the UUID keys with device.CheckUUID; the
+    type keys they declare (birentech.com/use-biren, vastaitech.com/use-va) are never
+    read."""
+    devs = simulated(vendor)
+    limits = {COUNT_NAME[vendor]: 1}
+    domain = COUNT_NAME[vendor].split("/")[0]
+    for d in devs:
+        use = {f"{domain}/use-gpuuuid": d.uuid}
+        assert chosen(devs, limits, annotations=use).uuid == d.uuid
+        nouse = {f"{domain}/nouse-gpuuuid": d.uuid}
+        assert chosen(devs, limits, annotations=nouse).uuid != d.uuid
+    type_key = "birentech.com/use-biren" if vendor == "biren" else "vastaitech.com/use-va"
+    assert chosen(devs, limits, annotations={type_key: "nothing-like-it"}).vendor == vendor
+
+
+@TIME_SLICED
+def test_time_sliced_bind_annotations(vendor: str) -> None:
+    """HAMi pkg/device/biren/device.go and vastai/device.go PatchAnnotations: the device
+    list under hami.io/<Biren|Vastai>-devices-to-allocate and -allocated, type Biren or
+    Vastai, with the 0 MiB and 0 cores the request booked."""
+    word = {"biren": "Biren", "vastai": "Vastai"}[vendor]
+    out = bound(dev(vendor, 1, model=SIMULATED[vendor]["model"]), containers=2)
+    assert out[f"hami.io/{word}-devices-to-allocate"] == f";{vendor}-1,{word},0,0:;"
+    assert out[f"hami.io/{word}-devices-allocated"] == f";{vendor}-1,{word},0,0:;"
+    assert f"hami.io/{word}-devices-allocated" in set(ann.COMPAT_KEYS["hami"].values())
+
+
+@TIME_SLICED
+def test_simulated_node_advertises_one_task_a_device(vendor: str) -> None:
+    """The node agent registers a count name with deviceSplitCount IDs a device
+    (services/node_agent/resources.py), as Biren's plugin registers each device once
+    (biren-device-plugin pkg/brgpu/register.go): two devices, two."""
+    cfg = parse_config({})
+    devices = tuple(simulated(vendor))
+    assert capacity(cfg, "sim", devices) == {COUNT_NAME[vendor]: "2"}
 
 
 # --- NVIDIA and Ascend -------------------------------------------------------------------
