@@ -460,6 +460,31 @@ async def _measure_lag(rt: Runtime, durable: str) -> None:
         await asyncio.sleep(LAG_INTERVAL_S)
 
 
+async def report_catch_up(rt: Runtime, durable: str, poll_s: float = 0.1) -> None:
+    """Log how long the consumer took, once started, to handle every event published
+    before (the backlog of a restart): one line, ``startup phase catch-up``."""
+    started = time.monotonic()
+    mark = 0
+    while True:
+        try:  # a bus that does not answer now is asked again: this only logs
+            mark = mark or await rt.bus.last_seq()
+            info = await rt.bus.js.consumer_info(rt.cfg.nats.stream, durable)
+        except Exception as exc:
+            raise_if_cancelling()
+            log.debug("catch-up of %s not known yet (%r)", durable, exc)
+            await asyncio.sleep(poll_s)
+            continue
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        if (floor or 0) >= mark or not (info.num_pending or info.num_ack_pending):
+            break
+        await asyncio.sleep(poll_s)
+    log.info(
+        "startup phase catch-up: %.2f s (its consumer's events to stream seq %d)",
+        time.monotonic() - started,
+        mark,
+    )
+
+
 async def run_service(
     service: type[Service],
     cfg: Config,

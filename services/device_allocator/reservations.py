@@ -32,7 +32,7 @@ from shared import kube
 from shared.aio import GroupCommit
 from shared.bus import through_failover
 from shared.core import annotations as ann
-from shared.core.hosts import pod_spec
+from shared.core.hosts import PodSpec, pod_spec
 from shared.core.ledger import Ledger, PodGrant
 from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.request import GROUP_NAME
@@ -57,8 +57,47 @@ UNSIGNED = (
 )
 
 
+YIELD_EVERY = 256
+"""Pods recorded between two yields to the event loop: the next page of the list (read
+ahead, ``kube.list_pages``) is read from its socket meanwhile, so the API server goes on
+writing it; a page recorded without a yield stalled it for the page's whole time."""
+_encode = msgspec.json.Encoder().encode
+SHAPES = 65536
+"""The most pod shapes a rebuild keeps read (see ``Shapes``)."""
+
+Shapes = dict[bytes, PodSpec]
+"""Node-fit specs by what ``pod_spec`` reads of a pod but its node: a rebuild reads
+each shape once (the pods of one ReplicaSet share theirs)."""
+
+
+def _spec(
+    pod: dict[str, Any], node: str, managed: Collection[str], shapes: Shapes | None
+) -> PodSpec:
+    """``pod_spec(pod)``, read once per shape when given ``shapes``."""
+    if shapes is None:
+        return pod_spec(pod, managed)
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    shape = _encode(
+        (
+            meta.get("namespace"),
+            meta.get("labels"),
+            meta.get("deletionTimestamp"),
+            {k: v for k, v in spec.items() if k != "nodeName"},
+        )
+    )
+    host = shapes.get(shape)
+    if host is None:
+        if len(shapes) >= SHAPES:
+            shapes.clear()
+        host = shapes[shape] = pod_spec(pod, managed)
+    return host if host.node_name == node else msgspec.structs.replace(host, node_name=node)
+
+
 def bound_grant(
-    pod: dict[str, Any], managed: Collection[str] = (), key: bytes | None = None
+    pod: dict[str, Any],
+    managed: Collection[str] = (),
+    key: bytes | None = None,
+    shapes: Shapes | None = None,
 ) -> tuple[PodGrant, bool] | None:
     """What a pod on a node holds there: its device grant (from its annotations, when
     signed by Tessera; none for another scheduler's pod) and its node-fit spec, and
@@ -79,7 +118,7 @@ def bound_grant(
         node=NodeName(node),
         containers=() if forged else grants,
         group=key_of_group,
-        spec=pod_spec(pod, managed),
+        spec=_spec(pod, node, managed, shapes),
     )
     return grant, forged
 
@@ -255,24 +294,39 @@ async def rebuild(
     key: bytes | None,
     mine: Callable[[NodeName], bool],
     node: str = "",
+    shapes: Shapes | None = None,
 ) -> tuple[int, list[PodGrant]]:
     """Record every pod on a node of ``mine`` (any scheduler's: devices from its grant,
     requests and labels for node fit), or only on ``node``; their count, and the pods
-    whose grant was forged."""
+    whose grant was forged. Read a page at a time, each page recorded while the API
+    server writes the next, each pod decoded only as far as it is read
+    (``kube.list_pages``, ``kube.BoundPod``)."""
     on = f"spec.nodeName={node}" if node else "spec.nodeName!="
-    pods, _ = await kube.list_all(
-        api,
-        "/api/v1/pods",
-        {"fieldSelector": f"{on},status.phase!=Succeeded,status.phase!=Failed"},
-    )
+    query = {"fieldSelector": f"{on},status.phase!=Succeeded,status.phase!=Failed"}
+    stats = kube.ListStats()
     bound = 0
     forged = []
-    for pod in pods:
-        found = bound_grant(pod, managed, key)
-        if found is not None and mine(found[0].node):
-            grant, refused = found
-            ledger.grant(grant)
-            bound += 1
-            if refused:
-                forged.append(grant)
+    granted_s = 0.0
+    async for page in kube.list_pages(api, "/api/v1/pods", kube.BoundPod, query, stats=stats):
+        began = time.monotonic()
+        for i, pod in enumerate(page):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                granted_s += time.monotonic() - began
+                await asyncio.sleep(0)  # the next page is read meanwhile (see YIELD_EVERY)
+                began = time.monotonic()
+            found = bound_grant(pod, managed, key, shapes)
+            if found is not None and mine(found[0].node):
+                grant, refused = found
+                ledger.grant(grant)
+                bound += 1
+                if refused:
+                    forged.append(grant)
+        granted_s += time.monotonic() - began
+    if not node:
+        log.info("startup phase pod-list: %.2f s (%s)", stats.took_s(), stats)
+        log.info(
+            "startup phase ledger: %.2f s (%d bound pods granted, between pages)",
+            granted_s,
+            bound,
+        )
     return bound, forged

@@ -42,7 +42,7 @@ from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.queues import GroupSpec, QueueSpec, grant_vector, resource_vector
 from shared.core.request import ResourceTable
 from shared.core.spec import GENERIC_VENDORS
-from shared.runtime import Runtime, Service, ViewHandler, handles
+from shared.runtime import Runtime, Service, ViewHandler, handles, report_catch_up
 from shared.views import VIEW_QUEUES_SUBJECT, QueuesView
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ class Coordinator(Service):
         for inventory in inventories.values():
             self.gangs.set_node(inventory.node, inventory.devices)
         self.rt.spawn(self.request_resync(), "resync-once", finite=True)
+        self.rt.spawn(report_catch_up(self.rt, self.durable()), "catch-up", finite=True)
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
         return {

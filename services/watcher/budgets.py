@@ -11,7 +11,7 @@ changes a budget's reading only through the budgets of its namespace.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from shared import events as ev
@@ -80,9 +80,8 @@ class BudgetWatch:
         for budget in self.budgets.set_pod(namespace, uid, pod):
             await self.publish(ev.BudgetUpdated(budget=budget))
 
-    async def on_pod_relist(self, items: list[dict[str, Any]]) -> None:
-        """A full list of pods: those it lacks are gone."""
-        present = (PodUID(o.get("metadata", {}).get("uid", "")) for o in items)
+    async def on_pods_listed(self, present: Iterable[PodUID]) -> None:
+        """A full list of pods read (each through ``on_pod``): those it lacks are gone."""
         for budget in self.budgets.keep_only(present):
             await self.publish(ev.BudgetUpdated(budget=budget))
 

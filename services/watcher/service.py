@@ -27,6 +27,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -39,6 +40,7 @@ from services.watcher.budgets import BudgetWatch
 from services.watcher.claims import ClaimReader
 from shared import events as ev
 from shared import kube
+from shared.aio import raise_if_cancelling
 from shared.bus import Outbox
 from shared.config import request_parser
 from shared.core import annotations as ann
@@ -71,6 +73,17 @@ UNREADABLE = (
 schema says: the object is logged (and told, where there is someone to tell) and
 skipped, never fatal (any user who can create it could otherwise stop scheduling for
 everyone)."""
+PODS = "/api/v1/pods"
+FULL_LIST_WAIT_S = 30.0
+"""At start, the longest the list of every pod waits for the backlog (``watch_pods``)."""
+WAIT_WATCH_S = 5
+"""Meanwhile, the watch is renewed this often (it ends at once on the bind that empties
+the backlog)."""
+YIELD_EVERY = 256
+"""Pods of a list announced between two yields to the event loop: the next page, asked
+for already, is read from its socket meanwhile (the API server goes on writing it)."""
+SHAPES = 65536
+"""The most pod shapes kept parsed (``Watcher._spec``); past it they are parsed afresh."""
 MAX_DEPTH = 100
 """How deep lists and mappings may nest in a Job's spec, which the bus carries as is (a
 real one nests about 15 deep; one nested close to Python's recursion limit could be
@@ -275,6 +288,8 @@ class Watcher(Service):
         """Every pod on a node, as last announced."""
         self.specs: dict[PodUID, tuple[bytes, PodSpec]] = {}
         """Each pod's last :func:`pod_spec` and a digest of what it read (``_spec``)."""
+        self.shapes: dict[bytes, PodSpec] = {}
+        """:func:`pod_spec` by that digest: pods of one shape share it (``_spec``)."""
         self.rejected: dict[PodUID, str] = {}
         self.gated: set[PodUID] = set()
         """Our pending pods waiting for their scheduling gates to be removed."""
@@ -288,6 +303,12 @@ class Watcher(Service):
         self.job_of: dict[PodUID, str] = {}
         """The Volcano Job of each announced pod that has one (its deletion names it)."""
         self.nodes: dict[str, ev.NodeUpdated] = {}
+        self.relisted = False
+        """Whether every pod has been listed once (``relist_pods``)."""
+        self.backlog: set[PodUID] = set()
+        """At start, the pods pending then and not bound or gone since (``watch_pods``)."""
+        self.placed: asyncio.Event | None = None
+        """Set once the backlog is empty (``watch_pods``)."""
         self.out = Outbox(rt.bus)
         """Everything it announces, in the order seen, pipelined (shared/bus.py)."""
         self.claims = ClaimReader(api, rt.spawn, self.pending, self._announce)
@@ -348,9 +369,7 @@ class Watcher(Service):
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
         return {
             "publish": self.out.run(),
-            "watch-pods": kube.list_watch(
-                self.api, "/api/v1/pods", self.on_pod_event, on_relist=self.on_pod_relist
-            ),
+            "watch-pods": self.watch_pods(),
             "watch-nodes": kube.list_watch(
                 self.api, "/api/v1/nodes", self.on_node, on_relist=self.on_node_relist
             ),
@@ -370,18 +389,23 @@ class Watcher(Service):
         """``pod_spec(obj)``, kept per pod while what it reads (labels, deletion and the
         spec but for ``nodeName``) is unchanged: a pod's binding and each of its status
         updates then cost a digest of those fields, not a parse of its containers,
-        affinity and spread (the namespace of a pod never changes)."""
+        affinity and spread. Pods of one shape (those fields and the namespace: the pods
+        of one ReplicaSet) share one parse (``shapes``): a list of every pod parses each
+        shape once."""
         meta = obj["metadata"]
         spec = obj.get("spec") or {}
         node = str(spec.get("nodeName") or "")
-        read = (meta.get("labels"), meta.get("deletionTimestamp"))
+        read = (meta.get("namespace"), meta.get("labels"), meta.get("deletionTimestamp"))
         rest = {k: v for k, v in spec.items() if k != "nodeName"}
         digest = hashlib.blake2b(_ENCODE((read, rest)), digest_size=16).digest()
         kept = self.specs.get(uid)
-        if kept is not None and kept[0] == digest:
-            host = kept[1]
-            return host if host.node_name == node else msgspec.structs.replace(host, node_name=node)
-        host = pod_spec(obj, self.managed)
+        host = kept[1] if kept is not None and kept[0] == digest else self.shapes.get(digest)
+        if host is None:
+            if len(self.shapes) >= SHAPES:
+                self.shapes.clear()
+            host = self.shapes[digest] = pod_spec(obj, self.managed)
+        if host.node_name != node:
+            host = msgspec.structs.replace(host, node_name=node)
         self.specs[uid] = (digest, host)
         return host
 
@@ -403,6 +427,7 @@ class Watcher(Service):
         if node:
             self._track(ref, job)
             self.pending.pop(ref.uid, None)
+            self._placed(ref.uid)
             self.claims.forget(ref.uid)
             host = self._spec(ref.uid, obj)
             if self.bound.get(ref.uid) != (node, host):
@@ -459,6 +484,7 @@ class Watcher(Service):
     ) -> None:
         known = any(ref.uid in held for held in (self.refs, self.pending, self.bound, self.gated))
         self.pending.pop(ref.uid, None)
+        self._placed(ref.uid)
         self.rejected.pop(ref.uid, None)
         self.gated.discard(ref.uid)
         self.refs.pop(ref.uid, None)
@@ -481,6 +507,7 @@ class Watcher(Service):
     async def _reject(self, ref: PodRef, errors: tuple[RequestError, ...]) -> None:
         message = rejection(errors)
         self.pending.pop(ref.uid, None)
+        self._placed(ref.uid)
         if self.rejected.get(ref.uid) == message:
             return
         self.rejected[ref.uid] = message
@@ -496,16 +523,105 @@ class Watcher(Service):
             condition=INVALID,
         )
 
-    async def on_pod_relist(self, items: list[dict[str, Any]]) -> None:
-        """A full list: pods known here that are not in it were deleted meanwhile."""
-        present = {PodUID(o.get("metadata", {}).get("uid", "")) for o in items}
+    async def _listed(self, present: set[PodUID]) -> None:
+        """A full list read: the pods known here that it lacks were deleted meanwhile."""
         self.gated &= present
-        await self.budgets.on_pod_relist(items)
+        await self.budgets.on_pods_listed(present)
         for uid in set(self.refs) - present:
             held = self.bound.get(uid)
             await self._gone(self.refs[uid], held[0] if held else None, ())
+
+    async def watch_pods(self) -> None:
+        """Every pod, listed and watched. At start (maybe a restart, with a backlog) the
+        pods on no node are listed first, alone, and the pending ones announced at once
+        and watched from then on, with every change to any pod; the list of every pod
+        (``relist_pods``) waits until each of them is bound or gone (the backlog is
+        placed) or ``FULL_LIST_WAIT_S`` has passed, and starts at once when none waits.
+        An allocator starting beside it lists every pod too, and the API server took
+        twice as long to write two such lists at once (140,000 pods on 2 cores,
+        bench/RESULTS.md): the backlog waited for both."""
+        try:
+            version = await self._list_unplaced()
+        except (TimeoutError, ApiException, OSError, kube.GoneError) as exc:
+            raise_if_cancelling()
+            log.warning("pods on no node not listed (%r): listing every pod", exc)
+            version = ""
+        if version and self.pending:
+            self.backlog = set(self.pending)
+            self.placed = asyncio.Event()
+            timer = asyncio.get_running_loop().call_later(FULL_LIST_WAIT_S, self.placed.set)
+            try:
+                await kube.list_watch(
+                    self.api,
+                    PODS,
+                    self.on_pod_event,
+                    relist=self.relist_pods,
+                    since=version,
+                    until=self.placed,
+                    timeout_s=WAIT_WATCH_S,
+                )
+            finally:
+                timer.cancel()
+                self.backlog, self.placed = set(), None
+        await kube.list_watch(self.api, PODS, self.on_pod_event, relist=self.relist_pods)
+
+    def _placed(self, uid: PodUID) -> None:
+        """A pod of the backlog at start is bound or gone: once none is left, every pod
+        is listed (``watch_pods``)."""
+        self.backlog.discard(uid)
+        if self.placed is not None and not self.backlog:
+            self.placed.set()
+
+    async def relist_pods(self) -> str:
+        """Every pod, a page at a time (``kube.list_pages``), each page announced while
+        the API server writes the next, a pod on a node decoded only as far as it is
+        read (``kube.read_pod``); then what the list lacks was deleted. Returns the
+        list's resourceVersion, to watch from."""
+        stats = kube.ListStats()
+        present: set[PodUID] = set()
+        read_s = handled_s = 0.0
+        with kube.bulk():
+            pages = kube.list_pages(self.api, PODS, msgspec.Raw, stats=stats)
+            async for page in pages:
+                for i, raw in enumerate(page):
+                    if i % YIELD_EVERY == YIELD_EVERY - 1:
+                        await asyncio.sleep(0)  # the next page is read meanwhile
+                    began = time.monotonic()
+                    obj = kube.read_pod(raw)
+                    read = time.monotonic()
+                    present.add(PodUID(obj.get("metadata", {}).get("uid", "")))
+                    await self.on_pod_event("ADDED", obj)
+                    read_s += read - began
+                    handled_s += time.monotonic() - read
+            await self._listed(present)
+        if not self.relisted:
+            log.info("startup phase pod-list: %.2f s (%s)", stats.took_s(), stats)
+            log.info(
+                "startup phase pod-decode: %.2f s (%d pods, between pages)", read_s, len(present)
+            )
+            log.info(
+                "startup phase announce: %.2f s (%d on nodes, %d pending; between pages)",
+                handled_s,
+                len(self.bound),
+                len(self.pending),
+            )
+        self.relisted = True
+        return stats.resource_version
+
+    async def _list_unplaced(self) -> str:
+        """The pods on no node, listed alone (the API server filters them from its cache
+        without writing the others) and announced; the list's resourceVersion."""
+        began = time.monotonic()
+        items, version = await kube.list_all(self.api, PODS, {"fieldSelector": "spec.nodeName="})
         for obj in items:
             await self.on_pod_event("ADDED", obj)
+        log.info(
+            "startup phase pending-list: %.2f s (%d pods on no node, %d pending announced)",
+            time.monotonic() - began,
+            len(items),
+            len(self.pending),
+        )
+        return version
 
     async def on_pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         """One pod; one that cannot be read is told so and skipped, never fatal (any user

@@ -80,7 +80,7 @@ def test_a_kept_spec_is_the_spec_read_afresh_and_only_reads_again_on_a_change(
 
 
 def _replay(changes: list[str], reads: list[int]) -> None:
-    fake = SimpleNamespace(specs={}, managed=MANAGED)
+    fake = SimpleNamespace(specs={}, shapes={}, managed=MANAGED)
     pod = copy.deepcopy(BASE)
     uid = PodUID("u1")
     assert watcher.Watcher._spec(fake, uid, pod) == pod_spec(pod, MANAGED)  # type: ignore[arg-type]
