@@ -1303,6 +1303,10 @@ class Lease:
 
     A bucket made by an older release expires its keys after its ``max_age``: until the
     allocator brings it to no expiry (``Bus.bucket``), a holder renews within it.
+
+    ``identity`` must differ between replicas (the runtime's ``host-pid``: pods' host
+    names are unique): a key holding this identity is taken as this process's own (a
+    create or renewal stored whose answer was lost in a failover).
     """
 
     def __init__(self, bus: Bus, name: str, identity: str, lease_s: float) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import aiohttp
+from kubernetes_asyncio import client
+
+from shared import kube
 
 T = TypeVar("T")
 
@@ -42,3 +45,19 @@ async def readyz(port: int) -> str | None:
             text = await answer.text()
             return text if answer.status == 200 else None
     return None
+
+
+Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def stand_in_api(serve: Serve) -> AsyncIterator[kube.Client]:
+    """A client of a stand-in API server on loopback whose every connection ``serve``
+    answers (raw HTTP/1.1: what a test needs the real one to do at a given moment)."""
+    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    async with (
+        listener,
+        kube.Client(client.Configuration(host=f"http://127.0.0.1:{port}"), 4) as api,
+    ):
+        yield api

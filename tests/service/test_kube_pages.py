@@ -12,9 +12,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
-from kubernetes_asyncio import client
 
 from shared import kube
+from tests.helpers import stand_in_api
 
 PATH = "/api/v1/pods"
 PAGES = 3
@@ -70,12 +70,7 @@ async def api_server(asked: list[dict[str, list[str]]]) -> AsyncIterator[kube.Cl
                 await writer.drain()
         writer.close()
 
-    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    async with (
-        listener,
-        kube.Client(client.Configuration(host=f"http://127.0.0.1:{port}"), 4) as api,
-    ):
+    async with stand_in_api(serve) as api:
         yield api
 
 

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
 
 from shared import kube
+from tests.helpers import stand_in_api
 
 PATH = "/api/v1/namespaces/default/configmaps"
 LISTED = json.dumps({"items": [], "metadata": {"resourceVersion": "5"}}).encode()
@@ -57,12 +57,7 @@ async def api_server(refusals: int) -> AsyncIterator[kube.Client]:
                 await writer.drain()
         writer.close()
 
-    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    async with (
-        listener,
-        kube.Client(client.Configuration(host=f"http://127.0.0.1:{port}"), 4) as api,
-    ):
+    async with stand_in_api(serve) as api:
         yield api
 
 

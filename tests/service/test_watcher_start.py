@@ -13,13 +13,12 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kubernetes_asyncio import client
-
 from services.watcher import service as watcher
 from shared import events as ev
 from shared import kube
 from shared.config import Config
 from shared.metrics import Metrics
+from tests.helpers import stand_in_api
 
 PENDING_RV, FULL_RV = "10", "20"
 
@@ -87,12 +86,7 @@ async def api_server(
                 break
         writer.close()
 
-    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    async with (
-        listener,
-        kube.Client(client.Configuration(host=f"http://127.0.0.1:{port}"), 4) as api,
-    ):
+    async with stand_in_api(serve) as api:
         yield api
 
 
