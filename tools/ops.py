@@ -30,6 +30,7 @@ import msgspec
 import yaml
 
 from shared import views
+from shared.aio import raise_if_cancelling
 from shared.config import Config, ConfigError, KubernetesConfig, NatsConfig
 from shared.config import load as load_config
 from shared.core.ledger import UNLIMITED_SLOTS
@@ -95,6 +96,10 @@ def nats_config(args: argparse.Namespace) -> NatsConfig:
     return nats_of(config_of(args), args)
 
 
+CLOSE_WAIT_S = 2.0
+"""How long a command waits for its bus connection to close."""
+
+
 @contextlib.asynccontextmanager
 async def bus(cfg: NatsConfig) -> AsyncIterator[NatsClient]:
     """A connection for a command someone waits for (``connect(patient=False)``): a bus
@@ -112,7 +117,11 @@ async def bus(cfg: NatsConfig) -> AsyncIterator[NatsClient]:
     try:
         yield nc
     finally:
-        await nc.close()
+        # Bounded: a command stopped by Ctrl-C exits within this even when the bus does
+        # not see the connection's close through (a loaded machine, a server gone).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await nc.close()
 
 
 async def ask(
@@ -859,6 +868,7 @@ async def _top(args: argparse.Namespace) -> int:
     async with bus(nats_config(args)) as nc:
         while True:
             text, errors = await frame(nc, wide)
+            raise_if_cancelling()  # a Ctrl-C a library took for its own timeout
             if args.once:
                 if errors:
                     raise Failed(errors[0])
