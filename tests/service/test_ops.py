@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -128,27 +129,29 @@ async def test_top_once_prints_totals_devices_and_queues(
 
 
 async def test_top_redraws_until_ctrl_c_then_exits_0(nats_admin: NatsConfig, config: str) -> None:
+    # A plain Popen read and waited for in threads: its exit is seen by waitpid itself,
+    # not through asyncio's child watcher (which, late in a full run, missed it: the
+    # process had exited, its loop "closed", and communicate() waited on).
     async with stand_in(nats_admin, BOTH) as asked:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tools.cli",
-            "top",
-            "--interval",
-            "0.2",
-            "--config",
-            config,
+        proc = subprocess.Popen(  # noqa: ASYNC220 (waited for in threads, by waitpid)
+            [sys.executable, "-m", "tools.cli", "top", "--interval", "0.2", "--config", config],
             cwd=REPO,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
-        assert proc.stdout is not None
-        frames = 0
-        async with asyncio.timeout(20):
-            while frames < 2:
-                frames += (await proc.stdout.readline()).startswith(b"tessera top ")
-        proc.send_signal(signal.SIGINT)
-        _, err = await asyncio.wait_for(proc.communicate(), 10)
+        try:
+            assert proc.stdout is not None
+            frames = 0
+            async with asyncio.timeout(20):
+                while frames < 2:
+                    line = await asyncio.to_thread(proc.stdout.readline)
+                    frames += line.startswith(b"tessera top ")
+            proc.send_signal(signal.SIGINT)
+            _, err = await asyncio.to_thread(proc.communicate, timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == 0
     assert err == b""
     assert len(asked) >= 4  # both views, at least twice
