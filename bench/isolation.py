@@ -10,7 +10,7 @@ suite; docs/isolation.md gives the figures measured with it and how to choose a 
 Each worker process gets exactly what the node agent's ``Allocate`` would hand its
 container (services/node_agent/isolation.py ``handout``, for a ``ContainerGrant`` of
 ``--memory-mib`` and its share of the cores on the local card as
-services/node_agent/inventory.py ``NvmlSource`` reads it, the node's ``operatingMode``
+services/node_agent/nvml.py ``NvmlSource`` reads it, the node's ``operatingMode``
 set to the mode): the environment, with container paths mapped to the host paths of the
 handout's mounts, and ``LD_PRELOAD`` of the libraries its ``/etc/ld.so.preload`` mount
 names. ``NVIDIA_VISIBLE_DEVICES`` becomes ``CUDA_VISIBLE_DEVICES`` (no container runtime
@@ -285,7 +285,7 @@ class OneCard:
 def prepare(args: argparse.Namespace) -> tuple[Bench, list[str]] | None:
     """The local card (as the node agent reads it), the work directory with the preload
     file the node agent's ``prepare_host`` writes, and the modes that can run here."""
-    from services.node_agent.inventory import NvmlSource
+    from services.node_agent.nvml import NvmlSource
     from shared.config import Config
 
     source = NvmlSource(Config())

@@ -931,38 +931,6 @@ CODE_NAMES = {
     Code.ERROR: "Error",
 }
 
-PLUGIN_OF = {
-    "node(s) were unschedulable": "NodeUnschedulable",
-    "node(s) didn't match the requested node name": "NodeName",
-    "node(s) had untolerated taint(s)": "TaintToleration",
-    "node(s) didn't match Pod's node affinity/selector": "NodeAffinity",
-    "node(s) didn't satisfy plugin(s) [NodeAffinity]": "NodeAffinity",
-    "pod affinity terms conflict": "NodeAffinity",
-    "node(s) didn't have free ports for the requested pod ports": "NodePorts",
-    "Too many pods": "NodeResourcesFit",
-    "node(s) didn't match pod topology spread constraints": "PodTopologySpread",
-    "node(s) didn't match pod topology spread constraints (missing required label)": (
-        "PodTopologySpread"
-    ),
-    "node(s) didn't match pod affinity rules": "InterPodAffinity",
-    "node(s) didn't match pod anti-affinity rules": "InterPodAffinity",
-    "node(s) didn't satisfy existing pods anti-affinity rules": "InterPodAffinity",
-    "pod has unbound immediate PersistentVolumeClaims": "VolumeBinding",
-    "node(s) didn't match PersistentVolume's node affinity": "VolumeBinding",
-    "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)": "VolumeBinding",
-    "node(s) had no available volume zone": "VolumeZone",
-}
-
-
-def plugin_of(reasons: Sequence[str] | frozenset[str]) -> str:
-    for r in sorted(reasons):
-        if r.startswith("Insufficient "):
-            return "NodeResourcesFit"
-        if r in PLUGIN_OF:
-            return PLUGIN_OF[r]
-    return "?"
-
-
 Verdict = tuple[str, frozenset[str]] | None
 """None: feasible; else (code, reason texts)."""
 
@@ -975,16 +943,31 @@ class Answer:
     nodes: dict[str, Verdict] = field(default_factory=dict)
     message: str = ""
     error: str = ""
+    plugins: dict[str, str] = field(default_factory=dict)
+    """The plugin that decided each rejection, as each side's Status names it (the
+    PreFilter's under ``PREFILTER``)."""
+
+    def plugin(self, node: str) -> str:
+        """The plugin that rejected ``node`` (or the PreFilter's), "?" if none is named."""
+        return self.plugins.get(node) or "?"
+
+
+PREFILTER = ""
+"""The key of the PreFilter's plugin in ``Answer.plugins`` (no node has this name)."""
 
 
 def kube_answer(result: Obj) -> Answer:
     pre = result.get("prefilter")
     nodes: dict[str, Verdict] = {}
+    plugins = {PREFILTER: pre.get("plugin") or ""} if pre else {}
     for name, r in (result.get("nodes") or {}).items():
         nodes[name] = None if r["feasible"] else (r["code"], frozenset(r.get("reasons") or ()))
+        if not r["feasible"]:
+            plugins[name] = r.get("plugin") or ""
     return Answer(
         prefilter=(pre["code"], frozenset(pre["reasons"] or ())) if pre else None,
         nodes=nodes,
+        plugins=plugins,
         message=histogram(result.get("message") or ""),
         error=result.get("error") or "",
     )
@@ -1057,8 +1040,10 @@ def _fit(hosts: Hosts, incoming: PodSpec, names: list[str]) -> Answer:
             prefilter=verdict,
             nodes=dict.fromkeys(names, verdict),
             message=histogram(prep.message()),
+            plugins={PREFILTER: prep.plugin},
         )
     nodes: dict[str, Verdict] = {}
+    plugins: dict[str, str] = {}
     rejected = []
     for name in names:
         status = prep.filter(hosts.nodes[name])  # type: ignore[index]
@@ -1067,8 +1052,9 @@ def _fit(hosts: Hosts, incoming: PodSpec, names: list[str]) -> Answer:
             continue
         rejected.append(status)
         nodes[name] = (CODE_NAMES[status.code], frozenset(r.text() for r in status.reasons))
+        plugins[name] = status.plugin
     message = "" if len(rejected) < len(names) else counted(rejected, len(names)).message()
-    return Answer(nodes=nodes, message=histogram(message))
+    return Answer(nodes=nodes, message=histogram(message), plugins=plugins)
 
 
 @dataclass(frozen=True)
@@ -1086,28 +1072,31 @@ def compare(kube: Answer, tessera: Answer) -> list[Disagreement]:
     if tessera.error:
         return [Disagreement("Tessera raised", tessera=tessera.error)]
     if kube.prefilter is not None or tessera.prefilter is not None:
-        if kube.prefilter == tessera.prefilter:
+        kp, tp = kube.plugin(PREFILTER), tessera.plugin(PREFILTER)
+        if kube.prefilter == tessera.prefilter and kp == tp:
             out = []
         else:
-            side = kube.prefilter or tessera.prefilter
-            assert side is not None
-            cat = f"{plugin_of(side[1])}: PreFilter rejection differs"
+            cat = f"{kp if kube.prefilter else tp}: PreFilter rejection differs"
+            if kube.prefilter == tessera.prefilter:
+                cat = f"{kp} (kube) vs {tp} (Tessera): PreFilter plugin differs"
             out = [Disagreement(cat, kube=_show(kube.prefilter), tessera=_show(tessera.prefilter))]
     else:
         out = []
         for name, k in kube.nodes.items():
             t = tessera.nodes.get(name)
-            if k == t:
+            kp, tp = kube.plugin(name), tessera.plugin(name)
+            if k == t and (k is None or kp == tp):
                 continue
             if t is None:
-                cat = f"{plugin_of(k[1])}: kube rejects, Tessera accepts"  # type: ignore[index]
+                cat = f"{kp}: kube rejects, Tessera accepts"
             elif k is None:
-                cat = f"{plugin_of(t[1])}: Tessera rejects, kube accepts"
+                cat = f"{tp}: Tessera rejects, kube accepts"
+            elif kp != tp:
+                cat = f"{kp} (kube) vs {tp} (Tessera)"
             elif k[1] != t[1]:
-                kp, tp = plugin_of(k[1]), plugin_of(t[1])
-                cat = f"{kp}: reasons differ" if kp == tp else f"{kp} (kube) vs {tp} (Tessera)"
+                cat = f"{kp}: reasons differ"
             else:
-                cat = f"{plugin_of(k[1])}: code differs"
+                cat = f"{kp}: code differs"
             out.append(Disagreement(cat, name, _show(k), _show(t)))
     if not out and kube.message != tessera.message:
         out.append(Disagreement("message", kube=kube.message, tessera=tessera.message))
@@ -1405,10 +1394,16 @@ def compare_devices(
         if f is not None or rest:
             if k is not None and f is not None and rest == f[1] and (devices or k[0] == f[0]):
                 continue
-            if devices and not rest and f is not None and plugin_of(f[1]) not in BEFORE_DEVICES:
+            decided = t.filters.plugin(name)
+            if devices and not rest and f is not None and decided not in BEFORE_DEVICES:
                 continue  # kube stopped at NodeResourcesFit, before Tessera's plugin
             kube_side = (k[0], rest) if k is not None and rest else (None if devices else k)
-            out.extend(compare(Answer(nodes={name: kube_side}), Answer(nodes={name: f})))
+            out.extend(
+                compare(
+                    Answer(nodes={name: kube_side}, plugins={name: kube.plugin(name)}),
+                    Answer(nodes={name: f}, plugins={name: decided}),
+                )
+            )
             continue
         if (k is None) == (full is None):
             continue
@@ -1472,7 +1467,7 @@ KUBE_SCORE_ERROR = "kube's scoring fails the cycle (preferred Gt/Lt not an integ
 
 def replace_error(answer: Answer) -> Answer:
     """``answer`` without its error (the filters' verdicts stand)."""
-    return Answer(answer.prefilter, answer.nodes, answer.message)
+    return Answer(answer.prefilter, answer.nodes, answer.message, plugins=answer.plugins)
 
 
 @dataclass

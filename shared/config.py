@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from shared.core.framework import Plugins, Profile, ProfileError
 from shared.core.model import Policy, PosInt
 from shared.core.request import RequestParser
 from shared.core.shards import Shard, Shards
@@ -154,6 +155,18 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     most 8. Pods and gangs go to the shards they may run in, spread by a hash of their
     name; a gang no single shard fits is placed across shards all-or-nothing. Inter-pod
     (anti-)affinity and topology spread see one shard's pods only (docs/sharding.md)."""
+
+    plugins: Plugins = msgspec.field(default_factory=Plugins)
+    """The scheduling profile's filters and scores, written as a
+    ``KubeSchedulerConfiguration`` profile's ``plugins`` (``filter`` and ``score``, each
+    with ``enabled`` and ``disabled``, a score with its ``weight``) over kube-scheduler's
+    defaults: e.g. ``score: {enabled: [{name: NodeAffinity, weight: 5}]}``, or
+    ``filter: {disabled: [{name: NodePorts}]}``. Plugins are those of
+    shared/core/plugins/ (docs/plugins.md); an unknown name stops the service at start."""
+
+    def profile(self) -> Profile:
+        """``plugins`` over the defaults, as the core runs them (shared/core/framework.py)."""
+        return Profile.build(self.plugins)
 
     def shard_pools(self) -> Shards:
         """``shards`` as the core routes by them (shared/core/shards.py)."""
@@ -308,8 +321,16 @@ class SecurityConfig(_Cfg, frozen=True, kw_only=True):
     with: the binder signs each grant it writes on a pod, and the allocator's rebuild and
     the node agents believe a ``tessera.io/grant`` only with a valid signature, so a user
     who writes one by hand gets no device. Mount it from a Secret shared by the
-    device-allocator, the binder and the node agents. Empty: grants are neither signed
-    nor checked (a warning at start)."""
+    device-allocator, the binder and the node agents (``tessera-grant-key``, made by
+    ``tessera secrets``; deploy/kustomize/base mounts it). Empty: those services refuse
+    to start (:func:`check_grant_key`), unless ``unsignedGrants``."""
+    unsigned_grants: bool = False
+    """Let the services that sign or check grants run without ``grantKeyFile``: grants
+    are then neither signed nor checked (the binder warns at start), so anyone who may
+    write a pod's annotations can give it devices. Only for a local development cluster
+    whose users are all trusted; the local cluster of ``tessera dev up``, ``tessera
+    demo`` and the tests gets a key all the same (tools/cli.py ``dev_config``). With a
+    key set it changes nothing."""
 
 
 class WebhookConfig(_Cfg, frozen=True, kw_only=True):
@@ -474,6 +495,10 @@ def _check(cfg: Config) -> None:
     one role, in one place; node names unique."""
     if not cfg.scheduler.names:
         raise ConfigError("`$.scheduler.names` is empty: name at least one schedulerName")
+    try:
+        cfg.scheduler.profile()
+    except ProfileError as exc:
+        raise ConfigError(f"`$.scheduler.plugins`: {exc}") from None
     wrong = _out_of_range(msgspec.to_builtins(cfg))
     if wrong is not None:
         raise ConfigError(wrong)
@@ -593,6 +618,13 @@ def request_parser(cfg: Config) -> RequestParser:
     )
 
 
+GRANT_KEY_HOLDERS = frozenset({"device-allocator", "binder", "node-agent"})
+"""The services that sign grants (the binder) or believe them only signed (the
+device-allocator's rebuild, the node agents; a simulating node agent runs under the same
+name): each mounts the grant key and refuses to start without one
+(:func:`check_grant_key`, called by shared/runtime.py ``main_entry``)."""
+
+
 def grant_key(cfg: Config) -> bytes | None:
     """The grant-signing key (``security.grantKeyFile``), or None when unset."""
     path = cfg.security.grant_key_file
@@ -605,6 +637,22 @@ def grant_key(cfg: Config) -> bytes | None:
     if len(key) < 16:
         raise ConfigError(f"security.grantKeyFile: {path} holds {len(key)} bytes; use 32 or more")
     return key
+
+
+def check_grant_key(cfg: Config, service: str) -> None:
+    """Refuse, with a ``ConfigError`` naming ``security.grantKeyFile``, to start
+    ``service`` when it is one of :data:`GRANT_KEY_HOLDERS` and has no key it can read,
+    unless ``security.unsignedGrants`` says unsigned grants are accepted (a local
+    development cluster)."""
+    if service not in GRANT_KEY_HOLDERS:
+        return
+    if grant_key(cfg) is None and not cfg.security.unsigned_grants:
+        raise ConfigError(
+            "security.grantKeyFile is not set: grants would be neither signed nor checked, "
+            "so anyone who may write a pod could give it devices. Set it to a file holding "
+            "the grant key (the Secret tessera-grant-key, made by `tessera secrets`), or, "
+            "on a local development cluster only, set security.unsignedGrants: true"
+        )
 
 
 def dump(cfg: Config) -> str:

@@ -564,7 +564,9 @@ def main_entry(
     argv: list[str] | None = None,
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> None:
-    """``python -m services.<name> [--config FILE] [service options]``: load and run."""
+    """``python -m services.<name> [--config FILE] [service options]``: load, check (the
+    service's options; its grant key, shared/config.py ``check_grant_key``) and run; a
+    config that fails a check exits at once, naming the key."""
     parser = argparse.ArgumentParser(prog=f"tessera {service.NAME}")
     parser.add_argument("--config", help="tessera.yaml (default: $TESSERA_CONFIG, else built-in)")
     parser.add_argument(
@@ -580,6 +582,7 @@ def main_entry(
     cfg = load_or_exit(f"tessera {service.NAME}", args.config)
     try:
         service.check_args(cfg, args)
+        config_module.check_grant_key(cfg, service.NAME)
     except config_module.ConfigError as exc:
         raise SystemExit(f"tessera {service.NAME}: {exc}") from None
     run_process(run_service(service, cfg, args=args))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -61,3 +63,29 @@ async def stand_in_api(serve: Serve) -> AsyncIterator[kube.Client]:
         kube.Client(client.Configuration(host=f"http://127.0.0.1:{port}"), 4) as api,
     ):
         yield api
+
+
+async def read_query(reader: asyncio.StreamReader) -> dict[str, list[str]]:
+    """The query of the next request on a stand-in API server's connection, parsed
+    (``parse_qs``); IncompleteReadError once the client has gone."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
+    return parse_qs(urlsplit(target).query)
+
+
+def answer(body: bytes) -> bytes:
+    """A whole 200 answer of a stand-in API server with the JSON ``body``; the
+    connection stays open."""
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    return head.encode() + b"\r\n\r\n" + body
+
+
+WATCH_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+"""The head of a stand-in API server's watch answer; each event follows as one chunk
+(``watch_event``), and an empty chunk (``0\\r\\n\\r\\n``) ends the watch."""
+
+
+def watch_event(kind: str, obj: dict[str, Any]) -> bytes:
+    """One watch event (``ADDED``, ``MODIFIED``...) of ``obj`` as the chunk that carries it."""
+    line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+    return b"%x\r\n%s\r\n" % (len(line), line)

@@ -682,7 +682,7 @@ def explain_text(
 def explain_query(cfg: Config, pod: dict[str, Any]) -> views.ExplainQuery | list[RequestError]:
     """The pod parsed as the watcher parses it (its request, node-fit spec and group),
     or the errors that make its request invalid."""
-    from services.watcher.service import pending_event
+    from services.watcher.translate import pending_event
     from shared import kube
     from shared.config import request_parser
     from shared.core.hosts import pod_spec

@@ -6,6 +6,10 @@ written there before its decision is published, and dropped once the pod is boun
 then holds the grant itself) or released. So a restarted allocator rebuilds exactly:
 node inventories (KV) + bound pods' grants + open reservations.
 
+Every grant a rebuild or a load makes goes through a ``Statement`` (shared/core/ledger.py):
+a load's all at once, a rebuild's one run between two yields to the event loop (no
+handler runs while one is open), so an error midway leaves no half-made step behind.
+
 Writes are group-committed: the reservations and drops that handlers ask for while a
 write is on its way go out together as the next write, one KV entry per batch of
 reservations (a burst of 32 decisions is one put, not 32). Each caller still returns
@@ -33,7 +37,7 @@ from shared.aio import GroupCommit
 from shared.bus import through_failover
 from shared.core import annotations as ann
 from shared.core.hosts import PodSpec, pod_spec
-from shared.core.ledger import Ledger, PodGrant
+from shared.core.ledger import Ledger, PodGrant, Statement
 from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.request import GROUP_NAME
 
@@ -165,8 +169,9 @@ def _parts(fresh: dict[PodUID, Reservation]) -> list[dict[PodUID, Reservation]]:
 class Reservations:
     """The open reservations: in memory and, group-committed, in the KV bucket."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue | None = None) -> None:
         self.kv = kv
+        """The bucket (``None`` until the allocator opens it at start)."""
         self.open: dict[PodUID, Reservation] = {}
         self.entries: dict[str, dict[PodUID, Reservation]] = {}
         """What each KV entry holds, as last written."""
@@ -215,15 +220,23 @@ class Reservations:
         self.writes += len(writes)
         await asyncio.gather(*writes)
 
+    @property
+    def bucket(self) -> KeyValue:
+        """The KV bucket, once opened."""
+        assert self.kv is not None, "the allocator opens the bucket at start"
+        return self.kv
+
     async def _put_entry(self, key: str) -> None:
         batch = Batch(reservations=tuple(self.entries[key].values()))
         data = msgspec.json.encode(batch)
-        await through_failover(f"reservation {key}", lambda: self.kv.put(key, data))
+        kv = self.bucket
+        await through_failover(f"reservation {key}", lambda: kv.put(key, data))
 
     async def _delete(self, key: str) -> None:
         del self.entries[key]
+        kv = self.bucket
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-            await through_failover(f"reservation {key}", lambda: self.kv.delete(key))
+            await through_failover(f"reservation {key}", lambda: kv.delete(key))
 
     async def load(self, ledger: Ledger, mine: Callable[[NodeName], bool]) -> int:
         """Grant every stored reservation on a node of ``mine`` whose pod is not bound
@@ -231,9 +244,11 @@ class Reservations:
         its latest. Each entry is rewritten with only what is still open (a record of a
         pod bound since must not come back once that pod is gone), or deleted when
         nothing is. Another shard's records (a node that moved between shards) are kept
-        as they are; an entry with only those is left alone."""
+        as they are; an entry with only those is left alone. The grants are made in one
+        statement: all of them or, on an error, none."""
+        kv = self.bucket
         try:
-            keys = await self.kv.keys()
+            keys = await kv.keys()
         except nats.js.errors.NoKeysError:
             keys = []
         latest: dict[PodUID, tuple[str, Reservation]] = {}
@@ -242,7 +257,7 @@ class Reservations:
         done: list[str] = []
         for key in keys:
             try:
-                entry = await self.kv.get(key)
+                entry = await kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 continue
             if not entry.value:
@@ -263,10 +278,12 @@ class Reservations:
                 held = latest.get(r.grant.pod.uid)
                 if held is None or (held[1].attempt, held[1].at) < (r.attempt, r.at):
                     latest[r.grant.pod.uid] = (key, r)
-        for uid, (key, r) in latest.items():
-            if uid in ledger.pods:
-                continue  # bound meanwhile: the pod holds it now
-            ledger.grant(r.grant)
+        unbound = {uid: (key, r) for uid, (key, r) in latest.items() if uid not in ledger.pods}
+        with Statement(ledger) as st:  # the others were bound meanwhile: the pod holds it
+            for _, r in unbound.values():
+                st.grant(r.grant)
+            st.commit()
+        for uid, (key, r) in unbound.items():
             self.open[uid] = r
             self.entries[key][uid] = r
             self._entry_of[uid] = key
@@ -283,7 +300,7 @@ class Reservations:
             await self._put_entry(key)
         for key in done:
             with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-                await self.kv.delete(key)
+                await kv.delete(key)
         return len(self.open)
 
 
@@ -300,7 +317,8 @@ async def rebuild(
     requests and labels for node fit), or only on ``node``; their count, and the pods
     whose grant was forged. Read a page at a time, each page recorded while the API
     server writes the next, each pod decoded only as far as it is read
-    (``kube.list_pages``, ``kube.BoundPod``)."""
+    (``kube.list_pages``, ``kube.BoundPod``); each run of ``YIELD_EVERY`` pods is granted
+    in one statement (the module docstring)."""
     on = f"spec.nodeName={node}" if node else "spec.nodeName!="
     query = {"fieldSelector": f"{on},status.phase!=Succeeded,status.phase!=Failed"}
     stats = kube.ListStats()
@@ -308,20 +326,21 @@ async def rebuild(
     forged = []
     granted_s = 0.0
     async for page in kube.list_pages(api, "/api/v1/pods", kube.BoundPod, query, stats=stats):
-        began = time.monotonic()
-        for i, pod in enumerate(page):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                granted_s += time.monotonic() - began
+        for first in range(0, len(page), YIELD_EVERY):
+            if first:
                 await asyncio.sleep(0)  # the next page is read meanwhile (see YIELD_EVERY)
-                began = time.monotonic()
-            found = bound_grant(pod, managed, key, shapes)
-            if found is not None and mine(found[0].node):
-                grant, refused = found
-                ledger.grant(grant)
-                bound += 1
-                if refused:
-                    forged.append(grant)
-        granted_s += time.monotonic() - began
+            began = time.monotonic()
+            with Statement(ledger) as st:
+                for pod in page[first : first + YIELD_EVERY]:
+                    found = bound_grant(pod, managed, key, shapes)
+                    if found is not None and mine(found[0].node):
+                        grant, refused = found
+                        st.grant(grant)
+                        bound += 1
+                        if refused:
+                            forged.append(grant)
+                st.commit()
+            granted_s += time.monotonic() - began
     if not node:
         log.info("startup phase pod-list: %.2f s (%s)", stats.took_s(), stats)
         log.info(

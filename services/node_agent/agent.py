@@ -24,12 +24,14 @@ from pathlib import Path
 from kubernetes_asyncio.client import ApiException
 
 from services.node_agent.admission import KUBELET_CHECKPOINT, admitted_in_checkpoint
-from services.node_agent.deviceplugin.server import Desk, ResourceServer
-from services.node_agent.inventory import InventorySource, NvmlSource
+from services.node_agent.deviceplugin.allocation import Desk
+from services.node_agent.deviceplugin.server import ResourceServer
+from services.node_agent.inventory import InventorySource
 from services.node_agent.metrics import NodeMetrics
 from services.node_agent.mig import MigDriver, MigError, NvmlMig, changes_for, reconfigure
 from services.node_agent.mps import mps_cards
 from services.node_agent.mps.reader import MpsReader, with_state
+from services.node_agent.nvml import NvmlSource
 from services.node_agent.resources import count_resources
 from shared import events as ev
 from shared import kube

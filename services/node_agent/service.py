@@ -19,13 +19,9 @@ import socket
 from pathlib import Path
 
 from services.node_agent.agent import Agent, consumer_name
-from services.node_agent.inventory import (
-    AscendSource,
-    FileSource,
-    InventorySource,
-    NoDevices,
-    NvmlSource,
-)
+from services.node_agent.ascend import AscendSource
+from services.node_agent.inventory import FileSource, InventorySource, NoDevices
+from services.node_agent.nvml import NvmlSource
 from services.node_agent.simulate import Simulator, load_inventory
 from shared import events as ev
 from shared import kube

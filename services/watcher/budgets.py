@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from services.watcher.translate import TERMINAL
 from shared import events as ev
 from shared import kube
 from shared.core.disruption import Budgets, counted, read_budget
@@ -21,7 +22,6 @@ from shared.core.model import PodUID
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("Succeeded", "Failed")
 UNREADABLE = (KeyError, TypeError, ValueError, AttributeError)
 """What reading an object that is not shaped as its schema says raises."""
 

@@ -243,7 +243,7 @@ COMPAT_KEYS["hami"] |= {
     if key and "{model}" not in key
 }
 """(The roles ``allocated:<vendor>``... are written by :func:`hami_device_annotations`;
-listed here so that a pod may not bring its own: services/webhook/service.py.)"""
+listed here so that a pod may not bring its own: services/webhook/validation.py.)"""
 
 _grants_encoder = msgspec.json.Encoder()
 _grants_decoder = msgspec.json.Decoder(tuple[ContainerGrant, ...])

@@ -251,8 +251,11 @@ Lookup = Callable[[Key], Record | None]
 """The record of an object (None: it does not exist)."""
 
 
-def _wait(kind: str, detail: str, resource: str = "") -> Claims:
-    reason = Reason(kind=kind, code=UNRESOLVABLE, detail=detail, resource=resource, nodes=0)
+def _wait(plugin: str, kind: str, detail: str, resource: str = "") -> Claims:
+    """The pod waits on every node: ``plugin``'s PreFilter said why."""
+    reason = Reason(
+        kind=kind, code=UNRESOLVABLE, detail=detail, resource=resource, nodes=0, plugin=plugin
+    )
     return Claims(wait=reason)
 
 
@@ -286,9 +289,9 @@ def _claims(uses: Uses, read: Read) -> Claims:
     # DynamicResources' PreFilter: each claim allocated (and, for Tessera, reserved).
     for use, claim in zip((u for u in uses.claims if u.claim), claims, strict=True):
         if not claim.allocated:
-            return _wait("claim-unallocated", f"{uses.namespace}/{use.claim}")
+            return _wait("DynamicResources", "claim-unallocated", f"{uses.namespace}/{use.claim}")
         if uses.uid not in claim.reserved:
-            return _wait("claim-unreserved", f"{uses.namespace}/{use.claim}")
+            return _wait("DynamicResources", "claim-unreserved", f"{uses.namespace}/{use.claim}")
         if claim.nodes is not None:
             devices.append(claim.nodes)
     return Claims(volumes=volumes[0], zones=volumes[1], devices=tuple(devices))
@@ -300,18 +303,20 @@ def _resource_claims(uses: Uses, read: Read) -> list[ResourceClaim] | Claims:
     claims: list[ResourceClaim] = []
     for use in uses.claims:
         if use.unsupported:
-            return _wait("claim-unsupported", pod, use.name)
+            return _wait("DynamicResources", "claim-unsupported", pod, use.name)
         if use.pending:
-            return _wait("claim-not-created", pod)
+            return _wait("DynamicResources", "claim-not-created", pod)
         if not use.claim:
             continue
         claim = read("claim", use.claim)
         if not isinstance(claim, ResourceClaim):
-            return _wait("claim-missing", f"{uses.namespace}/{use.claim}")
+            return _wait("DynamicResources", "claim-missing", f"{uses.namespace}/{use.claim}")
         if claim.deleting:
-            return _wait("claim-deleting", use.claim)
+            return _wait("DynamicResources", "claim-deleting", use.claim)
         if use.template and claim.owner != uses.uid:
-            return _wait("claim-not-owned", f"{uses.namespace}/{use.claim}", pod)
+            return _wait(
+                "DynamicResources", "claim-not-owned", f"{uses.namespace}/{use.claim}", pod
+            )
         claims.append(claim)
     return claims
 
@@ -324,18 +329,22 @@ def _volumes(
     pod = f"{uses.namespace}/{uses.pod}"
     for volume in uses.volumes:  # VolumeRestrictions: claims written in the pod exist
         if not volume.ephemeral and not isinstance(read("pvc", volume.claim), PVC):
-            return _wait("pvc-missing", volume.claim)
+            return _wait("VolumeRestrictions", "pvc-missing", volume.claim)
     pvcs: list[PVC] = []
     for volume in uses.volumes:  # VolumeBinding: every claim usable ...
         pvc = read("pvc", volume.claim)
         if not isinstance(pvc, PVC):
-            return _wait("pvc-ephemeral" if volume.ephemeral else "pvc-missing", volume.claim)
+            return _wait(
+                "VolumeBinding",
+                "pvc-ephemeral" if volume.ephemeral else "pvc-missing",
+                volume.claim,
+            )
         if pvc.lost:
-            return _wait("pvc-lost", volume.claim, pvc.volume)
+            return _wait("VolumeBinding", "pvc-lost", volume.claim, pvc.volume)
         if pvc.deleting:
-            return _wait("pvc-deleting", volume.claim)
+            return _wait("VolumeBinding", "pvc-deleting", volume.claim)
         if volume.ephemeral and pvc.owner != uses.uid:
-            return _wait("pvc-not-owned", f"{uses.namespace}/{volume.claim}", pod)
+            return _wait("VolumeBinding", "pvc-not-owned", f"{uses.namespace}/{volume.claim}", pod)
         pvcs.append(pvc)
     delayed: list[tuple[VolumeUse, PVC]] = []
     for volume, pvc in zip(uses.volumes, pvcs, strict=True):  # ... and bound, or late
@@ -344,7 +353,7 @@ def _volumes(
         storage_class = read("class", pvc.storage_class) if pvc.storage_class else None
         late = isinstance(storage_class, StorageClass) and storage_class.delayed
         if not late or pvc.volume:
-            return _wait("pvc-unbound", "")
+            return _wait("VolumeBinding", "pvc-unbound", "")
         delayed.append((volume, pvc))
     # VolumeZone (claims written in the pod, not ephemeral ones): each bound one's volume
     # exists; its zone labels. VolumeBinding's filter reads every bound one's volume.
@@ -358,11 +367,13 @@ def _volumes(
         if volume.ephemeral:
             continue
         if not isinstance(pv, PV):
-            return _wait("pv-missing", pvc.volume)
+            return _wait("VolumeZone", "pv-missing", pvc.volume)
         zones.extend(pv.zones)
     if delayed:
         volume, pvc = delayed[0]
-        return _wait("pvc-delayed", f"{uses.namespace}/{volume.claim}", pvc.storage_class)
+        return _wait(
+            "VolumeBinding", "pvc-delayed", f"{uses.namespace}/{volume.claim}", pvc.storage_class
+        )
     bound = tuple(
         BoundVolume(missing=True) if (pv := found[p.volume]) is None else BoundVolume(pv.affinity)
         for p in pvcs

@@ -64,6 +64,9 @@ Picks = list[tuple[Dev, DeviceGrant]]
 class DeviceFamily(Protocol):
     """One way of sharing devices (see the module docstring for the contract)."""
 
+    name: str
+    """Its plugin name: what its reasons carry (``Reason.plugin``)."""
+
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]: ...
 
     def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]: ...
@@ -265,6 +268,8 @@ class _Family:
     """What every family shares: ``filter`` finds the node's devices of the request's
     pools (or says there are none) and hands them to the family's ``fit``."""
 
+    name = ""
+
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
         raise NotImplementedError
 
@@ -293,6 +298,8 @@ class SlicedFamily(_Family):
     ``numa``), or with ``topology-aware`` on a node whose cards report links the
     best-linked set (shared/core/topology.py).
     """
+
+    name = "DeviceShare"
 
     def __init__(self, specs: DeviceSpecs | None = None) -> None:
         self.uniform: frozenset[str] = frozenset(
@@ -573,6 +580,8 @@ class MigFamily(_Family):
     through ``nvidia.com/mig-<profile>`` takes existing instances of that profile only,
     never recutting a card (NVIDIA's plugin in ``migStrategy: mixed`` hands what exists)."""
 
+    name = "MIGInstances"
+
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
         if request.vendor != "nvidia" or request.kind != "vgpu":
             return ()
@@ -768,6 +777,8 @@ class TemplateFamily(_Family):
     """Ascend hard slicing (HAMi mode): memory rounds UP to the smallest template that fits;
     when no template fits but the card does, the whole card; several cards only whole."""
 
+    name = "AscendTemplates"
+
     def __init__(self, specs: DeviceSpecs) -> None:
         self.chips: dict[str, VnpuChip] = {c.chip_name: c for c in specs.vnpus}
 
@@ -834,6 +845,8 @@ class MindClusterFamily(_Family):
     """Ascend MindCluster (``huawei.com/npu-core``): AI cores, ``vnpu-level`` and
     ``vnpu-dvpp`` pick a 310P template; ``high`` degrades to the lighter template when
     AI CPUs are scarce; multiples of 8 cores are whole cards."""
+
+    name = "AscendCores"
 
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
         return (("ascend", "vnpu", request.chip or "310P3"),)

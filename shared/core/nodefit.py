@@ -7,74 +7,52 @@ placement: nodes by label, pods by (namespace, label), pods with required
 anti-affinity, per-constraint topology domains and, per pod shape, the nodes its
 Node-only filters rule out (both cached until a node changes).
 
-:meth:`Hosts.prepare` is kube-scheduler's PreFilter for one pod; the
-:class:`Prepared` it returns runs the Filter plugins on any node, in kube-scheduler's
-order, answering the first failure's :class:`~shared.core.status.Status` with the same
-reasons (text and resolvability) as the pinned release:
+:meth:`Hosts.prepare` runs the PreFilter of each filter plugin of the profile
+(shared/core/framework.py; the plugins are in shared/core/plugins/) once per pod; the
+:class:`Prepared` it returns is the pod's cycle state and runs the Filters that did not
+skip the pod on any node, in the profile's order, answering the first failure's
+:class:`~shared.core.status.Status`, with the same reasons (text and resolvability) as
+the pinned release and the deciding plugin's name. By default these are
+kube-scheduler's, in its order:
 
     NodeUnschedulable, NodeName, TaintToleration, NodeAffinity, NodePorts,
-    NodeResourcesFit, VolumeBinding, VolumeZone, PodTopologySpread, InterPodAffinity,
-    DynamicResources
+    NodeResourcesFit, VolumeRestrictions, VolumeBinding, VolumeZone, PodTopologySpread,
+    InterPodAffinity, DynamicResources
 
-(VolumeBinding, VolumeZone and DynamicResources on the pod's bound volumes and
+(VolumeRestrictions, VolumeBinding, VolumeZone and DynamicResources on the pod's bound volumes and
 allocated resource claims, as shared/core/claims.py read them: ``PodSpec.claims``, whose
-``wait`` is their PreFilter verdict) and scores a window of feasible nodes
-(``Prepared.score``). The differential test (bench/parity.py) compares this module node
-by node with kube-scheduler itself.
+``wait`` is their PreFilter verdict). ``Prepared.score`` weighs a window of feasible
+nodes by the profile's scores. The differential test (bench/parity.py) compares this
+node by node with kube-scheduler itself.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from msgspec.structs import replace
-
+from shared.core.framework import Profile
 from shared.core.hosts import (
     CPU,
-    EPHEMERAL,
-    GA_LABELS,
-    HOSTNAME,
     MEMORY,
     PODS,
-    UNSCHEDULABLE_TAINT,
-    ZONE_LABELS,
     AffinityTerm,
-    Claims,
     HostPort,
     NodeSpec,
     PodSpec,
     Selector,
-    SpreadConstraint,
     Taint,
 )
 from shared.core.model import NodeName, PodUID
-from shared.core.status import UNRESOLVABLE, UNSCHEDULABLE, Code, Reason, Status, fail
+from shared.core.plugins.node_affinity import OUTSIDE_NODE_SET
+from shared.core.plugins.pod_topology_spread import Spread
+from shared.core.status import Status
 
-# kube-scheduler's reasons, each as one constant Status (a node's first failure).
-NODE_UNSCHEDULABLE = fail(Reason(kind="node-unschedulable", code=UNRESOLVABLE))
-NODE_NAME = fail(Reason(kind="node-name", code=UNRESOLVABLE))
-TAINTED = fail(Reason(kind="taint", code=UNRESOLVABLE))
-NODE_AFFINITY = fail(Reason(kind="node-affinity", code=UNRESOLVABLE))
-OUTSIDE_NODE_SET = fail(Reason(kind="node-set", code=UNRESOLVABLE))
-NODE_PORTS = fail(Reason(kind="node-ports"))
-SPREAD = fail(Reason(kind="spread"))
-SPREAD_LABEL = fail(Reason(kind="spread-label", code=UNRESOLVABLE))
-POD_AFFINITY = fail(Reason(kind="pod-affinity", code=UNRESOLVABLE))
-POD_ANTI_AFFINITY = fail(Reason(kind="pod-anti-affinity"))
-EXISTING_ANTI_AFFINITY = fail(Reason(kind="existing-anti-affinity"))
-TOO_MANY_PODS = Reason(kind="too-many-pods")
-VOLUME_NODE = fail(Reason(kind="volume-node", code=UNRESOLVABLE))
-VOLUME_MISSING = fail(Reason(kind="volume-missing", code=UNRESOLVABLE))
-VOLUME_ZONE = fail(Reason(kind="volume-zone", code=UNRESOLVABLE))
-CLAIM_NODE = fail(Reason(kind="claim-node", code=UNRESOLVABLE))
-
-_UNSCHEDULABLE = Taint(UNSCHEDULABLE_TAINT, "", "NoSchedule")
 _NONE_RULED_OUT: frozenset[NodeName] = frozenset()
 RULED_OUT_SHAPES = 256
 """Pod shapes whose ruled-out nodes ``Hosts`` keeps at once (then it starts again)."""
-_BASIC = (CPU, MEMORY, EPHEMERAL)
+DEFAULT_PROFILE = Profile.build()
+"""kube-scheduler's default filters and scores (shared/core/framework.py)."""
 
 
 class HostNode:
@@ -164,9 +142,12 @@ class Hosts:
         self.full: set[NodeName] = set()
         self.refill: set[NodeName] = set()
         """Nodes whose fullness changed since the ledger last re-filed their devices."""
-        self._domains: dict[
+        self.profile = DEFAULT_PROFILE
+        """The filters and scores every pod meets (the allocator sets the config's)."""
+        self.domains: dict[
             tuple[object, ...], tuple[dict[str, set[NodeName]], dict[NodeName, str]]
         ] = {}
+        """PodTopologySpread's domains per pod shape, until a node changes."""
         self._ruled_out: dict[tuple[object, ...], frozenset[NodeName]] = {}
         """Per pod shape: the nodes its Node-only filters rule out (``Prepared.ruled_out``),
         until a node changes."""
@@ -202,7 +183,7 @@ class Hosts:
     def _node_changed(self) -> None:
         """A node's spec came, changed or went: what was derived from specs is stale."""
         self.version += 1
-        self._domains.clear()
+        self.domains.clear()
         self._ruled_out.clear()
 
     def drop_spec(self, name: NodeName) -> None:
@@ -355,149 +336,21 @@ class Hosts:
     # --- prefilter -------------------------------------------------------------------
 
     def prepare(self, pod: PodSpec) -> Prepared | Status:
-        """kube-scheduler's PreFilter for ``pod``: what its filters need, computed once;
-        or the unresolvable status that rejects every node at once."""
+        """kube-scheduler's PreFilter for ``pod``: each filter of the profile prepares
+        what it reads, once, and says whether it has anything to check; or the
+        unresolvable status that rejects every node at once."""
         prep = Prepared(self, pod)
-        names: set[str] | None = None
-        for term in pod.node_affinity or ():
-            if not term.pinned:
-                names = None
-                break
-            chosen = set(term.pinned[0])
-            for values in term.pinned[1:]:
-                chosen &= set(values)
-            names = chosen if names is None else names | chosen
-        if names is not None:
-            if not names:
-                return Status(
-                    code=Code.UNRESOLVABLE,
-                    reasons=(Reason(kind="affinity-conflict", code=UNRESOLVABLE, nodes=0),),
-                    nodes=sum(1 for h in self.nodes.values() if h.spec is not None),
-                )
-            prep.names = names
-        if pod.claims is not None and pod.claims.wait is not None:
-            return Status(
-                code=Code.UNRESOLVABLE,
-                reasons=(pod.claims.wait,),
-                nodes=sum(1 for h in self.nodes.values() if h.spec is not None),
-            )
-        prep.spread = tuple(self._spread(pod, c) for c in pod.spread if c.hard)
-        self._affinity(prep)
+        checks = []
+        for plugin in self.profile.filters:
+            answer = plugin.pre_filter(self, prep)
+            if isinstance(answer, Status):
+                return answer
+            if answer:
+                checks.append(plugin)
+        prep.checks = tuple(p.filter for p in checks)
+        prep.node_checks = tuple(p.filter for p in checks if p.node_only)
+        prep.unknown_checks = tuple(p.filter for p in checks if p.labels_only)
         return prep
-
-    def _domains_of(
-        self, pod: PodSpec, c: SpreadConstraint
-    ) -> tuple[dict[str, set[NodeName]], dict[NodeName, str]]:
-        """Topology domains of ``c.topology_key`` over the nodes ``pod`` counts on: those
-        with every hard constraint's key, passing the inclusion policies. Cached per pod
-        shape until a node changes."""
-        keys = tuple(sorted({x.topology_key for x in pod.spread if x.hard}))
-        sig = (
-            c.topology_key,
-            keys,
-            c.honor_affinity and (tuple(sorted(pod.node_selector.items())), pod.node_affinity),
-            c.honor_taints and pod.tolerations,
-        )
-        cached = self._domains.get(sig)
-        if cached is not None:
-            return cached
-        found: dict[str, set[NodeName]] = {}
-        values = self.label_nodes.get(c.topology_key, {})
-        for value, nodes in values.items():
-            for name in nodes:
-                labels = self.nodes[name].labels
-                if any(k not in labels for k in keys):
-                    continue
-                if c.honor_affinity and not pod.matches_node(name, labels):
-                    continue
-                spec = self.nodes[name].spec
-                if c.honor_taints and spec is not None and pod.tolerates(spec.taints) is not None:
-                    continue
-                found.setdefault(value, set()).add(name)
-        member = {n: v for v, nodes in found.items() for n in nodes}
-        self._domains[sig] = (found, member)
-        return found, member
-
-    def _spread(self, pod: PodSpec, c: SpreadConstraint) -> _Spread:
-        domains, member = self._domains_of(pod, c)
-        counts = dict.fromkeys(domains, 0)
-        if not c.selector.everything:
-            reqs = c.selector.requirements
-            # One pinned label: the index hands exactly its pods, no need to match again.
-            exact = len(reqs) == 1 and reqs[0].op == "In" and len(reqs[0].values) == 1
-            pods = self.pods
-            for uid in self.matching((pod.namespace,), c.selector):
-                node, other = pods[uid]
-                value = member.get(node)
-                if (
-                    value is not None
-                    and not other.terminating
-                    and (exact or c.selector.matches(other.labels))
-                ):
-                    counts[value] += 1
-        low = min(counts.values()) if len(counts) >= c.min_domains else 0
-        return _Spread(c, counts, low, 1 if c.selector.matches(pod.labels) else 0)
-
-    def _affinity(self, prep: Prepared) -> None:
-        pod = prep.pod
-        ns_labels = self.namespace_labels(pod.namespace)
-        existing: dict[tuple[str, str], int] = {}
-        for uid, node in self.anti_pods.items():
-            labels = self.nodes[node].labels
-            for t in self.pods[uid][1].anti_affinity:
-                if t.topology_key in labels and t.matches(pod.namespace, pod.labels, ns_labels):
-                    key = (t.topology_key, labels[t.topology_key])
-                    existing[key] = existing.get(key, 0) + 1
-        prep.existing_anti = existing
-        if not pod.affinity and not pod.anti_affinity:
-            return
-        affinity = [self._resolve(t) for t in pod.affinity]
-        anti = [self._resolve(t) for t in pod.anti_affinity]
-        aff: dict[tuple[str, str], int] = {}
-        if affinity:
-            seen: set[PodUID] = set()
-            for t in affinity:
-                for uid in self.matching(self.term_namespaces(t), t.selector):
-                    if uid in seen:
-                        continue
-                    seen.add(uid)
-                    node, other = self.pods[uid]
-                    if all(x.matches(other.namespace, other.labels, None) for x in affinity):
-                        labels = self.nodes[node].labels
-                        for x in affinity:
-                            if x.topology_key in labels:
-                                key = (x.topology_key, labels[x.topology_key])
-                                aff[key] = aff.get(key, 0) + 1
-        against: dict[tuple[str, str], int] = {}
-        for t in anti:
-            for uid in set(self.matching(self.term_namespaces(t), t.selector)):
-                node, other = self.pods[uid]
-                labels = self.nodes[node].labels
-                if t.topology_key in labels and t.matches(other.namespace, other.labels, None):
-                    key = (t.topology_key, labels[t.topology_key])
-                    against[key] = against.get(key, 0) + 1
-        prep.affinity, prep.anti = affinity, anti
-        prep.affinity_counts, prep.anti_counts = aff, against
-        prep.self_affine = not aff and all(
-            t.matches(pod.namespace, pod.labels, None) for t in affinity
-        )
-
-    def _resolve(self, term: AffinityTerm) -> AffinityTerm:
-        """The incoming pod's term with its namespace selector resolved to namespaces, as
-        kube-scheduler does: the selector still applies, against an empty label set (so
-        a selector of only NotIn/DoesNotExist matches pods in every namespace)."""
-        sel = term.namespace_selector
-        if sel.nothing or sel.everything:
-            return term
-        names = {n for n, labels in self.namespaces.items() if sel.matches(labels)}
-        names |= {
-            n
-            for n in self.ns_pods
-            if n not in self.namespaces and sel.matches(self.namespace_labels(n))
-        }
-        if not names - set(term.namespaces):
-            return term
-        return replace(term, namespaces=tuple(sorted({*term.namespaces, *names})))
 
 
 def _affine(pod: PodSpec) -> bool:
@@ -506,32 +359,38 @@ def _affine(pod: PodSpec) -> bool:
     )
 
 
-@dataclass(slots=True)
-class _Spread:
-    """One hard spread constraint, prepared: matching pods per domain and the minimum."""
-
-    c: SpreadConstraint
-    counts: dict[str, int]
-    low: int
-    own: int
+Check = Callable[["Prepared", HostNode], Status | None]
+"""A filter plugin's ``filter``, bound: one node's answer for the prepared pod."""
 
 
 @dataclass(slots=True)
 class Prepared:
-    """One pod's PreFilter results; :meth:`filter` answers for any node."""
+    """One pod's cycle state: what the PreFilters computed, and the filters that have
+    something to check for it; :meth:`filter` answers for any node."""
 
     hosts: Hosts
     pod: PodSpec
+    checks: tuple[Check, ...] = ()
+    """The profile's filters that do not skip this pod, in order."""
+    node_checks: tuple[Check, ...] = ()
+    """Those of ``checks`` that read the Node object alone (``FilterPlugin.node_only``)."""
+    unknown_checks: tuple[Check, ...] = ()
+    """Those that answer for a node whose Node object is unknown yet."""
     names: set[str] | None = None
-    """Only these nodes may take it (``matchFields`` on ``metadata.name``)."""
-    spread: tuple[_Spread, ...] = ()
+    """Only these nodes may take it (NodeAffinity: ``matchFields`` on
+    ``metadata.name``)."""
+    spread: tuple[Spread, ...] = ()
+    """PodTopologySpread: the hard constraints, counted."""
     affinity: list[AffinityTerm] = field(default_factory=list)
+    """InterPodAffinity: the required terms (namespaces resolved) and their counts per
+    (topology key, value); ``existing_anti``: other pods' anti-affinity against it."""
     anti: list[AffinityTerm] = field(default_factory=list)
     affinity_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     anti_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     existing_anti: dict[tuple[str, str], int] = field(default_factory=dict)
     self_affine: bool = False
-    _taints: dict[tuple[Taint, ...], bool] = field(default_factory=dict)
+    tolerated: dict[tuple[Taint, ...], bool] = field(default_factory=dict)
+    """TaintToleration: per distinct set of node taints, whether the pod tolerates it."""
     _ruled_out: frozenset[NodeName] | None = None
 
     def soft(self) -> bool:
@@ -547,60 +406,31 @@ class Prepared:
         )
 
     def filter(self, host: HostNode) -> Status | None:
-        """The first filter ``host`` fails, in kube-scheduler's order; None if it fits.
-        A node whose Node object is unknown yet takes the pod only on device terms (and
+        """The first filter ``host`` fails, in the profile's order; None if it fits. A
+        node whose Node object is unknown yet takes the pod only on device terms (and
         what its volumes and resource claims allow of a node without labels)."""
-        spec = host.spec
-        pod = self.pod
-        claims = pod.claims
-        if spec is None:
-            if claims is None:
-                return None
-            return _volumes(claims, _NO_LABELS) or _devices(claims, host.name, _NO_LABELS)
-        static = self._node_only(host.name, spec)
-        if static is not None:
-            return static
-        if pod.ports and _port_conflict(pod.ports, host.ports):
-            return NODE_PORTS
-        short = _resources(pod, host, spec)
-        if short is not None:
-            return short
-        if claims is not None and (refused := _volumes(claims, spec.labels)) is not None:
-            return refused
-        for s in self.spread:
-            key = s.c.topology_key
-            value = spec.labels.get(key)
-            if value is None:
-                return SPREAD_LABEL
-            low = s.low if len(s.counts) >= s.c.min_domains else 0
-            if s.counts.get(value, 0) + s.own - low > s.c.max_skew:
-                return SPREAD
-        refused = self._inter_pod(spec.labels)
-        if refused is not None or claims is None:
-            return refused
-        return _devices(claims, host.name, spec.labels)
-
-    def _node_only(self, name: str, spec: NodeSpec) -> Status | None:
-        """The filters that read the Node object alone (not what runs on it), in
-        kube-scheduler's order: the node set of ``matchFields``, NodeUnschedulable,
-        NodeName, TaintToleration, NodeAffinity."""
-        pod = self.pod
-        if self.names is not None and name not in self.names:
+        if host.spec is None:
+            for check in self.unknown_checks:
+                refused = check(self, host)
+                if refused is not None:
+                    return refused
+            return None
+        if self.names is not None and host.name not in self.names:
             return OUTSIDE_NODE_SET
-        if spec.unschedulable and not any(t.tolerates(_UNSCHEDULABLE) for t in pod.tolerations):
-            return NODE_UNSCHEDULABLE
-        if pod.node_name and pod.node_name != name:
-            return NODE_NAME
-        if spec.taints:
-            ok = self._taints.get(spec.taints)
-            if ok is None:
-                ok = self._taints[spec.taints] = pod.tolerates(spec.taints) is None
-            if not ok:
-                return TAINTED
-        if (pod.node_selector or pod.node_affinity is not None) and not pod.matches_node(
-            name, spec.labels
-        ):
-            return NODE_AFFINITY
+        for check in self.checks:
+            refused = check(self, host)
+            if refused is not None:
+                return refused
+        return None
+
+    def _node_only(self, host: HostNode) -> Status | None:
+        """The first refusal of the filters that read the Node object alone."""
+        if self.names is not None and host.name not in self.names:
+            return OUTSIDE_NODE_SET
+        for check in self.node_checks:
+            refused = check(self, host)
+            if refused is not None:
+                return refused
         return None
 
     def ruled_out(self) -> frozenset[NodeName]:
@@ -634,265 +464,20 @@ class Prepared:
             found = hosts._ruled_out[sig] = frozenset(
                 h.name
                 for h in hosts.nodes.values()
-                if h.spec is not None and self._node_only(h.name, h.spec) is not None
+                if h.spec is not None and self._node_only(h) is not None
             )
         return found
-
-    def _inter_pod(self, labels: Mapping[str, str]) -> Status | None:
-        counts = self.affinity_counts
-        exist = True
-        for t in self.affinity:
-            value = labels.get(t.topology_key)
-            if value is None:
-                return POD_AFFINITY
-            if counts.get((t.topology_key, value), 0) <= 0:
-                exist = False
-        if not exist and not self.self_affine:
-            return POD_AFFINITY
-        if self.anti_counts:
-            for t in self.anti:
-                value = labels.get(t.topology_key)
-                if value is not None and self.anti_counts.get((t.topology_key, value), 0) > 0:
-                    return POD_ANTI_AFFINITY
-        if self.existing_anti:
-            for item in labels.items():
-                if self.existing_anti.get(item, 0) > 0:
-                    return EXISTING_ANTI_AFFINITY
-        return None
 
     # --- scoring ---------------------------------------------------------------------
 
     def score(self, hosts: list[HostNode], policy: str) -> list[float]:
-        """kube-scheduler's weighted scores of the feasible ``hosts`` (0..1500 at most):
-        resources (least allocated for spread, most for binpack), balance, untolerated
-        PreferNoSchedule taints, preferred node affinity, preferred pod (anti-)affinity
-        and ScheduleAnyway spread."""
-        pod = self.pod
-        total = [_fit_score(pod, h, most=policy == "binpack") + _balance(pod, h) for h in hosts]
-        taints = [
-            sum(
-                1
-                for t in (h.spec.taints if h.spec else ())
-                if t.effect == "PreferNoSchedule"
-                and not any(
-                    x.tolerates(t) for x in pod.tolerations if x.effect in ("", "PreferNoSchedule")
-                )
-            )
-            for h in hosts
-        ]
-        _add_normalised(total, taints, 3, reverse=True)
-        if pod.preferred_nodes:
-            raw = [
-                sum(w.weight for w in pod.preferred_nodes if w.term.matches(h.name, h.labels))
-                for h in hosts
-            ]
-            _add_normalised(total, raw, 2)
-        _add_spread_scores(self, hosts, total)
-        _add_affinity_scores(self, hosts, total)
-        return total
-
-
-def _volumes(claims: Claims, labels: Mapping[str, str]) -> Status | None:
-    """VolumeBinding's filter on the pod's bound volumes (the first volume that exists
-    nowhere or whose node affinity the node's labels miss), then VolumeZone's (each
-    zone label of its volumes, on a node with any zone or region label)."""
-    for volume in claims.volumes:
-        if volume.missing:
-            return VOLUME_MISSING
-        terms = volume.affinity
-        if terms is not None and not any(t.matches_labels(labels) for t in terms):
-            return VOLUME_NODE
-    if claims.zones and any(k in labels for k in ZONE_LABELS):
-        for zone in claims.zones:
-            value = labels.get(zone.key)
-            if value is None:
-                value = labels.get(GA_LABELS.get(zone.key, zone.key))
-            if value is None or value not in zone.values:
-                return VOLUME_ZONE
-    return None
-
-
-def _devices(claims: Claims, name: str, labels: Mapping[str, str]) -> Status | None:
-    """DynamicResources' filter: every allocated claim's node selector takes the node."""
-    for terms in claims.devices:
-        if not any(t.matches(name, labels) for t in terms):
-            return CLAIM_NODE
-    return None
-
-
-def _port_conflict(wanted: tuple[HostPort, ...], used: list[HostPort]) -> bool:
-    for w in wanted:
-        for u in used:
-            if u.port != w.port or u.protocol != w.protocol:
+        """The profile's weighted scores of the feasible ``hosts``: each score plugin's
+        0 to 100 per node times its weight, summed in the profile's order."""
+        total = [0.0] * len(hosts)
+        for plugin, weight in self.hosts.profile.scores:
+            scores = plugin.score(self, hosts, policy)
+            if scores is None:
                 continue
-            if w.ip == "0.0.0.0" or u.ip == "0.0.0.0" or u.ip == w.ip:
-                return True
-    return False
-
-
-def _resources(pod: PodSpec, host: HostNode, spec: NodeSpec) -> Status | None:
-    """NodeResourcesFit: every resource short, in kube's order (pods, cpu, memory,
-    storage, then the others); unresolvable when a request exceeds what the node has."""
-    alloc = spec.allocatable
-    reasons: list[Reason] = []
-    unresolvable = False
-    if host.count + 1 > alloc.get(PODS, 0):
-        reasons.append(TOO_MANY_PODS)
-    used = host.requested
-    for name, want in pod.requests.items():
-        if want <= 0:
-            continue
-        have = alloc.get(name, 0)
-        free = have - used.get(name, 0)
-        if want > free:
-            big = want > have
-            unresolvable = unresolvable or big
-            reasons.append(
-                Reason(
-                    kind="insufficient",
-                    code=UNRESOLVABLE if big else UNSCHEDULABLE,
-                    resource=name,
-                    requested=want,
-                    free=free,
-                    capacity=have,
-                )
-            )
-    if not reasons:
-        return None
-    if len(reasons) > 1:
-        order = {r: i for i, r in enumerate((PODS, *_BASIC))}
-        reasons.sort(key=lambda r: order.get(r.resource or PODS, len(order)))
-    return Status(
-        code=Code.UNRESOLVABLE if unresolvable else Code.UNSCHEDULABLE, reasons=tuple(reasons)
-    )
-
-
-def _fit_score(pod: PodSpec, host: HostNode, *, most: bool) -> float:
-    """NodeResourcesFit's score (LeastAllocated, or MostAllocated for binpack), cpu and
-    memory weighted 1:1, on the requests scoring counts (defaults for unnamed ones)."""
-    spec = host.spec
-    if spec is None:
-        return 0.0
-    parts = []
-    for have, used, want in (
-        (spec.allocatable.get(CPU, 0), host.nonzero_cpu, pod.score_cpu),
-        (spec.allocatable.get(MEMORY, 0), host.nonzero_memory, pod.score_memory),
-    ):
-        if have <= 0:
-            continue
-        req = used + want
-        if most:
-            parts.append(min(req, have) * 100 // have)
-        else:
-            parts.append(0 if req > have else (have - req) * 100 // have)
-    return float(sum(parts) // len(parts)) if parts else 0.0
-
-
-def _balance(pod: PodSpec, host: HostNode) -> float:
-    """NodeResourcesBalancedAllocation (1.36: the change in balance, 50..100)."""
-    spec = host.spec
-    if spec is None or not (pod.requests.get(CPU) or pod.requests.get(MEMORY)):
-        return 0.0
-    before, after = [], []
-    for name in (CPU, MEMORY):
-        have = spec.allocatable.get(name, 0)
-        if have <= 0:
-            continue
-        used = host.requested.get(name, 0)
-        before.append(min(used / have, 1.0))
-        after.append(min((used + pod.requests.get(name, 0)) / have, 1.0))
-
-    def bal(fr: list[float]) -> int:
-        std = abs(fr[0] - fr[1]) / 2 if len(fr) == 2 else 0.0
-        return int((1 - std) * 100)
-
-    return float(50 + (50 + bal(after) - bal(before)) // 2)
-
-
-def _add_normalised(
-    total: list[float], raw: list[int], weight: int, *, reverse: bool = False
-) -> None:
-    top = max(raw, default=0)
-    for i, r in enumerate(raw):
-        if top <= 0:
-            score = 100 if reverse else 0
-        else:
-            score = 100 * r // top
-            score = 100 - score if reverse else score
-        total[i] += weight * score
-
-
-def _add_spread_scores(prep: Prepared, hosts: list[HostNode], total: list[float]) -> None:
-    """PodTopologySpread's ScheduleAnyway constraints: fewer matching pods in a node's
-    domain score higher (kube's weighting by the log of the domain count)."""
-    soft = [c for c in prep.pod.spread if not c.hard]
-    if not soft:
-        return
-    pod = prep.pod
-    raw: list[float] = []
-    keys = {c.topology_key for c in soft}
-    # domains counted over the feasible nodes carrying every key (the node count for
-    # the hostname key), as kube weighs them: bench/parity.py's scored cases
-    scored = [h.labels for h in hosts if all(k in h.labels for k in keys)]
-    sizes = {k: len(scored) if k == HOSTNAME else len({x[k] for x in scored}) for k in keys}
-    for h in hosts:
-        labels = h.labels
-        if any(k not in labels for k in keys):
-            raw.append(-1.0)
-            continue
-        score = 0.0
-        for c in soft:
-            counted = prep.hosts._spread(pod, c)
-            weight = math.log((sizes[c.topology_key] or 1) + 2)
-            score += counted.counts.get(labels[c.topology_key], 0) * weight + (c.max_skew - 1)
-        raw.append(float(round(score)))
-    valid = [r for r in raw if r >= 0]
-    low = min(valid, default=0.0)
-    high = max([*valid, 0.0])
-    for i, r in enumerate(raw):
-        if r < 0:
-            continue
-        total[i] += 2 * (100 if high == 0 else 100 * (high + low - r) // high)
-
-
-def _add_affinity_scores(prep: Prepared, hosts: list[HostNode], total: list[float]) -> None:
-    """InterPodAffinity's preferred terms (the pod's own, and existing pods' towards it)."""
-    pod = prep.pod
-    own = [(w.weight, w.term) for w in pod.preferred_affinity] + [
-        (-w.weight, w.term) for w in pod.preferred_anti_affinity
-    ]
-    index = prep.hosts
-    if not own and not index.affine_pods:
-        return
-    by_domain: dict[tuple[str, str], float] = {}
-
-    def add(term: AffinityTerm, node: NodeName, weight: float) -> None:
-        labels = index.nodes[node].labels
-        value = labels.get(term.topology_key)
-        if value is not None:
-            key = (term.topology_key, value)
-            by_domain[key] = by_domain.get(key, 0.0) + weight
-
-    ns_labels = index.namespace_labels(pod.namespace)
-    for weight, term in own:
-        for uid in set(index.matching(index.term_namespaces(term), term.selector)):
-            node, other = index.pods[uid]
-            if term.matches(other.namespace, other.labels, None):
-                add(term, node, weight)
-    for uid, node in index.affine_pods.items():
-        other = index.pods[uid][1]
-        for term in other.affinity:
-            if term.matches(pod.namespace, pod.labels, ns_labels):
-                add(term, node, 1)
-        for w in other.preferred_affinity:
-            if w.term.matches(pod.namespace, pod.labels, ns_labels):
-                add(w.term, node, w.weight)
-        for w in other.preferred_anti_affinity:
-            if w.term.matches(pod.namespace, pod.labels, ns_labels):
-                add(w.term, node, -w.weight)
-    if not by_domain:
-        return
-    raw = [sum(by_domain.get(item, 0.0) for item in h.labels.items()) for h in hosts]
-    low, high = min(raw), max(raw)
-    for i, r in enumerate(raw):
-        total[i] += 2 * (int(100 * (r - low) / (high - low)) if high > low else 0)
+            for i, score in enumerate(scores):
+                total[i] += weight * score
+        return total

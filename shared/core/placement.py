@@ -177,6 +177,7 @@ def _mode_mismatch(request: DeviceRequest, pod: PodRequest) -> Reason:
         code=UNRESOLVABLE,
         resource=request.resource,
         detail=str(pod.constraints.mode),
+        plugin="DeviceShare",
     )
 
 
@@ -338,7 +339,14 @@ class Placer:
         if busy:
             for channel, amount in keys_of_grants(ordered):
                 if (channel, amount) in busy:
-                    return fail(Reason(kind="admitting", resource=channel, requested=amount))
+                    return fail(
+                        Reason(
+                            kind="admitting",
+                            resource=channel,
+                            requested=amount,
+                            plugin="DeviceAdmission",
+                        )
+                    )
         return ordered
 
     def _reuse(
@@ -402,15 +410,18 @@ class Placer:
                 if r.units:  # what the kubelet will ask of the resource counted in units
                     return [(dev, msgspec.structs.replace(g, units=r.units)) for dev, g in found]
                 return found
+            if not found.plugin:
+                found = msgspec.structs.replace(found, plugin=family.name)
             if reason is None or (reason.unresolvable and not found.unresolvable):
                 reason = found
         if reason is None:
             # The node has none of the pools that could serve the request.
             if not routes:
                 return _mode_mismatch(r, request)
-            found = routes[0][1].filter(_EMPTY, r, request.constraints, ctx)
+            family = routes[0][1]
+            found = family.filter(_EMPTY, r, request.constraints, ctx)
             assert isinstance(found, Reason)
-            reason = found
+            reason = msgspec.structs.replace(found, plugin=found.plugin or family.name)
         return reason
 
     # --- one pod --------------------------------------------------------------------
@@ -426,7 +437,7 @@ class Placer:
         holder = self.reserved_nodes.get(node) if self.reserved_nodes else None
         if holder is None or holder == owner:
             return None
-        return fail(Reason(kind="held", detail=str(holder)))
+        return fail(Reason(kind="held", detail=str(holder), plugin="StarvationHold"))
 
     def _candidates(
         self,
@@ -460,6 +471,7 @@ class Placer:
         owner: GangKey | None = None,
         trial: bool = False,
         statement: Statement | None = None,
+        fragmentation_guard: int | None = None,
     ) -> Placement | Failure:
         """Place and reserve one pod, or say why not.
 
@@ -469,7 +481,12 @@ class Placer:
         node for the reasons of a failure. Given a ``statement``, the grant is made
         inside it (a gang's transaction). Every other call counts the pod's type in the
         workload FGD weighs, placed or not: waiting pods are demand too.
+        ``fragmentation_guard``, when given, is this call's window in place of
+        ``config.fragmentation_guard`` (the allocator's, narrowed while it is behind:
+        shared/core/pace.py).
         """
+        if fragmentation_guard is None:
+            fragmentation_guard = self.config.fragmentation_guard
         prep: Prepared | None = None
         if spec is not None:
             self.ledger.observe(spec)
@@ -491,7 +508,7 @@ class Placer:
         if primary is None:
             assert prep is not None  # a pod with no devices and no spec failed above
             rotation = self._rotation(owner, prep)
-            guarded = self.config.fragmentation_guard and not request.constraints.node_policy
+            guarded = fragmentation_guard and not request.constraints.node_policy
             if policy == "fgd" or guarded:
                 chosen = self._best_fgd(rotation, request, ctx, prep, rotate=True)
             else:
@@ -500,7 +517,7 @@ class Placer:
             walk = self._fgd_walk(request, primary, owner, self.config.fgd_candidates, prep)
             chosen = self._best_fgd(walk, request, ctx, prep)
         else:
-            guard = 0 if request.constraints.node_policy else self.config.fragmentation_guard
+            guard = 0 if request.constraints.node_policy else fragmentation_guard
             if guard and prep is not None and not prep.soft():
                 if policy == "binpack":
                     nodes = self._fgd_walk(request, primary, owner, guard, prep)
@@ -852,9 +869,11 @@ class Placer:
         owner: GangKey | None = None,
         trial: bool = False,
         statement: Statement | None = None,
+        fragmentation_guard: int | None = None,
     ) -> GangResult:
         """Place the first ``min_member`` members all together or none; extras if they fit.
-        Given a ``statement``, a placed gang's grants are committed into it."""
+        Given a ``statement``, a placed gang's grants are committed into it;
+        ``fragmentation_guard`` is each member's (see :meth:`place`)."""
         placed: list[Placement] = []
         failures: list[Failure] = []
         required = min(max(min_member, 1), len(members))
@@ -868,6 +887,7 @@ class Placer:
                     owner=owner,
                     trial=trial,
                     statement=gang,
+                    fragmentation_guard=fragmentation_guard,
                 )
                 if isinstance(result, Placement):
                     placed.append(result)

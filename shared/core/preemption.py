@@ -268,6 +268,7 @@ def plan(
     units: Sequence[VictimUnit],
     *,
     owner: GangKey | None = None,
+    fragmentation_guard: int | None = None,
 ) -> Plan | None:
     """The cheapest prefix-then-pruned set of ``units`` after whose removal the gang fits;
     None when even all of them are not enough. The ledger is left as it was: every
@@ -278,7 +279,12 @@ def plan(
     def fits() -> tuple[Placement, ...] | None:
         with Statement(ledger) as probe:
             result = placer.place_gang(
-                members, min_member, owner=owner, trial=True, statement=probe
+                members,
+                min_member,
+                owner=owner,
+                trial=True,
+                statement=probe,
+                fragmentation_guard=fragmentation_guard,
             )
         return tuple(result.placed) if result.ok else None
 

@@ -791,7 +791,7 @@ def _common_prefix(a: str, b: str) -> int:
 
 def missing_count(spec: VendorSpec, vendor: Vendor, asked: Sequence[str]) -> str:
     """Why a container asking ``asked`` of ``vendor`` and no device count is refused,
-    and the fix (the admission webhook adds the count: services/webhook/service.py)."""
+    and the fix (the admission webhook adds the count: services/webhook/mutation.py)."""
     what = ", ".join(asked)
     name = count_name(spec, asked)
     if not name:

@@ -12,7 +12,7 @@ gang's key, so gangs spread evenly over the shards and a retried gang starts whe
 did before. A shard that cannot place the gang whole passes it on; if no shard can,
 the gang's pods are placed across shards by a two-phase reservation (each shard holds
 what it can of the rest, the shard that completes ``minMember`` commits them all; the
-last one aborts them otherwise): services/device_allocator/service.py.
+last one aborts them otherwise): services/device_allocator/span.py.
 """
 
 from __future__ import annotations

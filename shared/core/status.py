@@ -221,6 +221,10 @@ class Reason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     capacity: int | None = None
     detail: str = ""
     nodes: NonNegInt = 1
+    plugin: str = ""
+    """The plugin that found it (kube-scheduler's name for its own filters, e.g.
+    ``NodeResourcesFit``; a device family's or Tessera's own for the rest): set by the
+    plugin, read by ``tessera explain``, metrics and the differential test."""
 
     def text(self) -> str:
         """The reason as people read it (the one place texts are made)."""
@@ -279,6 +283,16 @@ class Status(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     @property
     def unresolvable(self) -> bool:
         return self.code == Code.UNRESOLVABLE
+
+    @property
+    def plugin(self) -> str:
+        """The plugin that decided a per-node status (its first reason's), or ""."""
+        return self.reasons[0].plugin if self.reasons else ""
+
+    def plugins(self) -> frozenset[str]:
+        """Every plugin behind this status's reasons (kube-scheduler's
+        ``UnschedulablePlugins``: what a change must concern to make the pod fit)."""
+        return frozenset(r.plugin for r in self.reasons if r.plugin)
 
     def message(self) -> str:
         """What the pod's Event and condition say (kube-scheduler's shape)."""

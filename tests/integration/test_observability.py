@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.watcher.service import pending_event
+from services.watcher.translate import pending_event
 from shared import busauth, kube
 from shared.bus import ViewUnavailable, ask, connect
 from shared.config import NatsConfig, load, request_parser

@@ -44,6 +44,7 @@ def write_config(tmp_path: Path, nats_admin: NatsConfig, kubeconfig: Path) -> Pa
                 "nats": service_settings(nats_admin),
                 "kubernetes": {"kubeconfig": str(kubeconfig)},
                 "scheduler": {"leaderLeaseS": 3.0},
+                "security": {"unsignedGrants": True},  # a throwaway cluster: no grant key
             }
         )
     )

@@ -16,7 +16,8 @@ import grpc.aio
 import pytest
 
 from services.node_agent.deviceplugin import api_pb2 as pb
-from services.node_agent.deviceplugin.server import Desk, ResourceServer, list_size
+from services.node_agent.deviceplugin.allocation import Desk
+from services.node_agent.deviceplugin.server import ResourceServer, list_size
 from services.node_agent.resources import count_resources
 from shared.config import Config, NodeAgentConfig
 from shared.config import parse as parse_config

@@ -9,12 +9,11 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
 from shared import kube
-from tests.helpers import stand_in_api
+from tests.helpers import WATCH_HEAD, answer, read_query, stand_in_api, watch_event
 
 PATH = "/api/v1/pods"
 PAGES = 3
@@ -38,13 +37,6 @@ def page(n: int) -> bytes:
     return json.dumps({"kind": "PodList", "metadata": meta, "items": items}).encode()
 
 
-def answer(body: bytes) -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
-        len(body),
-        body,
-    )
-
-
 @contextlib.asynccontextmanager
 async def api_server(asked: list[dict[str, list[str]]]) -> AsyncIterator[kube.Client]:
     """Serves the list's pages by their continue token (noting each request's query);
@@ -53,15 +45,11 @@ async def api_server(asked: list[dict[str, list[str]]]) -> AsyncIterator[kube.Cl
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
-                query = parse_qs(urlsplit(target).query)
+                query = await read_query(reader)
                 asked.append(query)
                 if "watch" in query:
-                    event = {"type": "ADDED", "object": pod(99) | {"metadata": {"name": "w"}}}
-                    line = json.dumps(event).encode() + b"\n"
-                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    writer.write(WATCH_HEAD)
+                    writer.write(watch_event("ADDED", pod(99) | {"metadata": {"name": "w"}}))
                     await writer.drain()
                     await reader.read()
                     break

@@ -1,4 +1,4 @@
-"""The watcher's start (services/watcher/service.py ``Watcher.watch_pods``) against a
+"""The watcher's start (services/watcher/pods.py ``PodWatch.watch``) against a
 scripted API server on loopback: the pods on no node are listed alone and the pending
 ones announced at once; the pods are watched from that list on; the list of every pod
 waits until the backlog is bound, then the watch goes on from that list."""
@@ -11,14 +11,14 @@ import json
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from services.watcher import service as watcher
+from services.watcher import pods
+from services.watcher.service import Watcher
 from shared import events as ev
 from shared import kube
 from shared.config import Config
 from shared.metrics import Metrics
-from tests.helpers import stand_in_api
+from tests.helpers import WATCH_HEAD, answer, read_query, stand_in_api, watch_event
 
 PENDING_RV, FULL_RV = "10", "20"
 
@@ -41,11 +41,6 @@ def body(items: list[dict[str, Any]], rv: str) -> bytes:
     return json.dumps({"metadata": {"resourceVersion": rv}, "items": items}).encode()
 
 
-def answer(data: bytes) -> bytes:
-    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
-    return head.encode() + b"\r\n\r\n" + data
-
-
 @contextlib.asynccontextmanager
 async def api_server(
     asked: list[dict[str, list[str]]], done: asyncio.Event, binds: bool = True
@@ -58,9 +53,7 @@ async def api_server(
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
-                query = parse_qs(urlsplit(target).query)
+                query = await read_query(reader)
                 asked.append(query)
                 if "watch" not in query:
                     if query.get("fieldSelector") == ["spec.nodeName="]:
@@ -70,7 +63,7 @@ async def api_server(
                         writer.write(answer(body(items, FULL_RV)))
                     await writer.drain()
                     continue
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                writer.write(WATCH_HEAD)
                 if query["resourceVersion"] == [FULL_RV]:
                     done.set()
                 if query["resourceVersion"] == [PENDING_RV] and not binds:
@@ -78,9 +71,7 @@ async def api_server(
                     await writer.drain()
                     continue
                 if query["resourceVersion"] == [PENDING_RV]:
-                    event = {"type": "MODIFIED", "object": pod("waiting", "n1", "11")}
-                    line = json.dumps(event).encode() + b"\n"
-                    writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    writer.write(watch_event("MODIFIED", pod("waiting", "n1", "11")))
                 await writer.drain()
                 await reader.read()  # held open until the client goes
                 break
@@ -108,10 +99,10 @@ async def test_the_backlog_is_announced_first_and_every_pod_listed_once_it_is_bo
     )
     done = asyncio.Event()
     async with api_server(asked, done) as api:
-        w = watcher.Watcher(rt, api)  # type: ignore[arg-type]
+        w = Watcher(rt, api)  # type: ignore[arg-type]
         out = Announced(asked)
         w.out = out  # type: ignore[assignment]
-        task = asyncio.create_task(w.watch_pods())
+        task = asyncio.create_task(w.pods.watch(api))
         try:
             async with asyncio.timeout(10):
                 await done.wait()
@@ -122,7 +113,7 @@ async def test_the_backlog_is_announced_first_and_every_pod_listed_once_it_is_bo
     unplaced, first_watch, full, watch = asked[:4]
     assert unplaced["fieldSelector"] == ["spec.nodeName="]
     assert first_watch["resourceVersion"] == [PENDING_RV]
-    assert first_watch["timeoutSeconds"] == [str(watcher.WAIT_WATCH_S)]
+    assert first_watch["timeoutSeconds"] == [str(pods.WAIT_WATCH_S)]
     assert "fieldSelector" not in full
     assert full["limit"] == [str(kube.LIST_PAGE)]
     assert watch["resourceVersion"] == [FULL_RV]
@@ -134,24 +125,24 @@ async def test_the_backlog_is_announced_first_and_every_pod_listed_once_it_is_bo
         ("PodUpdated", "waiting", 2),
         ("PodUpdated", "old", 3),
     ]
-    assert w.relisted
-    assert w.placed is None
+    assert w.pods.relisted
+    assert w.pods.placed is None
 
 
 async def test_a_backlog_never_bound_holds_the_list_of_every_pod_for_a_while_only(
     monkeypatch: Any,
 ) -> None:
-    monkeypatch.setattr(watcher, "FULL_LIST_WAIT_S", 0.3)
+    monkeypatch.setattr(pods, "FULL_LIST_WAIT_S", 0.3)
     asked: list[dict[str, list[str]]] = []
     rt = SimpleNamespace(
         cfg=Config(), metrics=Metrics("test"), bus=None, spawn=None, service="watcher"
     )
     done = asyncio.Event()
     async with api_server(asked, done, binds=False) as api:
-        w = watcher.Watcher(rt, api)  # type: ignore[arg-type]
+        w = Watcher(rt, api)  # type: ignore[arg-type]
         out = Announced(asked)
         w.out = out  # type: ignore[assignment]
-        task = asyncio.create_task(w.watch_pods())
+        task = asyncio.create_task(w.pods.watch(api))
         try:
             async with asyncio.timeout(10):
                 await done.wait()

@@ -9,9 +9,12 @@ from typing import Any
 
 import msgspec
 import pytest
+import yaml
 
 from shared import config
 from shared.core.spec import names
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_accept_hami_and_volcano_names_at_once() -> None:
@@ -111,6 +114,22 @@ def test_env_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ({"telemetry": {"typo": 1}}, ["unknown field `typo`", "otlpEndpoint"]),
         ({"scheduler": {"names": []}}, ["`$.scheduler.names`", "at least one"]),
         ({"compat": {"annotations": "kueue"}}, ["`$.compat.annotations`", "hami", "volcano"]),
+        (
+            {"scheduler": {"plugins": {"filter": {"disabled": [{"name": "NodePortz"}]}}}},
+            ["`$.scheduler.plugins`", "'NodePortz'", "no such plugin"],
+        ),
+        (
+            {"scheduler": {"plugins": {"score": {"enabled": [{"name": "NodePorts"}]}}}},
+            ["`$.scheduler.plugins`", "'NodePorts' has no score extension point"],
+        ),
+        (
+            {
+                "scheduler": {
+                    "plugins": {"score": {"enabled": [{"name": "NodeAffinity", "weight": 0}]}}
+                }
+            },
+            ["`$.scheduler.plugins.score.enabled[0].weight`", ">= 1"],
+        ),
     ],
 )
 def test_bad_config_names_the_key_and_the_fix(data: dict[str, Any], expected: list[str]) -> None:
@@ -173,6 +192,109 @@ def test_a_service_refuses_to_start_on_a_malformed_config(tmp_path: Path) -> Non
     )
     assert proc.returncode != 0
     assert "$.scheduler.nodePolicy" in proc.stderr
+
+
+def test_a_service_signing_or_checking_grants_needs_a_key(tmp_path: Path) -> None:
+    """The binder, the device-allocator and the node agents refuse a config without
+    ``security.grantKeyFile`` (naming the key and the way out), unless
+    ``security.unsignedGrants`` is set; an unreadable key is refused too. The other
+    services never read the key."""
+    bare = config.Config()
+    for service in config.GRANT_KEY_HOLDERS:
+        with pytest.raises(config.ConfigError) as info:
+            config.check_grant_key(bare, service)
+        assert "security.grantKeyFile is not set" in str(info.value)
+        assert "security.unsignedGrants: true" in str(info.value)
+    for service in ("watcher", "gang-coordinator", "job-controller", "webhook"):
+        config.check_grant_key(bare, service)
+
+    unsigned = config.parse({"security": {"unsignedGrants": True}})
+    key = tmp_path / "grant.key"
+    key.write_text("k" * 64)
+    keyed = config.parse({"security": {"grantKeyFile": str(key)}})
+    gone = config.parse({"security": {"grantKeyFile": str(tmp_path / "absent.key")}})
+    for service in config.GRANT_KEY_HOLDERS:
+        config.check_grant_key(unsigned, service)
+        config.check_grant_key(keyed, service)
+        with pytest.raises(config.ConfigError, match=r"security\.grantKeyFile: cannot read"):
+            config.check_grant_key(gone, service)
+
+
+def test_the_key_holders_are_the_services_that_read_the_key() -> None:
+    from services.binder.service import Binder
+    from services.device_allocator.service import Allocator
+    from services.node_agent.service import NodeAgent
+
+    assert {Binder.NAME, Allocator.NAME, NodeAgent.NAME} == config.GRANT_KEY_HOLDERS
+
+
+@pytest.mark.parametrize("service", sorted(config.GRANT_KEY_HOLDERS))
+def test_a_service_refuses_to_start_without_a_grant_key(service: str, tmp_path: Path) -> None:
+    """At once, before it reaches the bus (nothing listens at this URL), one line naming
+    the key."""
+    f = tmp_path / "tessera.yaml"
+    f.write_text("nats:\n  url: nats://127.0.0.1:9\n")
+    module = "services." + service.replace("-", "_")
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--config", str(f)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"tessera {service}: security.grantKeyFile is not set"), (
+        proc.stderr
+    )
+
+
+def _shipped_workloads() -> list[dict[str, Any]]:
+    """Every Deployment and DaemonSet in deploy/kustomize (base and overlays), unrendered."""
+    docs = []
+    for path in sorted((REPO / "deploy/kustomize").rglob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    return [d for d in docs if d.get("kind") in ("Deployment", "DaemonSet")]
+
+
+def _shipped_configs() -> dict[str, dict[str, Any]]:
+    """Every tessera.yaml deploy/kustomize ships: files, and configMapGenerator literals."""
+    configs = {}
+    for path in sorted((REPO / "deploy/kustomize").rglob("tessera.yaml")):
+        configs[str(path.relative_to(REPO))] = yaml.safe_load(path.read_text())
+    for path in sorted((REPO / "deploy/kustomize").rglob("kustomization.yaml")):
+        for generator in yaml.safe_load(path.read_text()).get("configMapGenerator", []):
+            for literal in generator.get("literals", []):
+                name, _, text = literal.partition("=")
+                if name == "tessera.yaml":
+                    configs[str(path.relative_to(REPO))] = yaml.safe_load(text)
+    return configs
+
+
+def test_the_manifests_give_the_grant_key_to_every_service_that_needs_it() -> None:
+    """Each workload running a service of ``GRANT_KEY_HOLDERS`` (simulated nodes too)
+    mounts the Secret tessera-grant-key, no other does, and every shipped config reads
+    the key from where it is mounted: the manifests start as they are."""
+    mounted_at = set()
+    for workload in _shipped_workloads():
+        pod = workload["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        args = container["args"]
+        keys = {
+            v["name"]
+            for v in pod.get("volumes", [])
+            if (v.get("secret") or {}).get("secretName") == "tessera-grant-key"
+        }
+        mounts = [m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in keys]
+        runs_a_holder = args[0] in config.GRANT_KEY_HOLDERS and args[1] == "--config"
+        assert bool(mounts) == runs_a_holder, workload["metadata"]["name"]
+        mounted_at.update(mounts)
+    assert len(mounted_at) == 1
+    configs = _shipped_configs()
+    assert len(configs) == 3  # base, overlays/dev (a literal), overlays/volcano-coexist
+    for where, data in configs.items():
+        cfg = config.parse(data)
+        assert not cfg.security.unsigned_grants, where
+        assert Path(cfg.security.grant_key_file).parent == Path(*mounted_at), where
 
 
 def test_every_placement_knob_is_read_from_the_scheduler_key() -> None:

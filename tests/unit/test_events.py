@@ -67,7 +67,7 @@ def test_the_job_controller_reads_job_events_only() -> None:
 
 
 def test_the_watcher_names_the_volcano_job_that_controls_a_pod() -> None:
-    from services.watcher.service import volcano_job
+    from services.watcher.translate import volcano_job
 
     owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "train"}
     assert volcano_job({"ownerReferences": [{**owner, "controller": True}]}) == "train"

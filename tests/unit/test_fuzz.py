@@ -58,18 +58,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.node_agent.admission import admitted_in_checkpoint
-from services.node_agent.inventory import (
-    HEALTHY_NPU,
-    UNREADABLE,
-    AscendSource,
-    FileSource,
-    parse_npu_smi,
-)
+from services.node_agent.ascend import HEALTHY_NPU, UNREADABLE, AscendSource, parse_npu_smi
+from services.node_agent.inventory import FileSource
 from services.node_agent.simulate import expand, load_inventory
-from services.watcher.service import (
+from services.watcher.mirrors import Mirror
+from services.watcher.service import Watcher
+from services.watcher.translate import (
     MAX_DEPTH,
-    Mirror,
-    Watcher,
     job_event,
     pending_event,
     podgroup_event,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from services.node_agent.inventory import AscendSource, NvmlSource, numa_of, parse_npu_smi
+from services.node_agent.ascend import AscendSource, parse_npu_smi
+from services.node_agent.nvml import NvmlSource, numa_of
 from shared.config import Config
 from tests.unit.fake_nvml import DATA, FakeNvml
 

@@ -1,6 +1,7 @@
-"""A Volcano Job's life (services/job_controller/lifecycle.py), each case as Volcano's
-job controller leads it (``pkg/controllers/job``: its state machine, its pod handlers'
-events, applyPolicies): phases, counts, kills, restarts, dependsOn."""
+"""A Volcano Job's life (services/job_controller/: lifecycle.py, policies.py, status.py,
+podview.py), each case as Volcano's job controller leads it (``pkg/controllers/job``:
+its state machine, its pod handlers' events, applyPolicies): phases, counts, kills,
+restarts, dependsOn."""
 
 from __future__ import annotations
 
@@ -8,10 +9,20 @@ from dataclasses import replace
 from typing import Any
 
 from services.job_controller import lifecycle as lc
+from services.job_controller import policies as po
+from services.job_controller.podview import (
+    JOB_NAME,
+    JOB_VERSION,
+    TASK_INDEX,
+    TASK_SPEC,
+    PodView,
+    read_pod,
+)
+from services.job_controller.status import Status, merge_patch, read_status
 from shared.core import vcjob
 
 NOW = "2026-01-01T00:00:00Z"
-SYNC = lc.Decision(lc.SYNC)
+SYNC = po.Decision(po.SYNC)
 
 
 def spec(**more: Any) -> vcjob.JobSpec:
@@ -26,16 +37,16 @@ def spec(**more: Any) -> vcjob.JobSpec:
     return vcjob.read(raw)
 
 
-def pod(task: str, index: int, phase: str = "Running", **more: Any) -> lc.PodView:
+def pod(task: str, index: int, phase: str = "Running", **more: Any) -> PodView:
     name = vcjob.pod_name("job", task, index)
-    return lc.PodView("ns", name, f"uid-{name}", "job", "j1", task, index, 0, phase, **more)
+    return PodView("ns", name, f"uid-{name}", "job", "j1", task, index, 0, phase, **more)
 
 
-def pods(*views: lc.PodView) -> dict[str, lc.PodView]:
+def pods(*views: PodView) -> dict[str, PodView]:
     return {v.name: v for v in views}
 
 
-def every(phase: str = "Running", **more: Any) -> dict[str, lc.PodView]:
+def every(phase: str = "Running", **more: Any) -> dict[str, PodView]:
     return pods(
         pod("ps", 0, phase, **more),
         pod("worker", 0, phase, **more),
@@ -45,15 +56,15 @@ def every(phase: str = "Running", **more: Any) -> dict[str, lc.PodView]:
 
 def step(
     job: vcjob.JobSpec,
-    status: lc.Status,
-    views: dict[str, lc.PodView],
-    decision: lc.Decision = SYNC,
+    status: Status,
+    views: dict[str, PodView],
+    decision: po.Decision = SYNC,
 ) -> lc.Plan:
     return lc.step("job", job, status, views, decision, NOW)
 
 
 def test_a_new_job_creates_its_pods_and_waits_pending() -> None:
-    plan = step(spec(), lc.Status(), {})
+    plan = step(spec(), Status(), {})
     assert plan.create == (("ps", 0), ("worker", 0), ("worker", 1))
     assert plan.setup
     assert (plan.status.phase, plan.status.pending, plan.status.min_available) == ("Pending", 3, 3)
@@ -62,14 +73,14 @@ def test_a_new_job_creates_its_pods_and_waits_pending() -> None:
 
 def test_pending_becomes_running_once_min_available_pods_run_or_finished() -> None:
     """pendingState: minAvailable <= running + succeeded + failed."""
-    status = lc.Status(phase="Pending")
+    status = Status(phase="Pending")
     views = pods(pod("ps", 0), pod("worker", 0, "Succeeded"), pod("worker", 1, "Pending"))
     assert step(spec(), status, views).status.phase == "Pending"
     assert step(spec(minAvailable=2), status, views).status.phase == "Running"
 
 
 def test_running_completes_when_every_pod_finished_and_min_available_succeeded() -> None:
-    status = lc.Status(phase="Running")
+    status = Status(phase="Running")
     done = step(spec(minAvailable=2), status, every("Succeeded") | pods(pod("ps", 0, "Failed")))
     assert done.status.phase == "Completed"
     assert (done.status.succeeded, done.status.failed) == (2, 1)
@@ -82,7 +93,7 @@ def test_a_task_below_its_min_available_fails_the_job() -> None:
     """runningState: with minAvailable >= the tasks' together, every task must have its
     minAvailable pods succeeded."""
     views = every("Succeeded") | pods(pod("worker", 1, "Failed"))
-    assert step(spec(), lc.Status(phase="Running"), views).status.phase == "Failed"
+    assert step(spec(), Status(phase="Running"), views).status.phase == "Failed"
 
 
 def test_min_success_completes_the_job_and_kills_the_rest() -> None:
@@ -90,7 +101,7 @@ def test_min_success_completes_the_job_and_kills_the_rest() -> None:
     what still runs on its next sync."""
     job = spec(minSuccess=1)
     views = every() | pods(pod("ps", 0, "Succeeded"))
-    plan = step(job, lc.Status(phase="Running"), views)
+    plan = step(job, Status(phase="Running"), views)
     assert plan.status.phase == "Completed"
     after = step(job, plan.status, views)
     assert after.kill == ("job-worker-0", "job-worker-1")
@@ -102,7 +113,7 @@ def test_min_success_completes_the_job_and_kills_the_rest() -> None:
 
 def test_running_goes_back_to_pending_when_too_many_pods_wait() -> None:
     views = pods(pod("ps", 0, "Pending"), pod("worker", 0, "Pending"), pod("worker", 1))
-    assert step(spec(minAvailable=2), lc.Status(phase="Running"), views).status.phase == "Pending"
+    assert step(spec(minAvailable=2), Status(phase="Running"), views).status.phase == "Pending"
 
 
 def test_restart_job_kills_every_pod_and_counts_a_retry() -> None:
@@ -110,7 +121,7 @@ def test_restart_job_kills_every_pod_and_counts_a_retry() -> None:
     the old pods are gone the Job is Pending and makes them anew."""
     job = spec(maxRetry=3)
     views = every() | pods(pod("worker", 1, "Failed"))
-    plan = step(job, lc.Status(phase="Running"), views, lc.Decision("RestartJob"))
+    plan = step(job, Status(phase="Running"), views, po.Decision("RestartJob"))
     assert plan.kill == ("job-ps-0", "job-worker-0", "job-worker-1")
     assert (plan.status.phase, plan.status.retry_count, plan.status.version) == (
         "Restarting",
@@ -132,7 +143,7 @@ def test_the_last_retry_keeps_the_finished_pods_and_max_retry_fails_the_job() ->
     maxRetry - 1); restartingState fails the Job once retryCount reaches maxRetry."""
     job = spec(maxRetry=2)
     views = every() | pods(pod("worker", 1, "Failed"))
-    plan = step(job, lc.Status(phase="Running", retry_count=1), views, lc.Decision("RestartJob"))
+    plan = step(job, Status(phase="Running", retry_count=1), views, po.Decision("RestartJob"))
     assert plan.kill == ("job-ps-0", "job-worker-0")  # the failed pod stays to be read
     assert plan.status.retry_count == 2
     assert step(job, plan.status, {}).status.phase == "Failed"
@@ -143,12 +154,12 @@ def test_abort_then_resume() -> None:
     Aborted; ResumeJob restarts it (retryCount + 1)."""
     job = spec()
     views = every() | pods(pod("ps", 0, "Succeeded"))
-    plan = step(job, lc.Status(phase="Running"), views, lc.Decision("AbortJob"))
+    plan = step(job, Status(phase="Running"), views, po.Decision("AbortJob"))
     assert (plan.kill, plan.status.phase) == (("job-worker-0", "job-worker-1"), "Aborting")
     left = pods(pod("ps", 0, "Succeeded"))
     aborted = step(job, plan.status, left)
     assert aborted.status.phase == "Aborted"
-    resumed = step(job, aborted.status, left, lc.Decision("ResumeJob"))
+    resumed = step(job, aborted.status, left, po.Decision("ResumeJob"))
     assert (resumed.status.phase, resumed.status.retry_count) == ("Restarting", 1)
 
 
@@ -157,7 +168,7 @@ def test_complete_and_terminate_wait_for_the_pods_to_go() -> None:
         ("CompleteJob", "Completing", "Completed"),
         ("TerminateJob", "Terminating", "Terminated"),
     ):
-        plan = step(spec(), lc.Status(phase="Running"), every(), lc.Decision(action))
+        plan = step(spec(), Status(phase="Running"), every(), po.Decision(action))
         assert plan.status.phase == then
         dying = {n: replace(v, deleting=True) for n, v in every().items()}
         assert step(spec(), plan.status, dying).status.phase == then
@@ -167,12 +178,12 @@ def test_complete_and_terminate_wait_for_the_pods_to_go() -> None:
 def test_restart_task_pod_and_partition_kill_only_their_target() -> None:
     """KillTarget: a task's pods, one pod, or the pods of one partition of a task; the
     PodGroup stays (no teardown, no new version)."""
-    status = lc.Status(phase="Running")
-    task = step(spec(), status, every(), lc.Decision("RestartTask", task="worker"))
+    status = Status(phase="Running")
+    task = step(spec(), status, every(), po.Decision("RestartTask", task="worker"))
     assert task.kill == ("job-worker-0", "job-worker-1")
     assert (task.teardown, task.status.version, task.status.phase) == (False, 0, "Restarting")
     one = step(
-        spec(), status, every(), lc.Decision("RestartPod", task="worker", pod="job-worker-1")
+        spec(), status, every(), po.Decision("RestartPod", task="worker", pod="job-worker-1")
     )
     assert one.kill == ("job-worker-1",)
     parted = vcjob.read(
@@ -189,7 +200,7 @@ def test_restart_task_pod_and_partition_kill_only_their_target() -> None:
     )
     views = pods(*(pod("worker", i) for i in range(4)))
     part = step(
-        parted, status, views, lc.Decision("RestartPartition", task="worker", pod="job-worker-3")
+        parted, status, views, po.Decision("RestartPartition", task="worker", pod="job-worker-3")
     )
     assert part.kill == ("job-worker-2", "job-worker-3")
 
@@ -207,7 +218,7 @@ def test_depends_on_waits_for_ready_or_succeeded_pods() -> None:
         ],
     }
     job = vcjob.read(raw)
-    first = step(job, lc.Status(), {})
+    first = step(job, Status(), {})
     assert first.create == (("a", 0),)
     started = pods(pod("a", 0, "Running", ready=False))
     assert step(job, first.status, started).create == ()
@@ -221,7 +232,7 @@ def test_depends_on_waits_for_ready_or_succeeded_pods() -> None:
 
 def test_sync_deletes_pods_beyond_the_replicas_and_out_of_sync_ones() -> None:
     views = every() | pods(pod("worker", 2), pod("ps", 0, out_of_sync=True))
-    plan = step(spec(), lc.Status(phase="Running"), views)
+    plan = step(spec(), Status(phase="Running"), views)
     assert plan.kill == ("job-ps-0", "job-worker-2")
     assert plan.create == ()  # ps-0 is made again once it is gone
 
@@ -230,58 +241,58 @@ def test_pod_events_as_volcanos_pod_handlers_say() -> None:
     job = spec(tasks=[{"name": "worker", "replicas": 2, "template": {}, "maxRetry": 2}])
     running = pod("worker", 0)
     views = pods(running, pod("worker", 1))
-    assert lc.pod_event(job, None, pod("worker", 0, "Pending"), views).event == "PodPending"
-    failed = lc.pod_event(job, running, replace(running, phase="Failed", exit_code=3), views)
+    assert po.pod_event(job, None, pod("worker", 0, "Pending"), views).event == "PodPending"
+    failed = po.pod_event(job, running, replace(running, phase="Failed", exit_code=3), views)
     assert (failed.event, failed.exit_code, failed.task) == ("PodFailed", 3, "worker")
-    assert lc.pod_event(job, running, None, views).event == "PodEvicted"
+    assert po.pod_event(job, running, None, views).event == "PodEvicted"
     ours = replace(running, out_of_sync=True)
-    assert lc.pod_event(job, ours, None, views).event == "OutOfSync"
+    assert po.pod_event(job, ours, None, views).event == "OutOfSync"
     first = replace(running, phase="Succeeded")
-    assert lc.pod_event(job, running, first, pods(first, pod("worker", 1))).event == "OutOfSync"
+    assert po.pod_event(job, running, first, pods(first, pod("worker", 1))).event == "OutOfSync"
     both = pods(first, pod("worker", 1, "Succeeded"))
-    assert lc.pod_event(job, running, first, both).event == "TaskCompleted"
-    started = lc.pod_event(job, replace(running, phase="Pending"), running, views)
+    assert po.pod_event(job, running, first, both).event == "TaskCompleted"
+    started = po.pod_event(job, replace(running, phase="Pending"), running, views)
     assert started.event == "PodRunning"
     restarted = replace(running, restarts=2)
-    assert lc.pod_event(job, running, restarted, pods(restarted)).event == "TaskFailed"
+    assert po.pod_event(job, running, restarted, pods(restarted)).event == "TaskFailed"
 
 
 def test_decide_syncs_stale_and_internal_requests() -> None:
     """applyPolicies: internal events, a pod of a namesake Job and a pod of an older
     version only sync; a policy answers the rest."""
     job = spec(policies=[{"event": "PodFailed", "action": "RestartJob"}])
-    failed = lc.Request("PodFailed", "job-ps-0", "u", "ps", 1, version=2, job_uid="j1")
-    assert lc.decide(job, "j1", 2, failed).action == "RestartJob"
-    assert lc.decide(job, "j1", 3, failed).action == lc.SYNC  # an older version's pod
-    assert lc.decide(job, "j2", 2, failed).action == lc.SYNC  # a namesake's pod
-    assert lc.decide(job, "j1", 0, lc.Request("OutOfSync")).action == lc.SYNC
+    failed = po.Request("PodFailed", "job-ps-0", "u", "ps", 1, version=2, job_uid="j1")
+    assert po.decide(job, "j1", 2, failed).action == "RestartJob"
+    assert po.decide(job, "j1", 3, failed).action == po.SYNC  # an older version's pod
+    assert po.decide(job, "j2", 2, failed).action == po.SYNC  # a namesake's pod
+    assert po.decide(job, "j1", 0, po.Request("OutOfSync")).action == po.SYNC
     timed = spec(policies=[{"event": "PodPending", "action": "AbortJob", "timeout": "30s"}])
-    pending = lc.decide(timed, "j1", 0, lc.Request("PodPending", "job-ps-0", "u", "ps"))
+    pending = po.decide(timed, "j1", 0, po.Request("PodPending", "job-ps-0", "u", "ps"))
     assert (pending.action, pending.delay_s) == ("AbortJob", 30.0)
 
 
 def test_gang_broken_is_volcanos_unknown() -> None:
-    assert not lc.gang_broken(every())
+    assert not po.gang_broken(every())
     views = every() | pods(pod("worker", 1, "Pending", unschedulable=True))
-    assert lc.gang_broken(views)
+    assert po.gang_broken(views)
 
 
 def test_status_round_trips_and_patches_with_nulls() -> None:
-    status = lc.Status(phase="Running", running=2, tasks={"w": {"Running": 2}}, version=1)
+    status = Status(phase="Running", running=2, tasks={"w": {"Running": 2}}, version=1)
     written = status.to_api()
-    assert lc.read_status(written) == status
+    assert read_status(written) == status
     after = replace(status, running=1, succeeded=1, tasks={"w": {"Running": 1, "Succeeded": 1}})
-    patch = lc.merge_patch(written, after.to_api())
+    patch = merge_patch(written, after.to_api())
     assert patch == {
         "running": 1,
         "succeeded": 1,
         "taskStatusCount": {"w": {"phase": {"Running": 1, "Succeeded": 1}}},
     }
-    assert lc.merge_patch(after.to_api(), replace(after, running=0).to_api()) == {"running": None}
+    assert merge_patch(after.to_api(), replace(after, running=0).to_api()) == {"running": None}
 
 
 def test_a_phase_has_one_condition_the_latest_last() -> None:
-    status = lc.Status().entered("Pending", "t1").entered("Running", "t2").entered("Pending", "t3")
+    status = Status().entered("Pending", "t1").entered("Running", "t2").entered("Pending", "t3")
     assert [(c["status"], c["lastTransitionTime"]) for c in status.conditions] == [
         ("Running", "t2"),
         ("Pending", "t3"),
@@ -295,10 +306,10 @@ def test_read_pod() -> None:
             "name": "job-worker-1",
             "uid": "u1",
             "annotations": {
-                lc.JOB_NAME: "job",
-                lc.TASK_SPEC: "worker",
-                lc.TASK_INDEX: "1",
-                lc.JOB_VERSION: "2",
+                JOB_NAME: "job",
+                TASK_SPEC: "worker",
+                TASK_INDEX: "1",
+                JOB_VERSION: "2",
             },
             "ownerReferences": [
                 {
@@ -317,9 +328,9 @@ def test_read_pod() -> None:
             ],
         },
     }
-    view = lc.read_pod(obj)
-    assert view == lc.PodView(
+    view = read_pod(obj)
+    assert view == PodView(
         "ns", "job-worker-1", "u1", "job", "j1", "worker", 1, 2, "Failed", restarts=1, exit_code=3
     )
     obj["metadata"]["ownerReferences"] = []
-    assert lc.read_pod(obj) is None
+    assert read_pod(obj) is None

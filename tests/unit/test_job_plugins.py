@@ -1,16 +1,20 @@
-"""A Volcano Job's pods and its plugins' objects (services/job_controller/plugins.py),
-each as Volcano's controller makes them (``createJobPod``, ``pkg/controllers/job/plugins``)."""
+"""A Volcano Job's pods and its plugins' objects (services/job_controller/: pods.py,
+plugins/, made.py, podgroup.py), each as Volcano's controller makes them
+(``createJobPod``, ``pkg/controllers/job/plugins``)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from services.job_controller import lifecycle as lc
-from services.job_controller import plugins as pl
+from services.job_controller import made, plugins, pods
+from services.job_controller.made import JobRef
+from services.job_controller.plugins import svc
+from services.job_controller.podgroup import podgroup
+from services.job_controller.status import Status
 from shared.core import vcjob
 
-REF = pl.JobRef("ml", "train", "uid-1")
+REF = JobRef("ml", "train", "uid-1")
 
 
 def spec(plugins: dict[str, list[str]], **more: Any) -> vcjob.JobSpec:
@@ -33,7 +37,7 @@ def spec(plugins: dict[str, list[str]], **more: Any) -> vcjob.JobSpec:
 def pod(job: vcjob.JobSpec, task: str, index: int, **status: Any) -> dict[str, Any]:
     found = job.task(task)
     assert found is not None
-    return pl.pod(REF, job, found, index, lc.Status(**status))
+    return pods.pod(REF, job, found, index, Status(**status))
 
 
 def env(body: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +89,7 @@ def test_env_svc_and_ssh_plugins_on_the_pod() -> None:
 
 def test_the_svc_and_ssh_objects() -> None:
     job = spec({"svc": ["--publish-not-ready-addresses"], "ssh": ["--ssh-port=2022"]})
-    assert pl.hosts(REF, job) == {
+    assert svc.hosts(REF, job) == {
         "master.host": "train-master-0.train",
         "VC_MASTER_HOSTS": "train-master-0.train",
         "VC_MASTER_NUM": "1",
@@ -93,22 +97,23 @@ def test_the_svc_and_ssh_objects() -> None:
         "VC_WORKER_HOSTS": "train-worker-0.train,train-worker-1.train",
         "VC_WORKER_NUM": "2",
     }
-    svc = {m.body["kind"]: m for m in pl.objects(REF, job, "svc")}
-    assert svc["Service"].body["spec"]["publishNotReadyAddresses"] is True
+    by_kind = {m.body["kind"]: m for m in plugins.objects(REF, job, "svc")}
+    assert by_kind["Service"].body["spec"]["publishNotReadyAddresses"] is True
     assert (
-        svc["NetworkPolicy"].path
+        by_kind["NetworkPolicy"].path
         == "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies/train"
     )
     assert "NetworkPolicy" not in {
-        m.body["kind"] for m in pl.objects(REF, spec({"svc": ["--disable-network-policy"]}), "svc")
+        m.body["kind"]
+        for m in plugins.objects(REF, spec({"svc": ["--disable-network-policy"]}), "svc")
     }
-    [secret] = pl.objects(REF, job, "ssh")
+    [secret] = plugins.objects(REF, job, "ssh")
     data = secret.body["stringData"]
     assert data["id_rsa"].startswith("-----BEGIN RSA PRIVATE KEY-----")
     assert data["authorized_keys"].startswith("ssh-rsa ")
     assert "Host train-worker-1\n  HostName train-worker-1.train\n  Port 2022\n" in data["config"]
-    assert sorted(pl.made_paths(REF, "svc") + pl.made_paths(REF, "ssh")) == sorted(
-        [m.path for m in pl.objects(REF, job, "svc")] + [secret.path]
+    assert sorted(plugins.made_paths(REF, "svc") + plugins.made_paths(REF, "ssh")) == sorted(
+        [m.path for m in plugins.objects(REF, job, "svc")] + [secret.path]
     )
 
 
@@ -157,17 +162,17 @@ def test_volumes_mount_the_claims() -> None:
     body = pod(job, "worker", 0)
     claims = {v["persistentVolumeClaim"]["claimName"] for v in body["spec"]["volumes"]}
     assert claims == {"data", "train-pvc-1"}
-    [made] = pl.claims(REF, job)
-    assert made.path == "/api/v1/namespaces/ml/persistentvolumeclaims/train-pvc-1"
+    [made_claim] = made.claims(REF, job)
+    assert made_claim.path == "/api/v1/namespaces/ml/persistentvolumeclaims/train-pvc-1"
 
 
 def test_the_podgroup_holds_each_task_where_volcanos_scheduler_does() -> None:
     """Volcano's CheckTaskValid checks each task's minAvailable only when the Job's
     minAvailable is at least the tasks' together."""
-    whole = pl.podgroup(REF, spec({}))
+    whole = podgroup(REF, spec({}))
     assert whole["spec"]["minMember"] == 3
     assert whole["spec"]["minTaskMember"] == {"master": 1, "worker": 2}
-    part = pl.podgroup(REF, spec({}, minAvailable=1))
+    part = podgroup(REF, spec({}, minAvailable=1))
     assert "minTaskMember" not in part["spec"]
 
 
@@ -175,7 +180,7 @@ def test_a_pod_inherits_the_jobs_preemption_and_budget_keys_and_its_numa_policy(
     """createJobPod: the Job's preemptable, cooldown-time, revocable-zone and one of its
     jdb annotations (min-available first) pass to its pods; the task's topologyPolicy
     becomes the NUMA policy annotation."""
-    ref = pl.JobRef(
+    ref = JobRef(
         "ml",
         "train",
         "uid-1",
@@ -189,7 +194,7 @@ def test_a_pod_inherits_the_jobs_preemption_and_budget_keys_and_its_numa_policy(
     )
     raw = {"tasks": [{"name": "w", "replicas": 1, "topologyPolicy": "best-effort", "template": {}}]}
     job = vcjob.read(raw)
-    body = pl.pod(ref, job, job.tasks[0], 0, lc.Status())
+    body = pods.pod(ref, job, job.tasks[0], 0, Status())
     annotations, labels = body["metadata"]["annotations"], body["metadata"]["labels"]
     assert annotations["volcano.sh/preemptable"] == "true"
     assert annotations["volcano.sh/jdb-min-available"] == "1"

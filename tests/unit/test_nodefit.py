@@ -13,16 +13,12 @@ from hypothesis import strategies as st
 from shared.core.hosts import PodSpec, node_spec, pod_requests, pod_spec
 from shared.core.ledger import Ledger
 from shared.core.model import NodeName, PodRequest
-from shared.core.nodefit import (
-    NODE_AFFINITY,
-    NODE_NAME,
-    NODE_UNSCHEDULABLE,
-    OUTSIDE_NODE_SET,
-    TAINTED,
-    Hosts,
-    Prepared,
-)
+from shared.core.nodefit import Hosts, Prepared
 from shared.core.placement import Failure, GangMember, Placement, Placer
+from shared.core.plugins.node_affinity import NODE_AFFINITY, OUTSIDE_NODE_SET
+from shared.core.plugins.node_name import NODE_NAME
+from shared.core.plugins.node_unschedulable import NODE_UNSCHEDULABLE
+from shared.core.plugins.taint_toleration import TAINTED
 from shared.core.status import Code, Status
 from tests.unit.corekit import MANAGED, SPECS, gpus, ref, request
 

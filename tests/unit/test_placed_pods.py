@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.device_allocator.reservations import bound_grant
-from services.watcher.service import updated_event, volcano_job
+from services.watcher.translate import updated_event, volcano_job
 from shared import kube
 from shared.core import annotations as ann
 from shared.core.disruption import counted

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.node_agent.inventory import NvmlSource, read_links
+from services.node_agent.nvml import NvmlSource, read_links
 from services.node_agent.simulate import Inventory, expand
 from shared import events as ev
 from shared.config import Config

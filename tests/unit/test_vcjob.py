@@ -388,33 +388,25 @@ _json = st.recursive(
 )
 
 
-@given(
-    spec=st.dictionaries(
-        st.sampled_from(
-            [
-                "tasks",
-                "minAvailable",
-                "policies",
-                "plugins",
-                "volumes",
-                "queue",
-                "minSuccess",
-                "maxRetry",
-                "ttlSecondsAfterFinished",
-                "networkTopology",
-            ]
-        ),
-        _json,
-        max_size=5,
-    )
+_ANY_SPEC = st.dictionaries(
+    st.sampled_from(
+        [
+            "tasks",
+            "minAvailable",
+            "policies",
+            "plugins",
+            "volumes",
+            "queue",
+            "minSuccess",
+            "maxRetry",
+            "ttlSecondsAfterFinished",
+            "networkTopology",
+        ]
+    ),
+    _json,
+    max_size=5,
 )
-def test_any_spec_is_checked_without_raising_and_a_valid_one_is_read(spec: dict[str, Any]) -> None:
-    """The webhook and the controller read whatever a user wrote (Tessera's CRD takes
-    any field): checking never raises, and what passes reads."""
-    if vcjob.check("job", spec) == []:
-        read = vcjob.read(spec)
-        assert read.min_available <= read.replicas
-
+"""Whatever a user may write: any of a Job spec's fields, each any JSON."""
 
 _PATHS = [
     ("minAvailable",),
@@ -440,10 +432,11 @@ _PATHS = [
 ]
 
 
-@given(path=st.sampled_from(_PATHS), value=_json)
-def test_a_valid_job_with_one_field_replaced_is_checked_without_raising(
-    path: tuple[Any, ...], value: Any
-) -> None:
+@st.composite
+def _one_field_replaced(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid Job using every feature, with one field at ``_PATHS`` replaced by any
+    JSON."""
+    path, value = draw(st.sampled_from(_PATHS)), draw(_json)
     spec = job(
         policies=[{"event": "PodFailed", "action": "RestartJob"}],
         plugins={"svc": [], "ssh": []},
@@ -454,6 +447,19 @@ def test_a_valid_job_with_one_field_replaced_is_checked_without_raising(
     for key in path[:-1]:
         target = target[key]
     target[path[-1]] = value
+    return spec
+
+
+@pytest.mark.parametrize(
+    "specs", [_ANY_SPEC, _one_field_replaced()], ids=["any-spec", "one-field-replaced"]
+)
+@given(data=st.data())
+def test_any_spec_is_checked_without_raising_and_a_valid_one_is_read(
+    specs: st.SearchStrategy[dict[str, Any]], data: st.DataObject
+) -> None:
+    """The webhook and the controller read whatever a user wrote (Tessera's CRD takes
+    any field): checking never raises, and what passes reads."""
+    spec = data.draw(specs)
     if vcjob.check("job", spec) == []:
         read = vcjob.read(spec)
         assert read.min_available <= read.replicas

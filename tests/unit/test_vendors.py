@@ -641,7 +641,7 @@ def test_hami_annotations_give_each_vendor_its_own_keys() -> None:
 )
 def test_vendor_bind_keys_are_the_schedulers_alone(key: str) -> None:
     """The webhook refuses a new pod that brings a key only the scheduler writes
-    (services/webhook/service.py reads COMPAT_KEYS)."""
+    (services/webhook/validation.py reads COMPAT_KEYS)."""
     assert key in set(ann.COMPAT_KEYS["hami"].values())
 
 

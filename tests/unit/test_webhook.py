@@ -202,7 +202,7 @@ def test_a_jobs_queue_must_exist_be_open_and_be_a_leaf() -> None:
 
 
 def test_the_validating_configuration_covers_volcano_jobs() -> None:
-    from services.webhook.service import configurations
+    from services.webhook.configuration import configurations
 
     cfg = parse_config({"webhook": {"url": "https://127.0.0.1:8443"}})
     (_, mutating), (_, validating) = configurations(cfg, b"ca")

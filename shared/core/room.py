@@ -1,4 +1,4 @@
-"""Making room for a gang that does not fit: preemption and holds, the allocator's side.
+"""Making room for a gang that does not fit: preemption nominations and starvation holds.
 
 Which bound pods may go is the coordinator's offer (shared/core/preemption.py
 ``victims``); which of them must go is ``preemption.plan`` on the ledger. Here:
@@ -6,10 +6,13 @@ Which bound pods may go is the coordinator's offer (shared/core/preemption.py
 - a *nomination* keeps the devices of the pods evicted for a gang booked after they are
   gone, until the gang is placed on them, so no other pod takes what was freed for it;
 - a *hold* (the starvation guard) closes the nodes a long-waiting gang would fit on to
-  every other gang until their pods finish.
+  every other gang until their pods finish (``Placer.reserved_nodes``).
 
 Both lapse after ``HOLD_S`` if the gang does not come back (the coordinator retries a
-waiting gang at least every minute).
+waiting gang at least every minute). Nothing here reads a clock: every call that weighs
+time is given ``now`` (seconds since the epoch). The devices a nomination gives back go
+through a ``Statement`` (shared/core/ledger.py), so an error midway leaves the ledger
+as it was.
 
 :meth:`Room.make_room` is what the allocator does for a gang it cannot place, as
 kube-scheduler's PostFilter does for a pod: a gang with a pod of preemptionPolicy
@@ -19,23 +22,20 @@ pod on the nominated node"); otherwise it preempts, telling its pods which
 PodDisruptionBudgets were respected or broken, and names the node each pod will go to
 (``nominated``: the binder writes it as ``status.nominatedNodeName``). A gang for which
 no room is made any more has that name cleared; binding clears it too (the API server
-does, since Kubernetes 1.35).
+does, since Kubernetes 1.35). What it comes to is a :class:`Made`, data only: the
+allocator publishes it (services/device_allocator/outcomes.py).
 """
 
 from __future__ import annotations
 
-import logging
-import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shared import events as ev
-from shared.core.ledger import PodGrant
+from shared.core.ledger import PodGrant, Statement
 from shared.core.model import GangKey, NodeName, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placer
 from shared.core.preemption import NOT_ELIGIBLE, Plan, budget_note, eligible, marked, plan
 from shared.core.status import Status
-
-log = logging.getLogger(__name__)
 
 HOLD_S = 120.0
 """A nomination or node hold lapses if its gang has not come back in this time."""
@@ -51,15 +51,57 @@ class Nomination:
 
 
 @dataclass(frozen=True, slots=True)
+class Unplaced:
+    """A gang that was not placed, as making room for it reads it."""
+
+    key: GangKey
+    members: Sequence[GangMember]
+    """Its pods still to place."""
+    min_member: int
+    policies: tuple[str, ...] = ()
+    """Its pods' ``preemptionPolicy``."""
+    victims: tuple[VictimUnit, ...] = ()
+    """What the coordinator offers to preempt for it, cheapest first."""
+    budgets: Mapping[str, int] = field(default_factory=dict)
+    """What each PodDisruptionBudget ``victims`` count against allows now."""
+    hold: bool = False
+    """It has waited past ``scheduler.starvationGuardS``: hold nodes for it."""
+    fragmentation_guard: int | None = None
+    """The guard its placement ran with (shared/core/pace.py): the trial placements of
+    making room run with the same."""
+
+
+@dataclass(frozen=True, slots=True)
+class Preempting:
+    """Pods to evict for a gang, and where it goes once they are gone."""
+
+    victims: tuple[VictimUnit, ...]
+    """The units chosen, each saying which budget its eviction breaks, if any."""
+    nodes: tuple[NodeName, ...]
+    pods: tuple[PodUID, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Made:
     """What making room for a gang that is not placed came to."""
 
-    events: tuple[ev.Event, ...] = ()
-    """A ``PreemptionDecided`` to publish, if any."""
+    preempting: Preempting | None = None
+    """Pods to evict for it, if any (the allocator publishes ``allocation.preempting``)."""
     note: str = ""
     """What its pods' message says of it, after the reasons."""
     nominated: dict[PodUID, NodeName] = field(default_factory=dict)
     """``status.nominatedNodeName`` to write: a node, or "" to clear it."""
+    starved: tuple[NodeName, ...] = ()
+    """Nodes held for it from now on (none when its hold was only renewed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lapsed:
+    """Nominations and holds whose gang did not come back in time, now ended."""
+
+    freed: dict[GangKey, list[PodGrant]] = field(default_factory=dict)
+    """Per lapsed nomination, the devices of its gone victims, given back."""
+    holds: tuple[GangKey, ...] = ()
 
 
 class Room:
@@ -75,30 +117,35 @@ class Room:
         self.holds: dict[GangKey, float] = {}
         """Gangs with nodes held for them (``placer.reserved_nodes``) → when the hold lapses."""
 
-    def waiting(self, key: GangKey) -> str | None:
+    def waiting(self, key: GangKey, now: float) -> str | None:
         """Why the gang waits for its preemption to finish; None when it may be placed
         (its gone victims' devices are then freed for it)."""
         nom = self.nominations.get(key)
         if nom is None:
             return None
         alive = nom.victims - nom.gone
-        if alive and time.time() < nom.until:
+        if alive and now < nom.until:
             return f"waiting for {len(alive)} preempted pod(s) to exit"
         self.end_nomination(key)
         return None
 
     def end_nomination(self, key: GangKey) -> list[PodGrant]:
-        """Free the devices kept for ``key``; victims still running are no longer doomed."""
-        nom = self.nominations.pop(key, None)
+        """Free the devices kept for ``key`` (one statement: all or none); victims still
+        running are no longer doomed."""
+        nom = self.nominations.get(key)
         if nom is None:
             return []
         freed = []
+        with Statement(self.placer.ledger) as st:
+            for uid in nom.victims:
+                if uid in nom.gone:
+                    grant = st.release(uid)
+                    if grant is not None:
+                        freed.append(grant)
+            st.commit()
+        del self.nominations[key]
         for uid in nom.victims:
             self.doomed.pop(uid, None)
-            if uid in nom.gone:
-                grant = self.placer.ledger.release(uid)
-                if grant is not None:
-                    freed.append(grant)
         return freed
 
     def gone(self, pod: PodRef) -> GangKey | None:
@@ -112,78 +159,69 @@ class Room:
         return owner
 
     def all_gone(self, key: GangKey) -> bool:
+        """Have all the pods preempted for ``key`` left?"""
         nom = self.nominations.get(key)
         return nom is not None and nom.victims <= nom.gone
 
-    def preempt(
-        self, key: GangKey, members: list[GangMember], min_member: int, offered: list[VictimUnit]
-    ) -> Plan | None:
-        """The smallest set of the offered units whose eviction lets the gang fit (units
-        already being evicted for another gang are not offered twice); nominated."""
-        free = [v for v in offered if not any(p.uid in self.doomed for p in v.pods)]
-        found = plan(self.placer, members, min_member, free, owner=key)
-        if found is None:
-            return None
-        self.nominations[key] = Nomination(victims=set(found.pods), until=time.time() + HOLD_S)
-        for uid in found.pods:
-            self.doomed[uid] = key
-        return found
-
-    def make_room(
-        self, gang: ev.GangReady, members: list[GangMember], status: Status, *, preempt: bool
-    ) -> Made:
+    def make_room(self, gang: Unplaced, status: Status, *, now: float, preempt: bool) -> Made:
         """Preempt for a gang that is not placed (if it may), else hold nodes for it (if
         it has starved); see the module doc. ``status`` is why it was not placed;
         ``preempt`` is ``scheduler.preemption``."""
-        key = gang.gang.key
+        key = gang.key
         if key in self.nominations:
             return Made()  # its victims are still leaving
         notes = []
-        if preempt and not eligible(p.preemption_policy for p in gang.members):
+        if preempt and not eligible(gang.policies):
             notes.append(NOT_ELIGIBLE)
         elif preempt and gang.victims and not status.unresolvable:
-            made = self._preempt(gang, members)
+            made = self._preempt(gang, now)
             if made is not None:
                 return made
         cleared = {p.uid: NodeName("") for p in self.nominated.pop(key, ())}
+        starved: tuple[NodeName, ...] = ()
         if gang.hold and not status.unresolvable:
-            held = self.hold(key, members, gang.min_member)
+            held, new = self._hold(gang, now)
             if held:
                 notes.append(
                     f"It has waited long: nodes {', '.join(held)} are held for it until "
                     "their pods finish."
                 )
-        return Made(note=" ".join(notes), nominated=cleared)
+                starved = tuple(held) if new else ()
+        return Made(note=" ".join(notes), nominated=cleared, starved=starved)
 
-    def _preempt(self, gang: ev.GangReady, members: list[GangMember]) -> Made | None:
-        key = gang.gang.key
-        found = self.preempt(key, members, gang.min_member, list(gang.victims))
+    def _preempt(self, gang: Unplaced, now: float) -> Made | None:
+        """Nominate the smallest set of the offered units whose eviction lets the gang
+        fit (units already being evicted for another gang are not offered twice)."""
+        found = self._plan(gang, [v for v in gang.victims if not self._doomed(v)])
         if found is None:
             return None
-        victims = marked(found.units, gang.budgets)
+        key = gang.key
+        self.nominations[key] = Nomination(victims=set(found.pods), until=now + HOLD_S)
+        for uid in found.pods:
+            self.doomed[uid] = key
         nodes = tuple(sorted({p.node for p in found.placements}))
-        log.info(
-            "preempting %d pod(s) for gang %s on %s: %s",
-            len(found.pods),
-            key,
-            ", ".join(nodes),
-            "; ".join(f"{', '.join(str(p) for p in v.pods)} ({v.why})" for v in victims),
-        )
         self.nominated[key] = tuple(p.pod for p in found.placements)
         budgets = budget_note(found.units, gang.victims, gang.budgets)
         return Made(
-            events=(
-                ev.PreemptionDecided(
-                    gang=gang.gang,
-                    preemptor=tuple(m.pod for m in members),
-                    victims=victims,
-                    nodes=nodes,
-                    attempt=gang.attempt,
-                ),
+            preempting=Preempting(
+                victims=marked(found.units, gang.budgets), nodes=nodes, pods=found.pods
             ),
             note=f"Preempting {len(found.pods)} pod(s) to make room on {', '.join(nodes)}"
             f"{budgets}.",
             nominated={p.pod.uid: p.node for p in found.placements},
+        )
+
+    def _doomed(self, unit: VictimUnit) -> bool:
+        return any(p.uid in self.doomed for p in unit.pods)
+
+    def _plan(self, gang: Unplaced, units: Sequence[VictimUnit]) -> Plan | None:
+        return plan(
+            self.placer,
+            gang.members,
+            gang.min_member,
+            units,
+            owner=gang.key,
+            fragmentation_guard=gang.fragmentation_guard,
         )
 
     def placed(self, key: GangKey) -> None:
@@ -191,45 +229,45 @@ class Room:
         self.nominated.pop(key, None)
         self.drop_hold(key)
 
-    def hold(self, key: GangKey, members: list[GangMember], min_member: int) -> list[NodeName]:
-        """Hold the nodes the gang would fit on once their pods finish (fewest pods first)."""
+    def _hold(self, gang: Unplaced, now: float) -> tuple[list[NodeName], bool]:
+        """Hold the nodes the gang would fit on once their pods finish (fewest pods
+        first), or renew its hold; the nodes held, and whether the hold is new."""
+        key = gang.key
         reserved = self.placer.reserved_nodes
         if key in self.holds:
-            self.holds[key] = time.time() + HOLD_S
-            return sorted(n for n, owner in reserved.items() if owner == key)
-        ledger = self.placer.ledger
+            self.holds[key] = now + HOLD_S
+            return sorted(n for n, owner in reserved.items() if owner == key), False
         by_node: dict[NodeName, list[PodRef]] = {}
-        for uid, grant in ledger.pods.items():
+        for uid, grant in self.placer.ledger.pods.items():
             if uid not in self.doomed and reserved.get(grant.node, key) == key:
                 by_node.setdefault(grant.node, []).append(grant.pod)
         units = sorted(
             (VictimUnit(pods=tuple(pods)) for pods in by_node.values()), key=lambda u: len(u.pods)
         )
-        found = plan(self.placer, members, min_member, units, owner=key)
+        found = self._plan(gang, units)
         if found is None:
-            return []
+            return [], False
         nodes = sorted({p.node for p in found.placements})
         for node in nodes:
             reserved[node] = key
-        self.holds[key] = time.time() + HOLD_S
-        log.info("gang %s has starved: holding %s for it", key, ", ".join(nodes))
-        return nodes
+        self.holds[key] = now + HOLD_S
+        return nodes, True
 
     def drop_hold(self, key: GangKey) -> None:
+        """Open the nodes held for ``key`` to every gang again."""
         if self.holds.pop(key, None) is not None:
             reserved = self.placer.reserved_nodes
             for node in [n for n, owner in reserved.items() if owner == key]:
                 del reserved[node]
 
-    def lapsed(self, now: float) -> list[tuple[GangKey, list[PodGrant]]]:
-        """End the nominations and holds whose gang did not come back; per lapsed
-        nomination, the grants it freed."""
-        freed = []
+    def lapsed(self, now: float) -> Lapsed:
+        """End the nominations and holds whose gang did not come back by ``now``. A
+        lapsed nomination's nominated nodes are left to its pods' binds."""
+        freed = {}
         for key in [k for k, n in self.nominations.items() if n.until <= now]:
-            log.info("nomination of gang %s lapsed: its devices are free again", key)
-            self.nominated.pop(key, None)  # its nominated nodes are left to its bind
-            freed.append((key, self.end_nomination(key)))
-        for key in [k for k, until in self.holds.items() if until <= now]:
-            log.info("hold of gang %s lapsed", key)
+            self.nominated.pop(key, None)
+            freed[key] = self.end_nomination(key)
+        holds = tuple(k for k, until in self.holds.items() if until <= now)
+        for key in holds:
             self.drop_hold(key)
-        return freed
+        return Lapsed(freed=freed, holds=holds)

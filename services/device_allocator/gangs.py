@@ -1,0 +1,210 @@
+"""Placing a gang: the allocator's answer to ``gang.ready``.
+
+The gang is placed all-or-nothing by the core (``Placer.place_gang``, one statement),
+its grants reserved durably (services/device_allocator/reservations.py) before one
+``AllocationDecided`` per pod goes out. One that does not fit goes on to the next shard
+of its route (services/device_allocator/span.py), or is refused, with room made for it
+where it may (shared/core/room.py: preemption, a hold for a starved gang). A gang whose
+victims are still leaving waits for them. The fragmentation guard each gang is placed
+with is chosen from the load it meets (shared/core/pace.py) and passed to the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Collection
+
+import msgspec
+
+from services.device_allocator import outcomes
+from services.device_allocator.metrics import AllocatorMetrics
+from services.device_allocator.reservations import Reservations
+from services.device_allocator.span import Span
+from shared import events as ev
+from shared.core import pace
+from shared.core.ledger import PodGrant
+from shared.core.model import GangKey
+from shared.core.placement import GangMember, Placer
+from shared.core.room import Room
+from shared.core.status import Reason, Status, combined
+from shared.runtime import Runtime
+from shared.telemetry import span
+
+log = logging.getLogger(__name__)
+
+
+class Gangs:
+    """Places the gangs offered to this allocator and says what came of each."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        placer: Placer,
+        room: Room,
+        reserved: Reservations,
+        spans: Span,
+        stats: AllocatorMetrics,
+        refused: Collection[str],
+    ) -> None:
+        self.rt = rt
+        self.placer = placer
+        self.ledger = placer.ledger
+        self.room = room
+        self.reserved = reserved
+        self.spans = spans
+        self.stats = stats
+        self.refused = refused
+        """The nodes refused for their config (services/device_allocator/nodes.py)."""
+        self.guard = rt.cfg.scheduler.fragmentation_guard
+        """The fragmentation guard in force: the last gang's (``pace.fragmentation_guard``)."""
+
+    async def ready(self, gang: ev.GangReady) -> None:
+        """Place the gang all-or-nothing, reserve it, and publish a decision per pod (or
+        why not, with room made for it where it may). Sharded, a gang this shard cannot
+        place goes on to the next."""
+        if gang.spanning is not None:
+            await self.spans.place(gang, self.guard, time.monotonic())
+            return
+        if self.spans.repeat(gang):
+            return  # the gang is being placed across shards
+        key = gang.gang.key
+        members = []
+        decided: list[ev.Event] = []
+        for p in gang.members:
+            held = self.ledger.pods.get(p.pod.uid)
+            if held is not None:  # decided before (a redelivery): say it again
+                decided.append(outcomes.decided(held, gang))
+            else:
+                group = GangKey(namespace=p.pod.namespace, name=p.group) if p.group else None
+                members.append(GangMember(pod=p.pod, request=p.request, group=group, spec=p.spec))
+        failed: list[ev.AllocationFailed] = []
+        if members:
+            with span(f"place {key}") as current:
+                current.set_attribute("tessera.service", self.rt.service)
+                current.set_attribute("tessera.gang.size", len(members))
+                started = time.perf_counter()
+                placed, failed, status, final = self._place(gang, members)
+                onward = None if status is None or final else self.spans.onward(gang, status)
+                if onward is not None:
+                    decided.append(onward)
+                elif status is not None:
+                    room, refusal = self._refuse(gang, members, status)
+                    decided.extend(room)
+                    failed.append(refusal)
+                self._count(gang, placed, decided, failed, time.perf_counter() - started)
+                if placed:
+                    # Durable before any decision goes out (a restart rebuilds them).
+                    await asyncio.gather(*(self.reserved.put(g, gang.attempt) for g in placed))
+                    for grant in placed:
+                        decided.append(outcomes.decided(grant, gang))
+                        current.add_event(
+                            "placed", {"k8s.pod.uid": grant.pod.uid, "k8s.node.name": grant.node}
+                        )
+        for no in failed:
+            log.info(
+                "not placed (%s): %s: %s",
+                "unresolvable" if no.unresolvable else "waits",
+                ", ".join(str(p) for p in no.pods),
+                no.message,
+            )
+        await self.rt.bus.publish_many([*decided, *failed])
+
+    def _keep_up(self, gang: ev.GangReady) -> int:
+        """The fragmentation guard for ``gang``, from the load it meets now."""
+        wanted = pace.fragmentation_guard(
+            self.rt.cfg.scheduler.fragmentation_guard,
+            now=time.time(),
+            emitted_at=gang.emitted_at,
+            attempt=gang.attempt,
+            newest_created=max((p.created_at for p in gang.members), default=0.0),
+            open_binds=len(self.reserved.open),
+        )
+        if self.guard != wanted:
+            log.debug(
+                "fragmentation guard: %d nodes per pod (%s)",
+                wanted,
+                "behind" if wanted == pace.NARROW_GUARD else "caught up",
+            )
+            self.guard = wanted
+        return wanted
+
+    def _place(
+        self, gang: ev.GangReady, members: list[GangMember]
+    ) -> tuple[list[PodGrant], list[ev.AllocationFailed], Status | None, bool]:
+        """The ledger work of one gang: the grants placed, refusals of members left out
+        (the gang placed without them), why it was not placed (None: it was) and
+        whether that is final (no other shard may try: it waits for its victims)."""
+        key = gang.gang.key
+        guard = self._keep_up(gang)
+        waiting = self.room.waiting(key, time.time())
+        if waiting:
+            return [], [], Status(reasons=(Reason(kind="waiting", detail=waiting),)), True
+        # Sharded, "larger than any card" would speak of this shard's cards only: each
+        # node says it instead ("larger than the card"), counted over every shard.
+        for m in members if not self.spans.shard else ():
+            checked = self.placer.check(m.request)
+            if not checked.ok:
+                context = str(m.pod) if len(members) > 1 else ""
+                return [], [], checked.with_context(context), False
+        result = self.placer.place_gang(
+            members, gang.min_member, owner=key, fragmentation_guard=guard
+        )
+        if result.ok:
+            self.room.placed(key)
+            grants = [self.ledger.pods[p.pod.uid] for p in result.placed]
+            extras = [
+                outcomes.failed(gang, (f.pod,), f.status, self.refused) for f in result.failures
+            ]
+            return grants, extras, None, False
+        last = result.failures[-1].status
+        return [], [], result.status if gang.min_member > 1 else last, False
+
+    def _refuse(
+        self, gang: ev.GangReady, members: list[GangMember], status: Status
+    ) -> tuple[list[ev.Event], ev.AllocationFailed]:
+        """The gang is not placed (by any shard it was offered to): room made for it on
+        this shard's nodes where it may, and the refusal that tells its pods why."""
+        if gang.tried is not None:
+            status = combined([gang.tried, status])
+        made = self.room.make_room(
+            outcomes.unplaced(gang, members, self.guard),
+            status,
+            now=time.time(),
+            preempt=self.rt.cfg.scheduler.preemption,
+        )
+        pods = tuple(m.pod for m in members)
+        failed = outcomes.failed(gang, pods, status.with_note(made.note), self.refused)
+        failed = msgspec.structs.replace(failed, nominated=made.nominated)
+        return outcomes.room_made(gang, members, made), failed
+
+    def _count(
+        self,
+        gang: ev.GangReady,
+        placed: list[PodGrant],
+        more: list[ev.Event],
+        refused: list[ev.AllocationFailed],
+        took_s: float,
+    ) -> None:
+        """The metrics of one placement attempt."""
+        stats = self.stats
+        stats.place_time.record(took_s)
+        if placed:
+            result = "placed"
+        elif any(isinstance(e, ev.GangReady) for e in more):
+            result = "passed"
+        else:
+            result = "unresolvable" if any(r.unresolvable for r in refused) else "unschedulable"
+        stats.placements.add(1, {"result": result})
+        for e in more:
+            if isinstance(e, ev.PreemptionDecided):
+                stats.preempted.add(sum(len(v.pods) for v in e.victims))
+        if not placed:
+            return
+        now = time.time()
+        for _ in placed:
+            stats.stage.record(max(0.0, now - gang.emitted_at), {"stage": "decided"})
+        created = [p.created_at for p in gang.members if p.created_at]
+        if not gang.gang.lone and created:
+            stats.job_latency.record(max(0.0, now - min(created)) * 1000)

@@ -1,0 +1,112 @@
+"""The webhook's validating decisions (no I/O): why a new pod or a Volcano Job is refused.
+
+A pod of one of ``scheduler.names`` whose device request can never be placed is refused
+with the message the watcher would put in its Event; any pod that carries a grant
+annotation at creation (Tessera's ``tessera.io/grant`` and its companions, or HAMi's and
+Volcano's assignment keys) is refused: only the binder writes them, through the
+Binding. A Volcano Job (``batch.volcano.sh/v1alpha1``) whose ``schedulerName`` (default
+``volcano``) is one of ``scheduler.names`` is refused at creation when Volcano's
+admission would refuse it (shared/core/vcjob.py, and its queue missing while others
+exist, not Open, ``root`` or not a leaf), and at an update that changes more than
+Volcano lets change or breaks a rule the Job kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.config import Config
+from shared.core import annotations as ann
+from shared.core import vcjob
+from shared.core.model import PodRequest
+from shared.core.request import RequestParser, rejection
+
+GRANT_KEYS = frozenset(
+    {ann.GRANT, ann.SIGNATURE, ann.NODE, ann.BIND_TIME}
+    | {key for keys in ann.COMPAT_KEYS.values() for key in keys.values()}
+)
+"""Annotations only the scheduler writes (at bind time): a pod may not bring its own."""
+
+
+def forged_annotations(pod: dict[str, Any]) -> list[str]:
+    """The scheduler-only annotations a new pod carries."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return sorted(k for k in annotations if k in GRANT_KEYS)
+
+
+def is_job(request: dict[str, Any]) -> bool:
+    """Is the AdmissionReview request about a Volcano Job?"""
+    kind = request.get("kind") or {}
+    return bool(kind.get("group") == "batch.volcano.sh" and kind.get("kind") == "Job")
+
+
+def queue_errors(name: str, queues: dict[str, dict[str, Any]]) -> list[vcjob.JobError]:
+    """Volcano's queue checks at a Job's creation: the queue exists (here: once any
+    Queue does, as Tessera's scheduler reads queues), is Open, is not ``root`` and has
+    no child queues."""
+    where = "spec.queue"
+    if name == "root":
+        return [vcjob.JobError(where, "a Job may not be submitted to the root queue")]
+    queue = queues.get(name)
+    if queue is None:
+        if not queues:
+            return []
+        return [vcjob.JobError(where, f'queue "{name}" does not exist; create it or name another')]
+    state = (queue.get("status") or {}).get("state") or (queue.get("spec") or {}).get("state")
+    if (state or "Open") != "Open":
+        return [vcjob.JobError(where, f'queue "{name}" is {state}: only an Open queue takes Jobs')]
+    children = sum(1 for q in queues.values() if (q.get("spec") or {}).get("parent") == name)
+    if children:
+        return [
+            vcjob.JobError(
+                where, f'queue "{name}" has {children} child queues: submit to a leaf queue'
+            )
+        ]
+    return []
+
+
+class Validation:
+    """Why a new pod or a Volcano Job is refused; a part of service.py's ``Webhook``,
+    which holds the config and the request parser."""
+
+    cfg: Config
+    parser: RequestParser
+
+    def validate(self, pod: dict[str, Any]) -> str | None:
+        """Why a new pod is refused, or None."""
+        forged = forged_annotations(pod)
+        if forged:
+            return (
+                f"annotation {', '.join(forged)} is written by the scheduler when it binds "
+                "a pod; a pod may not carry it at creation"
+            )
+        if (pod.get("spec") or {}).get("schedulerName") not in self.cfg.scheduler.names:
+            return None
+        parsed = self.parser.parse(pod)
+        if isinstance(parsed, PodRequest):
+            return None
+        return rejection(parsed)
+
+    def validate_job(
+        self,
+        job: dict[str, Any],
+        old: dict[str, Any] | None = None,
+        queues: dict[str, dict[str, Any]] | None = None,
+    ) -> str | None:
+        """Why a Volcano Job (created, or updated from ``old``) is refused, or None.
+        ``queues``: every Queue by name (None: not read; the queue is not checked)."""
+        spec = job.get("spec") or {}
+        if (spec.get("schedulerName") or vcjob.DEFAULT_SCHEDULER) not in self.cfg.scheduler.names:
+            return None  # another controller's Job (Volcano's, beside it)
+        name = (job.get("metadata") or {}).get("name") or ""
+        errors = vcjob.check(name, spec)
+        if old is not None:
+            # An update may not change what Volcano keeps, nor break a rule the Job kept
+            # (one made invalid while the webhook was down may still be fixed).
+            kept = {e.field for e in vcjob.check(name, old.get("spec") or {})}
+            errors = vcjob.check_update(old.get("spec") or {}, spec) + [
+                e for e in errors if e.field not in kept
+            ]
+        elif queues is not None:
+            errors += queue_errors(spec.get("queue") or vcjob.DEFAULT_QUEUE, queues)
+        return vcjob.refusal(errors) if errors else None

@@ -1,0 +1,263 @@
+"""The scheduling framework: extension points, the plugins on them, and the profile.
+
+kube-scheduler's framework is the model: one small interface per extension point, each
+plugin a named class, and a profile that says which plugins run, in which order, with
+which score weights. A pod's cycle state is its :class:`~shared.core.nodefit.Prepared`
+(what its PreFilters computed once); the plugins themselves keep nothing per pod.
+
+- **PreFilter** (:meth:`FilterPlugin.pre_filter`): once per pod, before any node; it
+  computes what the plugin's Filter reads, may reject every node at once (an
+  unresolvable :class:`~shared.core.status.Status`), and says whether the Filter has
+  anything to check for this pod at all (kube-scheduler's ``Skip``: a pod with no host
+  ports never meets NodePorts).
+- **Filter** (:meth:`FilterPlugin.filter`): one node, the first failure wins, in the
+  profile's order; every reason carries the plugin's name (``Reason.plugin``).
+- **Score** (:meth:`ScorePlugin.score`): a window of feasible nodes, 0 to 100 each,
+  times the plugin's weight in the profile.
+
+Devices are fitted after the filters by the device families (shared/core/families.py,
+each a named plugin of shared/core/placement.py's routes), and the node and device
+policies (binpack, spread, FGD and the fragmentation guard) order the walk that offers
+nodes to the filters (shared/core/placement.py).
+
+Plugins live one per module in shared/core/plugins/ and are found there by name: a new
+filter or score is a new module there plus its name in a profile (the defaults below,
+or ``scheduler.plugins`` in the config, shaped as a ``KubeSchedulerConfiguration``
+profile's ``plugins``). docs/plugins.md walks through one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, ClassVar
+
+import msgspec
+
+from shared.core.status import Status
+
+if TYPE_CHECKING:
+    from shared.core.nodefit import HostNode, Hosts, Prepared
+
+
+class Plugin:
+    """A named part of the scheduling cycle (one instance per profile, shared by every
+    pod: what a plugin learns about one pod lives in that pod's ``Prepared``)."""
+
+    name: ClassVar[str] = ""
+    """The name profiles, reasons and metrics use (kube-scheduler's, for its plugins)."""
+
+
+class FilterPlugin(Plugin):
+    """PreFilter and Filter: may a node take the pod at all?"""
+
+    node_only: ClassVar[bool] = False
+    """It reads the Node object alone (labels, taints, cordon), never what runs there:
+    the nodes it rejects are the same whatever they come to hold, so a device walk skips
+    them without fitting each (``Prepared.ruled_out``)."""
+    labels_only: ClassVar[bool] = False
+    """It answers for a node whose Node object is not known yet, on no labels (the
+    pod's volumes and resource claims): the other filters pass such a node."""
+
+    def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
+        """Once per pod: fill what :meth:`filter` reads into ``prep``; True if the filter
+        has something to check for this pod, False to skip it (kube-scheduler's Skip),
+        or a Status that rejects every node at once."""
+        return True
+
+    def filter(self, prep: Prepared, host: HostNode) -> Status | None:
+        """Why ``host`` cannot take the pod (a per-node Status), or None."""
+        raise NotImplementedError
+
+
+class ScorePlugin(Plugin):
+    """Score: how much a feasible node suits the pod."""
+
+    weight: ClassVar[int] = 1
+    """The weight when a profile names none (kube-scheduler's default for its plugins)."""
+
+    def score(self, prep: Prepared, hosts: Sequence[HostNode], policy: str) -> list[float] | None:
+        """Each of ``hosts``' score, 0 to 100 (normalised over them), or None when the
+        plugin has no opinion on this pod (no score at all, not zeros). ``policy`` is
+        the pod's node policy (``binpack``: most allocated first; ``spread``: least)."""
+        raise NotImplementedError
+
+
+def normalised(raw: Sequence[int], *, reverse: bool = False) -> list[float]:
+    """kube-scheduler's DefaultNormalizeScore: each raw score as 0 to 100 of the
+    highest (``reverse``: 100 less that, the lowest raw best); all 0 (reverse: 100)
+    when none is above 0."""
+    top = max(raw, default=0)
+    if top <= 0:
+        return [100.0 if reverse else 0.0] * len(raw)
+    return [float(100 - 100 * r // top if reverse else 100 * r // top) for r in raw]
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+class PluginRef(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"
+):
+    """One plugin in a profile's list: its name, and for a score its weight."""
+
+    name: str
+    """A plugin's name, or ``*`` (in ``disabled``: every default plugin)."""
+    weight: Annotated[int, msgspec.Meta(ge=1, le=100)] | None = None
+    """A score's weight (kube-scheduler allows 1 to 100); the plugin's default if unset."""
+
+
+class PluginSet(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"
+):
+    """One extension point of a profile, as kube-scheduler writes it: the defaults, less
+    ``disabled``, with ``enabled`` (a default named again keeps its place and takes the
+    new weight; others come after the defaults, in their order)."""
+
+    enabled: list[PluginRef] = msgspec.field(default_factory=list)
+    disabled: list[PluginRef] = msgspec.field(default_factory=list)
+
+
+class Plugins(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"
+):
+    """A profile's plugins per extension point (``KubeSchedulerConfiguration``'s
+    ``profiles[].plugins``, for the points Tessera's cycle has): a filter's PreFilter
+    runs with it."""
+
+    filter: PluginSet = msgspec.field(default_factory=PluginSet)
+    score: PluginSet = msgspec.field(default_factory=PluginSet)
+
+
+DEFAULT_FILTERS: tuple[str, ...] = (
+    "NodeUnschedulable",
+    "NodeName",
+    "TaintToleration",
+    "NodeAffinity",
+    "NodePorts",
+    "NodeResourcesFit",
+    "VolumeRestrictions",
+    "VolumeBinding",
+    "VolumeZone",
+    "PodTopologySpread",
+    "InterPodAffinity",
+    "DynamicResources",
+)
+"""kube-scheduler's default filters that Tessera has, in its order (the pinned release's
+default profile)."""
+
+DEFAULT_SCORES: tuple[tuple[str, int], ...] = (
+    ("NodeResourcesFit", 1),
+    ("NodeResourcesBalancedAllocation", 1),
+    ("TaintToleration", 3),
+    ("NodeAffinity", 2),
+    ("PodTopologySpread", 2),
+    ("InterPodAffinity", 2),
+)
+"""kube-scheduler's default scores with their default weights."""
+
+
+class ProfileError(ValueError):
+    """A profile names a plugin that does not exist, or one at the wrong point."""
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """The plugins one scheduling cycle runs: filters in order, scores with weights."""
+
+    filters: tuple[FilterPlugin, ...]
+    scores: tuple[tuple[ScorePlugin, int], ...]
+
+    @classmethod
+    def build(cls, plugins: Plugins | None = None) -> Profile:
+        """The default profile with ``plugins``' changes; ProfileError names a plugin
+        that does not exist or cannot serve the point it is listed at."""
+        plugins = plugins or Plugins()
+        found = registry()
+        for point, changes in (("filter", plugins.filter), ("score", plugins.score)):
+            for ref in changes.disabled:
+                if ref.name != "*" and ref.name not in found:
+                    # a typo here would silently leave the plugin on
+                    raise ProfileError(
+                        f"cannot disable {point} plugin {ref.name!r}: no such plugin"
+                    )
+        filters = [
+            _instance(found, name, FilterPlugin, "filter")
+            for name, _ in _merged([(n, 0) for n in DEFAULT_FILTERS], plugins.filter)
+        ]
+        scores = []
+        for name, weight in _merged(list(DEFAULT_SCORES), plugins.score):
+            plugin = _instance(found, name, ScorePlugin, "score")
+            assert isinstance(plugin, ScorePlugin)
+            scores.append((plugin, weight or plugin.weight))
+        return cls(
+            filters=tuple(f for f in filters if isinstance(f, FilterPlugin)),
+            scores=tuple(scores),
+        )
+
+    def names(self) -> tuple[list[str], list[tuple[str, int]]]:
+        """The filters' names in order and the scores' with their weights."""
+        return [f.name for f in self.filters], [(s.name, w) for s, w in self.scores]
+
+
+def _merged(defaults: list[tuple[str, int]], changes: PluginSet) -> list[tuple[str, int]]:
+    """kube-scheduler's merge of a profile's plugin set over the defaults."""
+    off = {p.name for p in changes.disabled}
+    kept = [] if "*" in off else [(n, w) for n, w in defaults if n not in off]
+    named = {p.name: p for p in changes.enabled}
+    out = []
+    for name, weight in kept:
+        ref = named.pop(name, None)
+        out.append((name, ref.weight if ref is not None and ref.weight else weight))
+    for ref in changes.enabled:
+        if ref.name in named:
+            out.append((ref.name, ref.weight or 0))  # 0: the plugin's own weight
+    return out
+
+
+def _instance(found: dict[str, type[Plugin]], name: str, kind: type[Plugin], point: str) -> Plugin:
+    plugin = found.get(name)
+    if plugin is None:
+        known = ", ".join(sorted(n for n, p in found.items() if issubclass(p, kind)))
+        raise ProfileError(f"no {point} plugin named {name!r}; known: {known}")
+    if not issubclass(plugin, kind):
+        raise ProfileError(f"plugin {name!r} has no {point} extension point")
+    return _single(plugin)
+
+
+_INSTANCES: dict[type[Plugin], Plugin] = {}
+
+
+def _single(plugin: type[Plugin]) -> Plugin:
+    """One instance per plugin class: a plugin that is both a filter and a score is one
+    object at both points."""
+    made = _INSTANCES.get(plugin)
+    if made is None:
+        made = _INSTANCES[plugin] = plugin()
+    return made
+
+
+_REGISTRY: dict[str, type[Plugin]] = {}
+
+
+def registry() -> dict[str, type[Plugin]]:
+    """Every plugin of shared/core/plugins/ by name (each module's classes that name
+    themselves), read once."""
+    if not _REGISTRY:
+        from shared.core import plugins
+
+        for module in pkgutil.iter_modules(plugins.__path__):
+            loaded = importlib.import_module(f"{plugins.__name__}.{module.name}")
+            for value in vars(loaded).values():
+                if (
+                    isinstance(value, type)
+                    and issubclass(value, Plugin)
+                    and value.__module__ == loaded.__name__
+                    and value.name
+                ):
+                    if value.name in _REGISTRY:
+                        raise ProfileError(f"two plugins are named {value.name!r}")
+                    _REGISTRY[value.name] = value
+    return _REGISTRY
