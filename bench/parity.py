@@ -68,6 +68,7 @@ from typing import Any
 from msgspec.structs import replace
 
 from shared.core import claims
+from shared.core.framework import DEFAULT_FILTERS
 from shared.core.hosts import PodSpec, node_spec, pod_spec
 from shared.core.ledger import Ledger, PodGrant
 from shared.core.model import (
@@ -787,7 +788,41 @@ def generate(seed: int, index: int) -> Obj:
     volumes = random.Random(f"parity-volumes:{seed}:{index}")  # the cases before kept theirs
     if volumes.random() < 0.2:
         _volumes(volumes, case)
+    images = random.Random(f"parity-images:{seed}:{index}")
+    if images.random() < 0.3:
+        _images(images, case)
     return case
+
+
+IMAGES = (
+    # (the names a node lists, what a pod writes, size in MiB)
+    (
+        ("registry.example/base:latest", "registry.example/base@sha256:0b1c"),
+        "registry.example/base",
+        300,
+    ),
+    (("registry.example/cuda:12",), "registry.example/cuda:12", 2600),
+    (("registry.example/app:1",), "registry.example/app:1", 30),
+    (("registry.example/tiny:1",), "registry.example/tiny:1", 5),
+    (("localhost:5000/tool:latest",), "localhost:5000/tool", 900),
+    (("registry.example/torch@sha256:9f2e",), "registry.example/torch@sha256:9f2e", 1500),
+)
+"""Images for ImageLocality: untagged names (``:latest`` added), a registry port, a
+digest, sizes on both sides of its 23 MiB floor and 1000 MiB per container ceiling."""
+
+
+def _images(rng: random.Random, case: Obj) -> None:
+    """Node ``status.images`` drawn from :data:`IMAGES`, and the pod's containers
+    running some of them (ImageLocality's score)."""
+    for node in case["nodes"]:
+        held = rng.sample(IMAGES, rng.randint(0, len(IMAGES)))
+        node["status"]["images"] = [
+            {"names": list(names), "sizeBytes": size << 20} for names, _, size in held
+        ]
+    spec = case["pod"]["spec"]
+    for key in ("initContainers", "containers"):
+        for c in spec.get(key) or ():
+            c["image"] = rng.choice(IMAGES)[1]
 
 
 def features(case: Obj) -> set[str]:
@@ -836,6 +871,8 @@ def features(case: Obj) -> set[str]:
         out.add("pod: Gt/Lt")
     if spec.get("initContainers"):
         out.add("pod: init containers")
+    if any(n["status"].get("images") for n in case["nodes"]):
+        out.add("node images")
     if isinstance(spec.get("resources"), dict):
         out.add("pod: pod-level resources")
     if spec.get("volumes"):
@@ -1358,14 +1395,7 @@ def device_class(case: Obj, node: str, request: PodRequest) -> str | None:
     return None
 
 
-BEFORE_DEVICES = (
-    "NodeUnschedulable",
-    "NodeName",
-    "TaintToleration",
-    "NodeAffinity",
-    "NodePorts",
-    "NodeResourcesFit",
-)
+BEFORE_DEVICES = DEFAULT_FILTERS[: DEFAULT_FILTERS.index("NodeResourcesFit") + 1]
 """The filter plugins that run before (or as) NodeResourcesFit checks the device names
 (tools/parity/README.md, "What runs"): kube stops at the first that refuses."""
 

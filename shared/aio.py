@@ -100,16 +100,21 @@ class Acting:
         """``time.monotonic()`` at which the last renewal lapses."""
 
     def is_set(self) -> bool:
+        """Whether the holder may act now: renewed, not cleared, and its last renewal not lapsed."""
         return self._event.is_set() and time.monotonic() < self.until
 
     def renew(self, until: float) -> None:
+        """A renewal sent: the holder may act until ``until`` (``time.monotonic()``)."""
         self.until = until
         self._event.set()
 
     def clear(self) -> None:
+        """Paused or lost: nothing waiting in :meth:`wait` proceeds until the next renewal."""
         self._event.clear()
 
     async def wait(self) -> None:
+        """Return once the holder may act (at once while it may); a lapsed renewal waits for the
+        next."""
         while not self.is_set():
             self._event.clear()  # lapsed: set again by the next renewal
             await self._event.wait()

@@ -328,10 +328,12 @@ class Bus:
 
     @property
     def js(self) -> JetStreamContext:
+        """The JetStream context; raises ``RuntimeError`` before :meth:`connect`."""
         return _connected(self._js)
 
     @property
     def nc(self) -> NatsClient:
+        """The NATS connection; raises ``RuntimeError`` before :meth:`connect`."""
         return _connected(self._nc)
 
     async def connect(self) -> None:
@@ -343,6 +345,8 @@ class Bus:
         self._kv = await through_failover("bucket", self._ensure_bucket)
 
     async def close(self) -> None:
+        """Stop the consumers (each task cancelled and awaited), drain the connection, and forget
+        it: a later use raises until :meth:`connect` again."""
         for task in self._consumers:
             task.cancel()
         for task in self._consumers:
@@ -716,6 +720,8 @@ class Bus:
 
     @property
     def kv(self) -> KeyValue:
+        """The inventory KV bucket (``nats.inventoryBucket``); raises ``RuntimeError`` before
+        :meth:`connect`."""
         return _connected(self._kv)
 
     async def put_inventory(self, inventory: events.NodeInventory) -> None:
@@ -725,6 +731,7 @@ class Bus:
         await through_failover("inventory", lambda: self.kv.put(inventory.node, data))
 
     async def delete_inventory(self, node: NodeName) -> None:
+        """Remove a node's inventory from the KV; a node not there is no error."""
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self.kv.delete(node)
 

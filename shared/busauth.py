@@ -74,8 +74,8 @@ ROLES: Mapping[str, Role] = {
             ev.NamespaceUpdated,
             ev.PodGroupUpdated,
             ev.PodGroupDeleted,
-            ev.BudgetUpdated,
-            ev.BudgetDeleted,
+            ev.PdbUpdated,
+            ev.PdbDeleted,
             ev.QueueUpdated,
             ev.QueueDeleted,
             ev.JobUpdated,
@@ -92,10 +92,10 @@ ROLES: Mapping[str, Role] = {
     "device-allocator": Role(
         publishes=(
             ev.GangReady,  # a shard passes on what it cannot place (shared/core/shards.py)
-            ev.GangSpanDecided,
+            ev.GangSpan,
             ev.AllocationDecided,
             ev.AllocationFailed,
-            ev.PreemptionDecided,
+            ev.AllocationPreempting,
             ev.AllocationReleased,
         ),
         writes=(RESERVATION_BUCKET,),
@@ -103,7 +103,7 @@ ROLES: Mapping[str, Role] = {
         shards=True,
         answers=(ev.CONTROL_PING_SUBJECT, views.VIEW_LEDGER_SUBJECT, views.VIEW_EXPLAIN_SUBJECT),
     ),
-    "binder": Role(publishes=(ev.AllocationBound, ev.BindFailed)),
+    "binder": Role(publishes=(ev.AllocationBound, ev.AllocationBindFailed)),
     NODE_AGENT: Role(
         publishes=(ev.NodeInventory, ev.AllocationAdmitted), writes=("",), leads=False
     ),

@@ -382,6 +382,8 @@ class Config(_Cfg, frozen=True, kw_only=True):
     webhook: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
 
     def node_override(self, node: str) -> NodeOverride | None:
+        """The ``nodeConfigs`` entry of ``node`` (the first of that name), or None: the node takes
+        the defaults."""
         for override in self.node_configs:
             if override.name == node:
                 return override

@@ -152,6 +152,7 @@ class GangRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     @property
     def key(self) -> GangKey:
+        """The gang's key in the coordinator's and the allocator's tables."""
         return GangKey(namespace=self.namespace, name=self.name, lone=self.lone)
 
 
@@ -309,7 +310,7 @@ class PodGroupDeleted(Event, frozen=True, kw_only=True, tag="podgroup.deleted"):
     name: str
 
 
-class BudgetUpdated(Event, frozen=True, kw_only=True, tag="pdb.updated"):
+class PdbUpdated(Event, frozen=True, kw_only=True, tag="pdb.updated"):
     """A PodDisruptionBudget as preemption reads it: which pods it covers and the
     disruptions it allows now (the watcher's reading, shared/core/disruption.py)."""
 
@@ -317,7 +318,7 @@ class BudgetUpdated(Event, frozen=True, kw_only=True, tag="pdb.updated"):
     budget: Budget
 
 
-class BudgetDeleted(Event, frozen=True, kw_only=True, tag="pdb.deleted"):
+class PdbDeleted(Event, frozen=True, kw_only=True, tag="pdb.deleted"):
     """A PodDisruptionBudget is gone: the pods it covered may be preempted freely."""
 
     KEY = _key("namespace")
@@ -414,6 +415,8 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     shards hold of it (``members`` are the pods still to place)."""
 
     def dedup_id(self) -> str:
+        """The gang, its attempt and a digest of its members, then the shard it is passed to and the
+        parts earlier shards hold: one message per part and per shard, a redelivery the same."""
         # A group may be sent in parts (a queue's share admits some members now): the
         # members are part of the identity, or JetStream would drop the second part.
         # A copy passed on to a shard is another message than the one it came from;
@@ -427,7 +430,7 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
         return ident
 
 
-class GangSpanDecided(Event, frozen=True, kw_only=True, tag="gang.span"):
+class GangSpan(Event, frozen=True, kw_only=True, tag="gang.span"):
     """A gang placed across allocator shards is committed (each shard holding a part
     reserves it and publishes its decisions) or aborted (each releases its part)."""
 
@@ -496,6 +499,8 @@ class Refusal(Event, frozen=True, kw_only=True):
         )
 
     def dedup_id(self) -> str:
+        """Its tag, first pod, attempt and a digest of its message: a repeat is stored once, a new
+        message to the same pods is not dropped."""
         first = self.pods[0].uid if self.pods else ""
         said = hashlib.blake2b(self.message.encode(), digest_size=6).hexdigest()
         return f"{self.__struct_config__.tag}:{first}:{self.attempt}:{said}"
@@ -517,7 +522,7 @@ class PodWaiting(Refusal, frozen=True, kw_only=True, tag="pod.waiting"):
     alone; ``allocation.failed`` is the allocator's)."""
 
 
-class PreemptionDecided(Event, frozen=True, kw_only=True, tag="allocation.preempting"):
+class AllocationPreempting(Event, frozen=True, kw_only=True, tag="allocation.preempting"):
     """Pods to evict so that ``gang`` fits; the binder evicts them and the allocator keeps
     what they free for the gang."""
 
@@ -552,7 +557,7 @@ deleted or replaced by a namesake (never placed again); ``taken``, already bound
 another node (the watcher's ``PodUpdated`` settles it)."""
 
 
-class BindFailed(Event, frozen=True, kw_only=True, tag="allocation.bind-failed"):
+class AllocationBindFailed(Event, frozen=True, kw_only=True, tag="allocation.bind-failed"):
     """The Binding write failed for good; the reservation must be released."""
 
     DEDUP = ("pod.uid", "attempt")
@@ -597,20 +602,20 @@ AnyEvent = (
     | NamespaceUpdated
     | PodGroupUpdated
     | PodGroupDeleted
-    | BudgetUpdated
-    | BudgetDeleted
+    | PdbUpdated
+    | PdbDeleted
     | QueueUpdated
     | QueueDeleted
     | JobUpdated
     | JobDeleted
     | GangReady
-    | GangSpanDecided
+    | GangSpan
     | AllocationDecided
     | AllocationFailed
     | PodWaiting
     | AllocationBound
-    | PreemptionDecided
-    | BindFailed
+    | AllocationPreempting
+    | AllocationBindFailed
     | AllocationReleased
     | AllocationAdmitted
 )

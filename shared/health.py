@@ -119,6 +119,8 @@ class Cached:
         self._last: str | None = None
 
     async def __call__(self) -> str | None:
+        """The check's last answer, asked again (within ``CHECK_TIMEOUT_S``) once it is ``ttl_s``
+        old."""
         now = time.monotonic()
         if now - self._at >= self.ttl_s:
             self._last = await _bounded(self.check)
@@ -134,6 +136,7 @@ class Latch:
         self.passed = False
 
     async def __call__(self) -> str | None:
+        """None for good once the check has passed; until then, the check's answer."""
         if self.passed:
             return None
         why = await self.check()

@@ -56,6 +56,8 @@ class ProtocolError(ConnectionError):
 
 @dataclass
 class Response:
+    """A whole answer: status, reason phrase and body."""
+
     status: int
     reason: str
     body: bytes
@@ -401,6 +403,8 @@ class Pool:
         return conn
 
     async def close(self) -> None:
+        """Close the idle connections; a request after this raises ``ProtocolError``, and a
+        connection in use is closed when its answer ends."""
         self._closed = True
         while self._free:
             self._free.pop().close()

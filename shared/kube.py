@@ -76,6 +76,7 @@ class Client:
         return out
 
     async def close(self) -> None:
+        """Close the client's connections."""
         await self.pool.close()
 
     async def __aenter__(self) -> Client:
@@ -405,6 +406,8 @@ class _Head(msgspec.Struct):
 
 
 class Page(msgspec.Struct, Generic[T]):
+    """One page of a list: its items, decoded as ``T``, and where the next page starts."""
+
     items: list[T]
     metadata: ListMeta = msgspec.field(default_factory=ListMeta)
 
@@ -499,13 +502,16 @@ class BoundPod(TypedDict, total=False):
 
 
 class NodeStatus(TypedDict, total=False):
+    """What is read of a Node's status: its resources and the images it holds."""
+
     allocatable: dict[str, Any]
     capacity: dict[str, Any]
+    images: list[dict[str, Any]]
 
 
 class NodeObject(TypedDict, total=False):
     """What is read of a Node (shared/core/hosts.py ``node_spec``, its cordons): not its
-    conditions, addresses, images or ``managedFields``."""
+    conditions, addresses or ``managedFields``."""
 
     metadata: ObjectMeta
     spec: dict[str, Any]
@@ -550,6 +556,7 @@ class ListStats:
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     def took_s(self) -> float:
+        """Seconds since the list started."""
         return time.monotonic() - self.started
 
     def __str__(self) -> str:

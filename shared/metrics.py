@@ -56,9 +56,12 @@ class Tally:
         self.counts[key] = self.counts.get(key, 0) + amount
 
     def value(self, labels: Labels | None = None) -> float:
+        """The count of one label set (0 when never counted); the labels in the order they were
+        counted with."""
         return self.counts.get(tuple(labels.items()) if labels else (), 0)
 
     def observe(self, _options: CallbackOptions) -> list[Observation]:
+        """Every label set's count, for the exporter at a scrape."""
         return [Observation(v, dict(k)) for k, v in list(self.counts.items())]
 
 
@@ -170,6 +173,7 @@ class Metrics:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def route(self) -> web.RouteDef:
+        """The ``GET /metrics`` route of a service's HTTP app."""
         return web.get("/metrics", self.scrape)
 
     def stages(self) -> Buckets:

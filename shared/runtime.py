@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 
 def version() -> str:
+    """Tessera's installed package version, or ``dev`` when run from a checkout."""
     try:
         return metadata.version("tessera")
     except metadata.PackageNotFoundError:

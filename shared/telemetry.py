@@ -94,6 +94,7 @@ class TraceSetup:
 
     @property
     def service_name(self) -> str:
+        """The ``service.name`` resource attribute spans are recorded under."""
         return str(self.resource.attributes.get("service.name", ""))
 
     def summary(self, sink: str | None = None) -> str:
@@ -312,10 +313,12 @@ class WhenExported(Sampler):
         self.exporting = False
 
     def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        """``inner``'s decision while spans are exported; none is recorded before."""
         chosen = self.inner if self.exporting else ALWAYS_OFF
         return chosen.should_sample(*args, **kwargs)
 
     def get_description(self) -> str:
+        """The inner sampler's description (OpenTelemetry's ``Sampler`` interface)."""
         return self.inner.get_description()
 
 

@@ -166,6 +166,9 @@ class GangView(_View, frozen=True, kw_only=True):
 
 
 class QueuesView(_View, frozen=True, kw_only=True):
+    """The coordinator's queues and waiting gangs now, with the replica that answered and when (Unix
+    seconds)."""
+
     queues: tuple[QueueView, ...] = ()
     gangs: tuple[GangView, ...] = ()
     instance: str = ""
@@ -197,6 +200,8 @@ class NodeVerdict(_View, frozen=True, kw_only=True):
 
 
 class ExplainView(_View, frozen=True, kw_only=True):
+    """Every node's verdict on one pod, tried without placing it (``tessera explain``)."""
+
     pod: PodRef
     message: str = ""
     """kube-scheduler's one line (``0/N nodes are available: ...``), or that it fits."""

@@ -250,7 +250,7 @@ def sample_events() -> list[ev.Event]:
             min_resources={"nvidia.com/gpu": "2"},
         ),
         ev.PodGroupDeleted(namespace="ml", name="job-a"),
-        ev.BudgetUpdated(
+        ev.PdbUpdated(
             budget=Budget(
                 namespace="ml",
                 name="web",
@@ -265,7 +265,7 @@ def sample_events() -> list[ev.Event]:
                 computed=True,
             )
         ),
-        ev.BudgetDeleted(namespace="ml", name="web"),
+        ev.PdbDeleted(namespace="ml", name="web"),
         ev.QueueUpdated(
             name="research",
             weight=3,
@@ -315,7 +315,7 @@ def sample_events() -> list[ev.Event]:
             ),
             spanning=(ev.SpanPart(shard="pool-a", pods=(pod("train-0"),)),),
         ),
-        ev.GangSpanDecided(
+        ev.GangSpan(
             gang=GANG,
             attempt=2,
             commit=True,
@@ -360,7 +360,7 @@ def sample_events() -> list[ev.Event]:
             ),
         ),
         ev.AllocationBound(pod=pod(), node=node, grants=GRANTS, attempt=2),
-        ev.PreemptionDecided(
+        ev.AllocationPreempting(
             gang=GANG,
             preemptor=(pod("train-0"), pod("train-1")),
             victims=(
@@ -371,7 +371,9 @@ def sample_events() -> list[ev.Event]:
             nodes=(node,),
             attempt=4,
         ),
-        ev.BindFailed(pod=pod(), node=node, error="pod was deleted", attempt=2, cause="gone"),
+        ev.AllocationBindFailed(
+            pod=pod(), node=node, error="pod was deleted", attempt=2, cause="gone"
+        ),
         ev.AllocationReleased(pod=pod(), node=node, reason="pod deleted"),
         ev.AllocationAdmitted(pod=pod(), node=node),
     ]

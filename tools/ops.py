@@ -618,18 +618,21 @@ def _event_time(e: Mapping[str, Any]) -> str:
 
 
 def explain_table(view: views.ExplainView, limit: int | None = EXPLAIN_NODES) -> str:
-    """Every node's verdict, those that fit first: one row per reason, with what would
-    make the node fit; past ``limit`` nodes, how many more there are."""
+    """Every node's verdict, those that fit first: one row per reason, with the plugin
+    that found it and what would make the node fit; past ``limit`` nodes, how many more
+    there are."""
     shown = view.nodes if limit is None else view.nodes[:limit]
     rows = []
     for v in shown:
         if v.fits:
-            rows.append([v.node, "yes", "", ""])
+            rows.append([v.node, "yes", "", "", ""])
             continue
-        pairs = list(zip_longest(v.texts, v.hints, fillvalue="")) or [("", "")]
-        for i, (text, hint) in enumerate(pairs):
-            rows.append([v.node if i == 0 else "", "no" if i == 0 else "", text, hint])
-    out = table(["NODE", "FITS", "WHY NOT", "WHAT WOULD MAKE IT FIT"], rows)
+        plugins = [r.plugin for r in v.reasons]
+        rows_of = list(zip_longest(plugins, v.texts, v.hints, fillvalue="")) or [("", "", "")]
+        for i, (plugin, text, hint) in enumerate(rows_of):
+            first = i == 0
+            rows.append([v.node if first else "", "no" if first else "", plugin, text, hint])
+    out = table(["NODE", "FITS", "PLUGIN", "WHY NOT", "WHAT WOULD MAKE IT FIT"], rows)
     if len(shown) < len(view.nodes):
         out += f"... and {len(view.nodes) - len(shown)} more nodes (--all lists them)\n"
     return out

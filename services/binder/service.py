@@ -6,7 +6,7 @@ the grant land together. Up to ``bind_concurrency`` binds run at once, with no p
 lock. Transient API errors (429, 5xx, timeouts) are retried with backoff. Any other
 answer is read, never retried blindly: the refusal's ``Status`` (shared/kube.py
 ``refusal``) and, for a conflict, the pod as it is now (:func:`read_conflict`: already
-bound this way by an earlier try is a success) give ``BindFailed`` its cause
+bound this way by an earlier try is a success) give ``AllocationBindFailed`` its cause
 (shared/events.py ``BindCause``), which the allocator answers by releasing the
 reservation and the coordinator by placing the pod again, at once, after a backoff, or
 not at all. Only a refusal the pod's owner can act on (an admission policy's, say) is
@@ -28,7 +28,7 @@ Event and ``PodScheduled=False`` condition on each pod, with the per-node reason
 message is not repeated to a pod. The node a preemptor will go to is written as its
 ``status.nominatedNodeName`` (nominated.py).
 
-``PreemptionDecided``: each victim gets a ``Preempted`` Event naming the gang and why,
+``AllocationPreempting``: each victim gets a ``Preempted`` Event naming the gang and why,
 the ``DisruptionTarget`` condition (reason ``PreemptionByScheduler``, as kube-scheduler
 sets it), and is deleted (uid precondition, so a namesake is never hit) with its own
 grace period or ``scheduler.evictionGraceS``.
@@ -190,16 +190,21 @@ class Binder(Service):
             log.warning("security.grantKeyFile is not set: grants are written unsigned")
 
     def concurrency(self) -> int:
+        """Binds in flight at once: ``scheduler.bindConcurrency`` (no per-node lock: each Binding
+        carries its node and grant together)."""
         return self.rt.cfg.scheduler.bind_concurrency
 
     async def start(self) -> None:
+        """At stop, the ``Scheduled`` Events still queued are written (for up to
+        ``FLUSH_S``)."""
         self.rt.on_stop(self.scheduled.flush)
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """The writer of the ``Scheduled`` Events, one at a time beside the binds."""
         return {"scheduled-events": self.scheduled.run()}
 
     @handles(ev.AllocationFailed, ev.PodWaiting)
-    async def on_failed(self, event: ev.Refusal) -> None:
+    async def on_allocation_failed_or_pod_waiting(self, event: ev.Refusal) -> None:
         """Tell each pod why it was not placed (once per message), and where it will go
         once room is made for it (``nominatedNodeName``)."""
         if isinstance(event, ev.AllocationFailed) and event.nominated:
@@ -208,19 +213,22 @@ class Binder(Service):
             await self.tell_unschedulable(pod, event.message)
 
     @handles(ev.PodDeleted)
-    async def on_deleted(self, event: ev.PodDeleted) -> None:
+    async def on_pod_deleted(self, event: ev.PodDeleted) -> None:
         """Forget what was said to a pod that is gone."""
         self.told.pop(event.pod.uid, None)
         self.bound.discard(event.pod.uid)
 
-    @handles(ev.PreemptionDecided)
-    async def on_preempting(self, event: ev.PreemptionDecided) -> None:
+    @handles(ev.AllocationPreempting)
+    async def on_allocation_preempting(self, event: ev.AllocationPreempting) -> None:
         """Evict the victims of a preemption."""
         await asyncio.gather(*(self.evict(v.pods, v.why, event) for v in event.victims))
 
     async def evict(
-        self, pods: tuple[PodRef, ...], why: str, decided: ev.PreemptionDecided
+        self, pods: tuple[PodRef, ...], why: str, decided: ev.AllocationPreempting
     ) -> None:
+        """Tell each victim it is preempted (Event and ``DisruptionTarget`` condition), then delete
+        it with its uid as precondition and ``scheduler.evictionGraceS``; one already gone is no
+        error."""
         gang = f"{decided.gang.namespace}/{decided.gang.name}"
         message = f"Preempted by gang {gang} (queue {decided.gang.queue}): {why}"
         grace = self.rt.cfg.scheduler.eviction_grace_s
@@ -236,7 +244,7 @@ class Binder(Service):
                     log.warning("cannot evict %s for gang %s: %s", pod, gang, exc.status)
 
     @handles(ev.AllocationDecided)
-    async def bind(self, decided: ev.AllocationDecided) -> None:
+    async def on_allocation_decided(self, decided: ev.AllocationDecided) -> None:
         """Write the pod's Binding with its grant; say it is bound, or that it failed."""
         annotations = ann.grant_annotations(
             decided.node,
@@ -292,7 +300,7 @@ class Binder(Service):
         )
         self.bind_failures.add(1)
         await self.rt.bus.publish(
-            ev.BindFailed(
+            ev.AllocationBindFailed(
                 pod=decided.pod,
                 node=decided.node,
                 error=refused.why,
@@ -353,6 +361,8 @@ class Binder(Service):
         return read_conflict(decided, answer, obj)
 
     async def tell_unschedulable(self, pod: PodRef, message: str) -> None:
+        """Write ``FailedScheduling`` and ``PodScheduled=False`` on a pod, unless this message was
+        its last one or this binder bound it (a late refusal must not reach it)."""
         if self.told.get(pod.uid) == message or pod.uid in self.bound:
             return
         self.told[pod.uid] = message

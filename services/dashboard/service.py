@@ -148,6 +148,7 @@ class Tail:
         return [frame for n, frame in self._kept if n > since], page
 
     def leave(self, page: asyncio.Queue[Frame]) -> None:
+        """A page closed: its queue gets no more events."""
         self._pages.discard(page)
 
     def close(self) -> None:
@@ -164,6 +165,7 @@ class Tail:
 
     @property
     def pages(self) -> int:
+        """Pages following the events now."""
         return len(self._pages)
 
 
@@ -192,6 +194,8 @@ class Dashboard:
         self._sub: Subscription | None = None
 
     def app(self) -> web.Application:
+        """The aiohttp app: the page, ``/api/ledger``, ``/api/queues``, the ``/api/events`` stream,
+        the static files and the health routes, with the security headers on every answer."""
         app = web.Application()
         app.router.add_get("/", self._page)
         app.router.add_get("/api/ledger", self._view(self.ledger))

@@ -7,6 +7,7 @@ from shared.runtime import main_entry
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--shard NAME``: the shard of ``scheduler.shards`` this allocator places."""
     parser.add_argument(
         "--shard",
         metavar="NAME",

@@ -198,7 +198,7 @@ class Gangs:
             result = "unresolvable" if any(r.unresolvable for r in refused) else "unschedulable"
         stats.placements.add(1, {"result": result})
         for e in more:
-            if isinstance(e, ev.PreemptionDecided):
+            if isinstance(e, ev.AllocationPreempting):
                 stats.preempted.add(sum(len(v.pods) for v in e.victims))
         if not placed:
             return

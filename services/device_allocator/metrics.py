@@ -24,6 +24,9 @@ MIB = 1 << 20
 
 
 class AllocatorMetrics:
+    """The allocator's metrics: gauges read from the ledger at each scrape, and the placement
+    counters and latency histograms its handlers record."""
+
     def __init__(self, metrics: Metrics, ledger: Ledger) -> None:
         self.ledger = ledger
         m = metrics

@@ -2,7 +2,7 @@
 
 One ``AllocationDecided`` per placed pod, an ``AllocationFailed`` per refusal (with how
 many nodes run another config), and, from room made for a gang that does not fit
-(shared/core/room.py ``Made``), its ``PreemptionDecided``; from nominations that lapsed
+(shared/core/room.py ``Made``), its ``AllocationPreempting``; from nominations that lapsed
 (``Lapsed``), an ``AllocationReleased`` per device given back. Each is logged as it is
 built; nothing here changes the ledger.
 """
@@ -62,7 +62,7 @@ def unplaced(gang: ev.GangReady, members: list[GangMember], guard: int) -> Unpla
 
 
 def room_made(gang: ev.GangReady, members: list[GangMember], made: Made) -> list[ev.Event]:
-    """What room made for ``gang`` publishes: its ``PreemptionDecided``, if it preempts."""
+    """What room made for ``gang`` publishes: its ``AllocationPreempting``, if it preempts."""
     key = gang.gang.key
     if made.starved:
         log.info("gang %s has starved: holding %s for it", key, ", ".join(made.starved))
@@ -77,7 +77,7 @@ def room_made(gang: ev.GangReady, members: list[GangMember], made: Made) -> list
         "; ".join(f"{', '.join(str(p) for p in v.pods)} ({v.why})" for v in found.victims),
     )
     return [
-        ev.PreemptionDecided(
+        ev.AllocationPreempting(
             gang=gang.gang,
             preemptor=tuple(m.pod for m in members),
             victims=found.victims,

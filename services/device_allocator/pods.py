@@ -3,7 +3,7 @@
 Assume, then bind (kube-scheduler's cache)::
 
     reserved --PodUpdated(bound)--> granted (reservation dropped: the pod holds it)
-    reserved --BindFailed / pod deleted / bind timed out--> released
+    reserved --AllocationBindFailed / pod deleted / bind timed out--> released
     granted  --PodDeleted--> released
 
 A bound pod is the truth: bound as reserved, its own spec replaces the one reserved;
@@ -158,7 +158,7 @@ class Pods:
             await self.refuse_forged(grant.pod, grant.node)
         return found
 
-    async def bind_failed(self, event: ev.BindFailed) -> None:
+    async def bind_failed(self, event: ev.AllocationBindFailed) -> None:
         """The bind failed: release the reservation. A pod bound elsewhere whose
         ``PodUpdated`` came first holds its real grant here now (:meth:`updated`
         followed it and closed the reservation): that one stays."""

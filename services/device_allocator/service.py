@@ -9,7 +9,7 @@ Assume, then bind (kube-scheduler's cache)::
 
     GangReady --place--> reserved (ledger + reservation KV) --AllocationDecided--> binder
         reserved --PodUpdated(bound)--> granted (reservation dropped: the pod holds it)
-        reserved --BindFailed / pod deleted / bind timed out--> released
+        reserved --AllocationBindFailed / pod deleted / bind timed out--> released
         granted  --PodDeleted--> released
 
 This module is the shell: it wires the ledger, the core's placer and room
@@ -147,14 +147,17 @@ class Allocator(Service):
 
     @classmethod
     def check_args(cls, cfg: Config, args: argparse.Namespace | None) -> None:
+        """Refuse a ``--shard`` that does not fit ``scheduler.shards`` (:func:`shard_of`)."""
         shard_of(cfg, args)
 
     @classmethod
     def lease_key(cls, rt: Runtime) -> str:
+        """One lease per shard (``device-allocator.<shard>``), the service's name unsharded."""
         shard, _ = shard_of(rt.cfg, rt.args)
         return f"{cls.NAME}.{shard}" if shard else cls.NAME
 
     def durable(self) -> str:
+        """One consumer per shard, numbered (shared/busauth.py ``shard_consumer``)."""
         return shard_consumer(self.NAME, self.shard_index) if self.shard else self.NAME
 
     def subjects(self) -> list[str]:
@@ -164,6 +167,8 @@ class Allocator(Service):
         return sorted({mine, *(s for s in super().subjects() if s != everyone)})
 
     def concurrency(self) -> int:
+        """``ALLOCATOR_CONCURRENCY`` events at once: only their I/O overlaps (each handler's ledger
+        work runs before its first await, so the ledger sees events in stream order)."""
         return ALLOCATOR_CONCURRENCY
 
     async def start(self) -> None:
@@ -214,12 +219,14 @@ class Allocator(Service):
         self.rt.spawn(report_catch_up(self.rt, self.durable()), "catch-up", finite=True)
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """The reservation expiry loop and the heartbeat reconciliation of node inventories."""
         return {
             "expire-reservations": self.expire_loop(),
             "reconcile-inventory": self.nodes.reconcile_loop(),
         }
 
     def views(self) -> dict[str, ViewHandler]:
+        """The ledger and explain views, answered while this replica is active."""
         return {
             VIEW_LEDGER_SUBJECT: self.ledger_view,
             VIEW_EXPLAIN_SUBJECT: self.explain_view,
@@ -273,8 +280,8 @@ class Allocator(Service):
         not, with room made for it): gangs.py."""
         await self.gangs.ready(gang)
 
-    @handles(ev.GangSpanDecided)
-    async def on_gang_span(self, event: ev.GangSpanDecided) -> None:
+    @handles(ev.GangSpan)
+    async def on_gang_span(self, event: ev.GangSpan) -> None:
         """A gang placed across shards is committed or aborted: span.py."""
         await self.span.decide(event)
 
@@ -290,8 +297,8 @@ class Allocator(Service):
         """A pod is gone: release what it held."""
         await self.pods.release(event.pod, event.node, "pod deleted")
 
-    @handles(ev.BindFailed)
-    async def on_allocation_bind_failed(self, event: ev.BindFailed) -> None:
+    @handles(ev.AllocationBindFailed)
+    async def on_allocation_bind_failed(self, event: ev.AllocationBindFailed) -> None:
         """The bind failed: release the reservation (pods.py)."""
         await self.pods.bind_failed(event)
 

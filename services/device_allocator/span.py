@@ -4,7 +4,7 @@ With ``scheduler.shards`` (shared/core/shards.py), a gang no shard can place who
 round the shards again (:meth:`Span.onward`), to be placed across them: each shard holds
 what it can of the pods left (``holding``: in the ledger, not yet reserved or published)
 and passes the rest on; the shard that brings the gang to ``minMember`` publishes
-``GangSpanDecided`` to commit every part (each shard then reserves and decides its own),
+``GangSpan`` to commit every part (each shard then reserves and decides its own),
 the last one aborts them otherwise (and tells the pods what every shard found). A hold
 that is never decided lapses after ``SPAN_HOLD_S``. A shard's part is granted in one
 statement (shared/core/ledger.py), and released in one.
@@ -143,10 +143,8 @@ class Span:
         tried = gang.tried or Status(code=Code.UNSCHEDULABLE)
         out: list[ev.Event] = []
 
-        def span_decided(commit: bool) -> ev.GangSpanDecided:
-            return ev.GangSpanDecided(
-                gang=gang.gang, attempt=gang.attempt, commit=commit, parts=parts
-            )
+        def span_decided(commit: bool) -> ev.GangSpan:
+            return ev.GangSpan(gang=gang.gang, attempt=gang.attempt, commit=commit, parts=parts)
 
         if count >= max(gang.min_member, 1):
             log.info(
@@ -171,7 +169,7 @@ class Span:
             out.append(refusal)
         await self.rt.bus.publish_many(out)
 
-    async def decide(self, event: ev.GangSpanDecided) -> None:
+    async def decide(self, event: ev.GangSpan) -> None:
         """A gang placed across shards is committed (this shard reserves its part and
         decides its pods) or aborted (its part is released)."""
         held = self.drop((event.gang.key, event.attempt), "", release=not event.commit)

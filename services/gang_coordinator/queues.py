@@ -47,6 +47,8 @@ class Why:
 
     @classmethod
     def of(cls, refusal: ev.Refusal) -> Why:
+        """A refusal's message and resolvability, with the kind of the reason found on the most
+        nodes ("" when it names none)."""
         reasons = refusal.status.reasons if refusal.status is not None else ()
         top = max(reasons, key=lambda r: r.nodes, default=None)
         return cls(refusal.message, refusal.unresolvable, top.kind if top else "")

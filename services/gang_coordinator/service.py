@@ -96,11 +96,16 @@ class Coordinator(Service):
         self._scraped = self.snapshot()
 
     def snapshot(self, *, with_gangs: bool = True) -> Snapshot:
+        """Every queue's figures now (queues.py :func:`snapshot`); ``with_gangs`` False leaves out
+        the per-gang views, which the queue status does not need."""
         return snapshot(
             self.gangs, self.status.phase, self.why, time.monotonic(), with_gangs=with_gangs
         )
 
     async def start(self) -> None:
+        """Take every node's latest inventory from the KV (published before the consumer
+        existed), ask the watcher once to re-announce what waits, and log when the backlog
+        is handled."""
         # Inventories published before the consumer existed: the KV has every node's latest.
         inventories = await through_failover("inventories", self.rt.bus.inventories)
         for inventory in inventories.values():
@@ -109,6 +114,8 @@ class Coordinator(Service):
         self.rt.spawn(report_catch_up(self.rt, self.durable()), "catch-up", finite=True)
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """The dispatch loop, the PodGroup and Queue status writers, and the heartbeat
+        reconciliation of node inventories."""
         return {
             "dispatch": self.dispatch_loop(),
             "podgroup-status": self.status.writer(),
@@ -117,9 +124,11 @@ class Coordinator(Service):
         }
 
     def views(self) -> dict[str, ViewHandler]:
+        """The queues view, answered while this replica is active."""
         return {VIEW_QUEUES_SUBJECT: self.queues_view}
 
     async def queues_view(self, _payload: bytes) -> QueuesView:
+        """``tessera.ctl.view.queues``: every queue's figures and each waiting gang, taken now."""
         snap = self.snapshot()
         return QueuesView(
             queues=tuple(snap.queues),
@@ -139,7 +148,7 @@ class Coordinator(Service):
     # --- pods -------------------------------------------------------------------------
 
     @handles(ev.PodPending)
-    async def on_pending(self, event: ev.PodPending) -> None:
+    async def on_pod_pending(self, event: ev.PodPending) -> None:
         """A pod waits for placement (or is announced again)."""
         member = Member(
             pod=event.pod,
@@ -164,12 +173,12 @@ class Coordinator(Service):
         self.wake.set()
 
     @handles(ev.AllocationDecided)
-    async def on_decided(self, event: ev.AllocationDecided) -> None:
+    async def on_allocation_decided(self, event: ev.AllocationDecided) -> None:
         """The allocator placed a pod: it counts against its queue as granted."""
         self.gangs.decided(event.pod.uid, grant_vector(event.grants))
 
     @handles(ev.AllocationFailed)
-    async def on_failed(self, event: ev.AllocationFailed) -> None:
+    async def on_allocation_failed(self, event: ev.AllocationFailed) -> None:
         """The allocator could not place these pods: park them, and say why on the PodGroup."""
         self.gangs.failed(
             (p.uid for p in event.pods),
@@ -183,8 +192,8 @@ class Coordinator(Service):
                 self.status.pending(event.gang.key, event.message)
         self.wake.set()
 
-    @handles(ev.BindFailed)
-    async def on_bind_failed(self, event: ev.BindFailed) -> None:
+    @handles(ev.AllocationBindFailed)
+    async def on_allocation_bind_failed(self, event: ev.AllocationBindFailed) -> None:
         """The bind failed (the allocator released the reservation); what comes next is
         the binder's reading of why (shared/events.py ``BindCause``), never a blind retry."""
         uid = event.pod.uid
@@ -202,7 +211,7 @@ class Coordinator(Service):
         self.wake.set()
 
     @handles(ev.PodUpdated)
-    async def on_bound(self, event: ev.PodUpdated) -> None:
+    async def on_pod_updated(self, event: ev.PodUpdated) -> None:
         """A pod is bound; its PodGroup runs once ``minMember`` are."""
         key = self.gangs.bound_now(event.pod.uid)
         self._drop(event.pod.uid)
@@ -210,7 +219,7 @@ class Coordinator(Service):
             self.status.running(key, running)
 
     @handles(ev.PodDeleted, ev.PodRejected)
-    async def on_gone(self, event: ev.PodDeleted | ev.PodRejected) -> None:
+    async def on_pod_deleted_or_rejected(self, event: ev.PodDeleted | ev.PodRejected) -> None:
         """A pod is gone or invalid: it no longer waits or counts."""
         self.gangs.forget(event.pod.uid)
         self._drop(event.pod.uid)
@@ -223,7 +232,7 @@ class Coordinator(Service):
     # --- PodGroups, Queues, nodes --------------------------------------------------------
 
     @handles(ev.PodGroupUpdated)
-    async def on_podgroup(self, event: ev.PodGroupUpdated) -> None:
+    async def on_podgroup_updated(self, event: ev.PodGroupUpdated) -> None:
         """A PodGroup's size, task minimums or queue (a group may be ready now)."""
         key = GangKey(namespace=event.namespace, name=event.name)
         if not ev.changed(self.podgroups.get(key), event):
@@ -245,19 +254,19 @@ class Coordinator(Service):
         self.gangs.groups.pop(key, None)
         self.status.known.discard(key)
 
-    @handles(ev.BudgetUpdated)
-    async def on_budget(self, event: ev.BudgetUpdated) -> None:
+    @handles(ev.PdbUpdated)
+    async def on_pdb_updated(self, event: ev.PdbUpdated) -> None:
         """A PodDisruptionBudget's reading: victims it covers are offered after others."""
         b = event.budget
         self.gangs.budgets.setdefault(b.namespace, {})[b.name] = b
 
-    @handles(ev.BudgetDeleted)
-    async def on_budget_deleted(self, event: ev.BudgetDeleted) -> None:
+    @handles(ev.PdbDeleted)
+    async def on_pdb_deleted(self, event: ev.PdbDeleted) -> None:
         """A PodDisruptionBudget is gone."""
         self.gangs.budgets.get(event.namespace, {}).pop(event.name, None)
 
     @handles(ev.QueueUpdated)
-    async def on_queue(self, event: ev.QueueUpdated) -> None:
+    async def on_queue_updated(self, event: ev.QueueUpdated) -> None:
         """A Queue's weight, capability, guarantee or state (shares change)."""
         if not ev.changed(self.queues.get(event.name), event):
             return
@@ -281,7 +290,7 @@ class Coordinator(Service):
         self._helpful(node_changed=True)
 
     @handles(ev.NodeInventory)
-    async def on_inventory(self, event: ev.NodeInventory) -> None:
+    async def on_node_inventory(self, event: ev.NodeInventory) -> None:
         """A node's devices (the cluster's capacity, which parked pods may now use)."""
         self.gangs.set_node(event.node, event.devices)
         self._helpful(node_changed=True)
@@ -293,12 +302,14 @@ class Coordinator(Service):
         self._helpful(node_changed=True)
 
     @handles(ev.NodeUpdated)
-    async def on_node(self, _event: ev.NodeUpdated) -> None:
+    async def on_node_updated(self, _event: ev.NodeUpdated) -> None:
         """A node's cordons changed: parked pods may fit elsewhere now."""
         self._helpful(node_changed=True)
 
     @handles(ev.AllocationReleased, ev.AllocationAdmitted)
-    async def on_freed(self, _event: ev.AllocationReleased | ev.AllocationAdmitted) -> None:
+    async def on_allocation_released_or_admitted(
+        self, _event: ev.AllocationReleased | ev.AllocationAdmitted
+    ) -> None:
         """Devices came free or an admission ended: parked pods are retried."""
         # Devices came free, or a pod of the same admission key left the kubelet.
         self._helpful(node_changed=False)
@@ -361,6 +372,8 @@ class Coordinator(Service):
         )
 
     async def dispatch_loop(self) -> None:
+        """Dispatch when woken (a pod, a refusal, a freed device) or at the next retry due, within a
+        second, then pause ``DISPATCH_INTERVAL_S`` so pods arriving together go together."""
         while True:
             delay = max(0.05, self.gangs.next_retry() - time.monotonic())
             with contextlib.suppress(TimeoutError):

@@ -67,7 +67,7 @@ class JobController(Service):
     # --- Jobs --------------------------------------------------------------------------
 
     @handles(ev.JobUpdated)
-    async def on_job_event(self, job: ev.JobUpdated) -> None:
+    async def on_job_updated(self, job: ev.JobUpdated) -> None:
         """A Job of ours appeared or changed."""
         if not self.ours(job):
             return
@@ -76,13 +76,13 @@ class JobController(Service):
             await self.on_job(job)
 
     @handles(ev.JobDeleted)
-    async def on_job_deleted_event(self, event: ev.JobDeleted) -> None:
+    async def on_job_deleted(self, event: ev.JobDeleted) -> None:
         """A Job of ours is gone: delete what it made (its pods also when this replica
         never saw the Job: it started after the Job was deleted)."""
         key = (event.namespace, event.name)
         if key in self.runner.jobs or self.runner.pods.get(key):
             async with self.runner.lock:
-                await self.on_job_deleted(event.namespace, event.name)
+                await self.remove_job(event.namespace, event.name)
 
     async def on_job(self, job: ev.JobUpdated, obj: dict[str, Any] | None = None) -> None:
         """A Job as announced (under the lock): checked, read with Volcano's defaults,
@@ -120,7 +120,7 @@ class JobController(Service):
         tracked.status = status.entered("Failed", kube.now_rfc3339(), INVALID, message)
         await self.calls.write_status(tracked)
 
-    async def on_job_deleted(self, namespace: str, name: str) -> None:
+    async def remove_job(self, namespace: str, name: str) -> None:
         """A Job is deleted (under the lock): what it made goes with it."""
         tracked, pods = self.runner.forget((namespace, name))
         await resources.remove(self.calls, namespace, name, tracked, pods)

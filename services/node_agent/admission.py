@@ -39,11 +39,14 @@ class Waiting:
     """Per channel, how many of its containers were handed their grant."""
 
     def next_grant(self, channel: Channel) -> ContainerGrant | None:
+        """The container grant the next call on ``channel`` gets (containers that ask devices of
+        ``channel``, in order), or None once all of them were served."""
         using = [c for c in self.grants if channel in amounts(c)]
         i = self.served.get(channel, 0)
         return using[i] if i < len(using) else None
 
     def done(self) -> bool:
+        """Whether every container was served on every channel it asks: the pod is admitted."""
         calls = container_amounts(self.grants)
         return all(self.served.get(ch, 0) >= len(n) for ch, n in calls.items())
 
@@ -72,12 +75,15 @@ class Admissions:
         self._order = 0
 
     def bound(self, pod: PodRef, grants: tuple[ContainerGrant, ...]) -> None:
+        """A pod bound here waits for its calls, in the order bound; a repeat, or a pod granted no
+        device, is not recorded."""
         if pod.uid in self.waiting or not any(c.devices for c in grants):
             return
         self._order += 1
         self.waiting[pod.uid] = Waiting(pod=pod, grants=grants, order=self._order)
 
     def gone(self, uid: PodUID) -> None:
+        """A pod deleted or admitted: it waits no more, and no channel keeps serving it."""
         self.waiting.pop(uid, None)
         for channel, current in list(self.current.items()):
             if current == uid:

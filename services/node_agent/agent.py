@@ -51,6 +51,8 @@ _LIST_FAILED: tuple[type[Exception], ...] = (*kube.UNREACHABLE, ApiException)
 
 
 def consumer_name(node: NodeName) -> str:
+    """The durable consumer of ``node``'s agent: ``node-agent-<node>``, with each character a NATS
+    name may not hold replaced by ``_``."""
     return "node-agent-" + re.sub(r"[^A-Za-z0-9_-]", "_", node)
 
 
@@ -229,6 +231,8 @@ class Agent:
         await self.desk.bound(event.pod, event.grants)
 
     def released(self, event: ev.AllocationReleased) -> None:
+        """A pod of this node is gone: no Allocate is matched to it, its metrics lose its name and
+        its grant no longer keeps a MIG card from being cut."""
         self.desk.gone(event.pod.uid)
         self.pods.pop(event.pod.uid, None)
         self.held.pop(event.pod.uid, None)
@@ -264,6 +268,8 @@ class Agent:
             await self._serve()
 
     async def admitted(self, pod: PodRef) -> None:
+        """The kubelet took the last container of ``pod``: its metrics carry its name now, and
+        ``allocation.admitted`` lets the next pod of its admission key bind here."""
         self.pods[pod.uid] = pod
         await self.rt.bus.publish(ev.AllocationAdmitted(pod=pod, node=self.node))
 
@@ -271,6 +277,7 @@ class Agent:
         self.metrics.allocations.add(1, {"resource": resource, "result": result})
 
     def by_uuid(self) -> dict[DeviceUUID, DeviceInfo]:
+        """The node's devices as last read, by UUID."""
         return {d.uuid: d for d in self.devices}
 
     async def _serve(self) -> None:
@@ -351,6 +358,8 @@ class Agent:
             await self._serve()
 
     async def heartbeat(self) -> None:
+        """Re-put the inventory in the KV every ``scheduler.heartbeatS`` (unchanged, its ``seq``
+        advanced): the central services' reconciliation reads it."""
         while True:
             await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
             await self.rt.bus.put_inventory(self._report())

@@ -36,7 +36,9 @@ class InventorySource(Protocol):
         """UUID → (memory in use, bytes; utilisation, percent), for the metrics."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what reading holds (NVML and its XID watch); called at the agent's stop."""
+        ...
 
 
 @dataclass
@@ -47,15 +49,19 @@ class FileSource:
     node: str
 
     def read(self) -> tuple[DeviceInfo, ...]:
+        """The file's devices of ``node``, read again each time; a node the file does not list stops
+        the agent (``SystemExit``)."""
         nodes = expand(load_inventory(self.path))
         if self.node not in nodes:
             raise SystemExit(f"tessera node-agent: {self.path} has no node {self.node}")
         return nodes[NodeName(self.node)][1]
 
     def usage(self) -> dict[str, tuple[int, float]]:
+        """No usage to report: a file has no live devices."""
         return {}
 
     def close(self) -> None:
+        """Nothing held open."""
         return None
 
 
@@ -67,10 +73,13 @@ class NoDevices:
     why: str
 
     def read(self) -> tuple[DeviceInfo, ...]:
+        """No device."""
         return ()
 
     def usage(self) -> dict[str, tuple[int, float]]:
+        """No usage to report."""
         return {}
 
     def close(self) -> None:
+        """Nothing held open."""
         return None

@@ -58,12 +58,30 @@ class Instance:
 class MigDriver(Protocol):
     """The MIG calls the agent makes (NVML on a real card; a fake in tests)."""
 
-    def mig_enabled(self, card: str) -> bool: ...
-    def profiles(self, card: str) -> list[GiProfile]: ...
-    def placements(self, card: str, profile_id: int) -> list[tuple[int, int]]: ...
-    def instances(self, card: str) -> list[Instance]: ...
-    def create(self, card: str, profile: GiProfile, start: int) -> None: ...
-    def destroy(self, card: str, instance: Instance) -> None: ...
+    def mig_enabled(self, card: str) -> bool:
+        """Whether MIG mode is on now on ``card`` (by UUID); Tessera never switches it."""
+        ...
+
+    def profiles(self, card: str) -> list[GiProfile]:
+        """The GPU-instance profiles ``card`` offers."""
+        ...
+
+    def placements(self, card: str, profile_id: int) -> list[tuple[int, int]]:
+        """Where on ``card`` an instance of the profile may start: (start, size) slices."""
+        ...
+
+    def instances(self, card: str) -> list[Instance]:
+        """The GPU instances ``card`` runs now."""
+        ...
+
+    def create(self, card: str, profile: GiProfile, start: int) -> None:
+        """Make a GPU instance of ``profile`` at slice ``start``, with one compute
+        instance spanning it."""
+        ...
+
+    def destroy(self, card: str, instance: Instance) -> None:
+        """Remove ``instance``, its compute instances first."""
+        ...
 
 
 def profile_for(name: str, memory_mib: int, offered: Sequence[GiProfile]) -> GiProfile:
@@ -179,10 +197,12 @@ class NvmlMig:
         return self.nvml.nvmlDeviceGetHandleByUUID(card)
 
     def mig_enabled(self, card: str) -> bool:
+        """Whether the card's current MIG mode is enabled (a pending change does not count)."""
         current, _pending = self.nvml.nvmlDeviceGetMigMode(self._handle(card))
         return bool(current == self.nvml.NVML_DEVICE_MIG_ENABLE)
 
     def profiles(self, card: str) -> list[GiProfile]:
+        """Every GPU-instance profile the card answers for; those it does not offer are skipped."""
         nvml, h = self.nvml, self._handle(card)
         out = []
         for pid in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
@@ -194,6 +214,7 @@ class NvmlMig:
         return out
 
     def placements(self, card: str, profile_id: int) -> list[tuple[int, int]]:
+        """NVML's possible placements of the profile on the card (at most 8)."""
         nvml = self.nvml
         array = (nvml.c_nvmlGpuInstancePlacement_t * 8)()
         count = ctypes.c_uint(8)
@@ -203,6 +224,7 @@ class NvmlMig:
         return [(int(array[i].start), int(array[i].size)) for i in range(count.value)]
 
     def instances(self, card: str) -> list[Instance]:
+        """The card's GPU instances of every profile it offers, with their placements."""
         nvml, h = self.nvml, self._handle(card)
         out = []
         for p in self.profiles(card):
@@ -215,6 +237,8 @@ class NvmlMig:
         return out
 
     def create(self, card: str, profile: GiProfile, start: int) -> None:
+        """A GPU instance at ``start`` and one shared-engine compute instance spanning its
+        slices."""
         nvml = self.nvml
         placement = nvml.c_nvmlGpuInstancePlacement_t()
         placement.start, placement.size = start, 0
@@ -229,6 +253,8 @@ class NvmlMig:
         nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci.id)
 
     def destroy(self, card: str, instance: Instance) -> None:
+        """Destroy every compute instance of ``instance`` (of each profile), then the GPU
+        instance."""
         nvml = self.nvml
         for cip in range(nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             array = (nvml.c_nvmlComputeInstance_t * 8)()

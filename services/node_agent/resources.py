@@ -40,6 +40,8 @@ class CountResource:
 
 
 def ascend_chip(cfg: Config, device: DeviceInfo) -> VnpuChip | None:
+    """The configured vNPU chip (``devices.vnpus``) of an Ascend card, by its chip name; None when
+    none is configured."""
     return next((c for c in cfg.devices.vnpus if c.chip_name == device.chip), None)
 
 

@@ -100,6 +100,7 @@ class NodeAgent(Service):
         self.agent: Agent | None = None
 
     def durable(self) -> str:
+        """Its own node's consumer (agent.py :func:`consumer_name`)."""
         return consumer_name(self.node)
 
     def subjects(self) -> list[str]:
@@ -109,6 +110,9 @@ class NodeAgent(Service):
         return sorted(t.filter_subject(self.node) for t in self.handled())
 
     async def start(self) -> None:
+        """With ``--simulate``, start the simulated nodes and their heartbeat; else open
+        ``--source``, start the node's agent (services/node_agent/agent.py) and its health and
+        heartbeat loops."""
         if self.simulate:
             simulator = Simulator(self.rt, self.api, load_inventory(self.simulate))
             await simulator.start()
@@ -122,13 +126,13 @@ class NodeAgent(Service):
         self.rt.spawn(self.agent.heartbeat(), "heartbeat")
 
     @handles(ev.AllocationBound)
-    async def on_bound(self, event: ev.AllocationBound) -> None:
+    async def on_allocation_bound(self, event: ev.AllocationBound) -> None:
         """A pod was bound to this node: its Allocate calls will get its grant."""
         if self.agent is not None and event.node == self.node:
             await self.agent.bound(event)
 
     @handles(ev.AllocationReleased)
-    async def on_released(self, event: ev.AllocationReleased) -> None:
+    async def on_allocation_released(self, event: ev.AllocationReleased) -> None:
         """A pod of this node is gone: forget its grant."""
         if self.agent is not None and event.node == self.node:
             self.agent.released(event)

@@ -233,6 +233,8 @@ class Simulator:
     async def register(
         self, name: NodeName, spec: SimNode, devices: tuple[DeviceInfo, ...]
     ) -> None:
+        """Create the node's Node object (an existing one is kept) and set its labels, taints,
+        capacity and allocatable, and a ``Ready`` condition, as its kubelet would."""
         labels = {"kubernetes.io/hostname": name, "tessera.io/simulated": "true", **spec.labels}
         if any(d.vendor == "nvidia" for d in devices):
             labels.setdefault("volcano.sh/vgpu.enabled", "true")
@@ -288,6 +290,8 @@ class Simulator:
         )
 
     def inventory(self, name: NodeName, devices: tuple[DeviceInfo, ...]) -> ev.NodeInventory:
+        """The node's inventory as published, numbered by one ``seq`` shared by every simulated
+        node."""
         self.seq += 1
         return ev.NodeInventory(
             node=name,
@@ -298,6 +302,7 @@ class Simulator:
         )
 
     async def start(self) -> None:
+        """Register every node and publish its inventory (event and KV), 32 at a time."""
         semaphore = asyncio.Semaphore(32)
 
         async def one(name: NodeName, spec: SimNode, devices: tuple[DeviceInfo, ...]) -> None:
@@ -315,6 +320,7 @@ class Simulator:
         )
 
     async def heartbeat(self) -> None:
+        """Re-put every simulated node's inventory in the KV every ``scheduler.heartbeatS``."""
         while True:
             await asyncio.sleep(self.rt.cfg.scheduler.heartbeat_s)
             for name, (_, devices) in self.nodes.items():

@@ -2,7 +2,7 @@
 
 The watcher lists and watches ``policy/v1`` PodDisruptionBudgets beside every pod, and
 tells the gang-coordinator (which offers preemption victims) each budget's reading as
-``BudgetUpdated``: its selector and the disruptions it allows, from a current status
+``PdbUpdated``: its selector and the disruptions it allows, from a current status
 when kube-controller-manager writes one, otherwise computed from its spec and the
 readiness of the pods it matches (shared/core/disruption.py ``Budgets``). A pod event
 changes a budget's reading only through the budgets of its namespace.
@@ -51,10 +51,10 @@ class BudgetWatch:
             return
         if spec is None:
             if self.budgets.remove_budget(namespace, name):
-                await self.publish(ev.BudgetDeleted(namespace=namespace, name=name))
+                await self.publish(ev.PdbDeleted(namespace=namespace, name=name))
             return
         if (budget := self.budgets.set_budget(spec)) is not None:
-            await self.publish(ev.BudgetUpdated(budget=budget))
+            await self.publish(ev.PdbUpdated(budget=budget))
 
     async def on_relist(self, items: list[dict[str, Any]]) -> None:
         """A full list: budgets known here that it lacks were deleted meanwhile."""
@@ -78,13 +78,13 @@ class BudgetWatch:
         except UNREADABLE:
             return
         for budget in self.budgets.set_pod(namespace, uid, pod):
-            await self.publish(ev.BudgetUpdated(budget=budget))
+            await self.publish(ev.PdbUpdated(budget=budget))
 
     async def on_pods_listed(self, present: Iterable[PodUID]) -> None:
         """A full list of pods read (each through ``on_pod``): those it lacks are gone."""
         for budget in self.budgets.keep_only(present):
-            await self.publish(ev.BudgetUpdated(budget=budget))
+            await self.publish(ev.PdbUpdated(budget=budget))
 
     def known(self) -> list[ev.Event]:
         """Every budget's reading, for a resync (a restarted coordinator learns them)."""
-        return [ev.BudgetUpdated(budget=b) for b in self.budgets.current.values()]
+        return [ev.PdbUpdated(budget=b) for b in self.budgets.current.values()]

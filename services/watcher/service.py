@@ -19,7 +19,7 @@ This module owns the service: what each pod and node means, and the wiring. Besi
 the list-watch of every pod, pending ones first at a start (pods.py); how an object
 reads as an event (translate.py); namespaces, PodGroups, Queues and Jobs, one generic
 mirror each (mirrors.py); PodDisruptionBudgets and what each allows now, as
-``BudgetUpdated`` (budgets.py).
+``PdbUpdated`` (budgets.py).
 
 Each pending announcement opens the root span of one scheduling attempt; the bus carries
 it through coordinator, allocator and binder.
@@ -113,6 +113,8 @@ class Watcher(Service):
         """Namespaces, PodGroups, Queues and Jobs (mirrors.py)."""
 
     async def start(self) -> None:
+        """Answer the coordinators' resync requests (``tessera.ctl.resync``), publish what is queued
+        at a stop, and start looking for Volcano's CRDs."""
         self.rt.on_stop(self.flush)
         await self.rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=self.on_resync_request)
         self.rt.spawn(
@@ -131,6 +133,8 @@ class Watcher(Service):
             await self.out.flush()
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """The publisher, the watches of pods, Nodes, namespaces and PodDisruptionBudgets, and the
+        periodic resync."""
         return {
             "publish": self.out.run(),
             "watch-pods": self.pods.watch(self.api),
@@ -313,6 +317,7 @@ class Watcher(Service):
             )
 
     async def resync_loop(self) -> None:
+        """Re-announce everything every ``scheduler.resyncS``."""
         while True:
             await asyncio.sleep(self.rt.cfg.scheduler.resync_s)
             await self.resync()
@@ -327,6 +332,8 @@ class Watcher(Service):
             await self.out.put(msgspec.structs.replace(e, event_id=ev.new_id()))
 
     async def on_resync_request(self, msg: Msg) -> None:
+        """A coordinator asked for a resync: re-announce, and answer with the number of pending
+        pods."""
         await self.resync()
         if msg.reply:
             await msg.respond(str(len(self.pending)).encode())
@@ -358,6 +365,8 @@ class Watcher(Service):
             await self.out.put(update)
 
     async def on_node_relist(self, items: list[dict[str, Any]]) -> None:
+        """The Nodes as listed after a broken watch: those no longer listed are deleted, every
+        listed one is read again (said only if changed)."""
         present = {object_name(o) for o in items}
         for name in set(self.nodes) - present:
             await self.on_node("DELETED", {"metadata": {"name": name}})

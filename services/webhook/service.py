@@ -122,6 +122,8 @@ class Server:
         self.health.add("kube-apiserver", Cached(self._reachable, API_CHECK_TTL_S))
 
     def app(self) -> web.Application:
+        """The aiohttp app: ``/mutate``, ``/validate`` (AdmissionReviews up to 8 MiB) and the health
+        routes."""
         app = web.Application(client_max_size=8 << 20)
         app.router.add_post("/mutate", self._mutate)
         app.router.add_post("/validate", self._validate)
@@ -185,6 +187,8 @@ class Server:
         self.ready = True
 
     async def keep_fresh(self) -> None:
+        """Refresh the certificate every ``webhook.checkIntervalS``; a failed refresh is logged and
+        the old certificate kept serving."""
         while True:
             await asyncio.sleep(self.cfg.webhook.check_interval_s)
             try:

@@ -250,6 +250,7 @@ _grants_decoder = msgspec.json.Decoder(tuple[ContainerGrant, ...])
 
 
 def encode_grants(grants: Sequence[ContainerGrant]) -> str:
+    """A pod's container grants as the compact JSON of its ``tessera.io/grant`` annotation."""
     return _grants_encoder.encode(tuple(grants)).decode()
 
 

@@ -67,13 +67,22 @@ class DeviceFamily(Protocol):
     name: str
     """Its plugin name: what its reasons carry (``Reason.plugin``)."""
 
-    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]: ...
+    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        """The device pools (vendor, mode, chip) that may serve ``request``; none: this
+        family does not serve it."""
+        ...
 
-    def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]: ...
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
+        """The least free memory (MiB) and cores (percent) one device of the pool must
+        offer, so the ledger's index skips devices that cannot fit."""
+        ...
 
     def filter(
         self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
-    ) -> Picks | Reason: ...
+    ) -> Picks | Reason:
+        """The devices and grants chosen for ``request`` on ``node``, or the reason none
+        fit (unresolvable only when load cannot change it); changes nothing."""
+        ...
 
 
 # --- shared static filters ------------------------------------------------------------
@@ -312,6 +321,8 @@ class SlicedFamily(_Family):
         size it already holds)."""
 
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        """NVIDIA's hami-core and MPS pools (the one the pod's mode names, if any), Ascend's
+        hami-core pool of its chip, or the vendor's; none for a MIG profile request."""
         if request.mig_profile is not None:
             return ()  # an existing MIG instance of that profile: MigFamily
         if request.vendor == "ascend":
@@ -324,6 +335,10 @@ class SlicedFamily(_Family):
         return (("nvidia", "hami-core", ""), ("nvidia", "mps", ""))
 
     def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
+        """The least free memory and cores a device must offer: the smallest card's whole memory for
+        an exclusive request, the smallest card's physical memory for one larger than every card
+        (only the clamp can place it), else the request's memory (or its percentage of the smallest
+        card) and cores."""
         if request.exclusive:
             return index.min_total, 100 if request.cores else 0
         if request.memory_mib is not None:
@@ -335,6 +350,9 @@ class SlicedFamily(_Family):
     def fit(
         self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
+        """``count`` devices that each hold the request's memory and cores, chosen by the device
+        policy (NUMA, topology, FGD); a reason when too few cards could ever hold it (unresolvable)
+        or too few are free now."""
         memory = request.memory_mib
         percent = request.memory_percent or 100
         cores = request.cores
@@ -583,6 +601,7 @@ class MigFamily(_Family):
     name = "MIGInstances"
 
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        """The NVIDIA MIG pool, for a vGPU request not pinned to another mode."""
         if request.vendor != "nvidia" or request.kind != "vgpu":
             return ()
         if constraints.mode not in (None, "mig"):
@@ -590,11 +609,14 @@ class MigFamily(_Family):
         return (("nvidia", "mig", ""),)
 
     def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
+        """The request's memory (no cores: an instance's compute comes with its profile)."""
         return request.memory_mib or 0, 0
 
     def fit(
         self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
+        """One instance per device asked, the smallest that fits on a card whose geometry (in use,
+        or chosen now for an idle card) holds it; a reason when no geometry has one free."""
 
         def static(d: Dev) -> Reason | None:
             if d.mig is None:
@@ -783,6 +805,7 @@ class TemplateFamily(_Family):
         self.chips: dict[str, VnpuChip] = {c.chip_name: c for c in specs.vnpus}
 
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        """The Ascend vNPU pool of the request's chip."""
         return (("ascend", "vnpu", request.chip or ""),)
 
     def template(self, request: DeviceRequest) -> VnpuTemplate | None:
@@ -794,12 +817,16 @@ class TemplateFamily(_Family):
         return min(fitting, key=lambda t: t.memory) if fitting else None
 
     def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
+        """The memory of the template the request rounds up to, else the smallest card's whole
+        memory."""
         t = self.template(request)
         return (t.memory if t is not None else index.min_total), 0
 
     def fit(
         self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
+        """Cards holding the request's template; without a fitting template, whole cards
+        (exclusive)."""
         t = self.template(request)
         if t is None and not request.exclusive:
             whole = DeviceRequest(
@@ -849,10 +876,14 @@ class MindClusterFamily(_Family):
     name = "AscendCores"
 
     def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        """The Ascend vNPU pool of the request's chip (310P3 when it names none)."""
         return (("ascend", "vnpu", request.chip or "310P3"),)
 
     @staticmethod
     def templates(request: DeviceRequest, constraints: Constraints) -> tuple[VnpuTemplate, ...]:
+        """The 310P templates for the request's AI cores, ``vnpu-dvpp`` and ``vnpu-level``, in
+        preference order (a later one is the degraded choice); none for a combination MindCluster
+        does not offer."""
         key = (
             request.npu_cores or 0,
             constraints.vnpu_dvpp or "null",
@@ -870,6 +901,8 @@ class MindClusterFamily(_Family):
         )
 
     def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
+        """The smallest memory of the templates for the request's cores; the smallest card's whole
+        memory when exclusive."""
         if request.exclusive:
             return index.min_total, 0
         found = self.templates(request, Constraints())
@@ -878,6 +911,8 @@ class MindClusterFamily(_Family):
     def filter(
         self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
+        """An unresolvable reason when no template serves the request's cores, ``vnpu-dvpp`` and
+        ``vnpu-level`` (and it does not ask whole cards); else the pool's devices fitted."""
         templates = self.templates(request, constraints)
         if not templates and not request.exclusive:
             return Reason(
@@ -892,5 +927,6 @@ class MindClusterFamily(_Family):
     def fit(
         self, devs: list[Dev], request: DeviceRequest, constraints: Constraints, ctx: FitContext
     ) -> Picks | Reason:
+        """Cards with room for one of the request's templates, the first preferred."""
         templates = self.templates(request, constraints)
         return _template_picks(devs, request, constraints, ctx, templates)

@@ -155,6 +155,7 @@ DEFAULT_SCORES: tuple[tuple[str, int], ...] = (
     ("NodeAffinity", 2),
     ("PodTopologySpread", 2),
     ("InterPodAffinity", 2),
+    ("ImageLocality", 1),
 )
 """kube-scheduler's default scores with their default weights."""
 

@@ -383,6 +383,7 @@ class Gangs:
         return True
 
     def remove_node(self, name: NodeName) -> None:
+        """A node is gone: its devices no longer count in the cluster's capacity."""
         if self.nodes.pop(name, None) is not None:
             self._capacity = None
 

@@ -56,6 +56,8 @@ class Requirement(msgspec.Struct, frozen=True, array_like=True):
     values: tuple[str, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
+        """kube's ``Requirement.Matches``: ``Gt``/``Lt`` compare base-10 int64 values, and a value
+        that is not one never matches."""
         value = labels.get(self.key)
         op = self.op
         if op == "In":
@@ -101,12 +103,14 @@ class Selector(msgspec.Struct, frozen=True, omit_defaults=True):
     nothing: bool = False
 
     def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether every requirement holds for ``labels``; a nil selector matches nothing."""
         if self.nothing:
             return False
         return all(r.matches(labels) for r in self.requirements)
 
     @property
     def everything(self) -> bool:
+        """An empty, non-nil selector: it matches every set of labels."""
         return not self.nothing and not self.requirements
 
 
@@ -126,6 +130,8 @@ class NodeTerm(msgspec.Struct, frozen=True, omit_defaults=True):
     PreFilter narrows the nodes to them (see shared/core/nodefit.py)."""
 
     def matches(self, name: str, labels: Mapping[str, str]) -> bool:
+        """Whether the node (its name and labels) meets every requirement; an invalid term never
+        matches."""
         if self.invalid:
             return False
         field = {"metadata.name": name}
@@ -141,11 +147,15 @@ class NodeTerm(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class WeightedNodeTerm(msgspec.Struct, frozen=True, array_like=True):
+    """A preferred node affinity term and its weight, summed by NodeAffinity's score."""
+
     weight: int
     term: NodeTerm
 
 
 class Toleration(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One toleration of a pod, as written (an empty key with ``Exists`` tolerates every taint)."""
+
     key: str = ""
     operator: str = "Equal"
     value: str = ""
@@ -163,6 +173,9 @@ class Toleration(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class Taint(msgspec.Struct, frozen=True, array_like=True):
+    """One taint of a node: a pod that does not tolerate it is kept off by ``NoSchedule`` and
+    ``NoExecute``, and scored lower by ``PreferNoSchedule``."""
+
     key: str
     value: str
     effect: str
@@ -187,6 +200,8 @@ class AffinityTerm(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class WeightedAffinityTerm(msgspec.Struct, frozen=True, array_like=True):
+    """A preferred pod (anti-)affinity term and its weight, summed by InterPodAffinity's score."""
+
     weight: int
     term: AffinityTerm
 
@@ -209,6 +224,9 @@ class SpreadConstraint(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class HostPort(msgspec.Struct, frozen=True, array_like=True):
+    """A host port a container asks (NodePorts' filter): ``0.0.0.0`` when it names no host IP, TCP
+    when it names no protocol."""
+
     ip: str
     protocol: str
     port: int
@@ -282,6 +300,11 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     claims: Claims | None = None
     """What its volumes and resource claims allow (the watcher adds it to a pending pod
     that has any); None: none, or not read (a pod on a node)."""
+    images: tuple[str, ...] = ()
+    """The images its init containers, containers and image volumes run, one per use,
+    each with ``:latest`` when it names no tag (ImageLocality)."""
+    containers: int = 0
+    """How many init and app containers it has (ImageLocality's ceiling grows with it)."""
 
     def matches_node(self, name: str, labels: Mapping[str, str]) -> bool:
         """The node selector and required node affinity (NodeAffinity's filter)."""
@@ -310,6 +333,8 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     allocatable: dict[str, int] = msgspec.field(default_factory=dict)
     """cpu in millicores, memory and storage in bytes, ``pods``, scalar resources."""
     unschedulable: bool = False
+    images: dict[str, int] = msgspec.field(default_factory=dict)
+    """The images the node holds (``status.images``): each name in bytes."""
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -617,7 +642,29 @@ def pod_spec(obj: Mapping[str, Any], managed: Collection[str] = ()) -> PodSpec:
         preferred_anti_affinity=pref_anti,
         spread=tuple(_spread(c, labels) for c in spec.get("topologySpreadConstraints") or ()),
         terminating=bool(meta.get("deletionTimestamp")),
+        images=_images(spec),
+        containers=len(spec.get("initContainers") or ()) + len(spec.get("containers") or ()),
     )
+
+
+def image_name(name: str) -> str:
+    """An image reference as nodes list it: ``:latest`` added when it names no tag."""
+    return name if name.rfind(":") > name.rfind("/") else f"{name}:latest"
+
+
+def _images(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The pod's images in kube-scheduler's order: init containers, containers, then
+    image volumes (``volumes[].image.reference``)."""
+    found = [
+        image_name(str(c.get("image") or ""))
+        for key in ("initContainers", "containers")
+        for c in spec.get(key) or ()
+    ]
+    for v in spec.get("volumes") or ():
+        image = v.get("image")
+        if isinstance(image, Mapping):
+            found.append(image_name(str(image.get("reference") or "")))
+    return tuple(found)
 
 
 def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
@@ -640,4 +687,9 @@ def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
         ),
         allocatable=allocatable,
         unschedulable=bool(spec.get("unschedulable")),
+        images={
+            str(name): int(image.get("sizeBytes") or 0)
+            for image in status.get("images") or ()
+            for name in image.get("names") or ()
+        },
     )

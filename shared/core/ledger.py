@@ -91,6 +91,7 @@ class MigLayout:
 
     @property
     def ids(self) -> tuple[str, ...]:
+        """Each geometry's name (:func:`geometry_id`), in the order of ``alternatives``."""
         return tuple(geometry_id(alt) for alt in self.alternatives)
 
 
@@ -210,6 +211,7 @@ class Dev:
 
     @property
     def usable(self) -> bool:
+        """Healthy and not cordoned: the device may take a new grant if it has room."""
         return self.healthy and not self.cordoned
 
     def mem_key(self) -> int:
@@ -375,6 +377,8 @@ class PoolIndex:
         self.where[dev] = (cid, mem, cores)
 
     def remove(self, dev: Dev) -> None:
+        """Take ``dev`` out of its cell (the cell and its mask bit go when emptied); a device not
+        indexed is ignored."""
         old = self.where.pop(dev, None)
         if old is not None:
             cell = self.cells[old[0]]
@@ -814,6 +818,7 @@ class Ledger:
         return devices, pods, groups, admitting, hosts
 
     def device_count(self) -> int:
+        """Devices on every node of the ledger."""
         return sum(len(n.devices) for n in self.nodes.values())
 
 
@@ -879,12 +884,16 @@ class Statement:
         return busy is not None and grant.pod.uid in busy.values()
 
     def commit(self) -> None:
+        """Keep what was done: into the enclosing statement when there is one (its discard undoes it
+        too), else for good. A trial's ``use`` is never committed."""
         assert all(kind != _USE for kind, _, _ in self.steps), "a trial is never committed"
         if self.parent is not None:
             self.parent.steps.extend(self.steps)
         self.steps.clear()
 
     def discard(self) -> None:
+        """Undo every step in reverse order, trial uses included: the ledger is as it was before the
+        first."""
         ledger = self.ledger
         steps, self.steps = self.steps, []
         used: list[Dev] = []  # counted only: the index never saw a trial's use

@@ -224,6 +224,8 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     @property
     def wants_devices(self) -> bool:
+        """Whether some container asks a device (else the pod is placed by its node filters
+        alone)."""
         return any(c.devices for c in self.containers)
 
 

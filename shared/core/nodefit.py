@@ -86,6 +86,7 @@ class HostNode:
 
     @property
     def labels(self) -> Mapping[str, str]:
+        """The node's labels; none while its Node object is unknown."""
         return self.spec.labels if self.spec is not None else _NO_LABELS
 
     def _add(self, pod: PodSpec, sign: int) -> None:
@@ -142,6 +143,11 @@ class Hosts:
         self.full: set[NodeName] = set()
         self.refill: set[NodeName] = set()
         """Nodes whose fullness changed since the ledger last re-filed their devices."""
+        self.images: dict[str, tuple[int, int]] = {}
+        """Image name → (its size, how many nodes hold it): the size the first node to
+        list it gave (kube-scheduler's image states)."""
+        self.known = 0
+        """Nodes whose Node object is known."""
         self.profile = DEFAULT_PROFILE
         """The filters and scores every pod meets (the allocator sets the config's)."""
         self.domains: dict[
@@ -155,6 +161,7 @@ class Hosts:
     # --- nodes -------------------------------------------------------------------------
 
     def node(self, name: NodeName) -> HostNode:
+        """The node's entry, made empty (no spec, no pods) on first mention."""
         host = self.nodes.get(name)
         if host is None:
             host = self.nodes[name] = HostNode(name)
@@ -167,8 +174,12 @@ class Hosts:
         if host.spec == spec:
             return
         self._index_labels(host, -1)
+        self._index_images(host, -1)
+        if host.spec is None:
+            self.known += 1
         host.spec = spec
         self._index_labels(host, 1)
+        self._index_images(host, 1)
         if any(t.effect == "PreferNoSchedule" for t in spec.taints):
             self.prefer_not.add(name)
         else:
@@ -192,6 +203,8 @@ class Hosts:
         if host is None or host.spec is None:
             return
         self._index_labels(host, -1)
+        self._index_images(host, -1)
+        self.known -= 1
         host.spec = None
         self.prefer_not.discard(name)
         self.restricted.discard(name)
@@ -215,6 +228,20 @@ class Hosts:
                     if not by_value:
                         del self.label_nodes[k]
 
+    def _index_images(self, host: HostNode, sign: int) -> None:
+        if host.spec is None:
+            return
+        images = self.images
+        for name, size in host.spec.images.items():
+            held = images.get(name)
+            if sign > 0:
+                images[name] = (size, 1) if held is None else (held[0], held[1] + 1)
+            elif held is not None:
+                if held[1] > 1:
+                    images[name] = (held[0], held[1] - 1)
+                else:
+                    del images[name]
+
     def selected(self, selector: Mapping[str, str]) -> set[NodeName] | None:
         """The nodes carrying every label of a node selector (None: no selector)."""
         found: set[NodeName] | None = None
@@ -226,9 +253,12 @@ class Hosts:
         return found
 
     def set_namespace(self, name: str, labels: Mapping[str, str]) -> None:
+        """A namespace's labels (namespace selectors of affinity terms read them)."""
         self.namespaces[name] = dict(labels)
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
+        """A namespace's labels; one not seen yet carries only ``kubernetes.io/metadata.name``, as
+        the API server labels every namespace."""
         known = self.namespaces.get(name)
         return known if known is not None else {"kubernetes.io/metadata.name": name}
 
@@ -275,6 +305,8 @@ class Hosts:
             self.refill.add(host.name)
 
     def remove_pod(self, uid: PodUID) -> tuple[NodeName, PodSpec] | None:
+        """Take a pod off its node (deleted, or a placement undone): its requests and ports are
+        freed; returns where it was and what it asked, None if unknown."""
         held = self.pods.pop(uid, None)
         if held is None:
             return None
@@ -415,19 +447,17 @@ class Prepared:
                 if refused is not None:
                     return refused
             return None
-        if self.names is not None and host.name not in self.names:
-            return OUTSIDE_NODE_SET
-        for check in self.checks:
-            refused = check(self, host)
-            if refused is not None:
-                return refused
-        return None
+        return self._first(self.checks, host)
 
     def _node_only(self, host: HostNode) -> Status | None:
         """The first refusal of the filters that read the Node object alone."""
+        return self._first(self.node_checks, host)
+
+    def _first(self, checks: tuple[Check, ...], host: HostNode) -> Status | None:
+        """The node set of NodeAffinity's PreFilter, then ``checks`` in order."""
         if self.names is not None and host.name not in self.names:
             return OUTSIDE_NODE_SET
-        for check in self.node_checks:
+        for check in checks:
             refused = check(self, host)
             if refused is not None:
                 return refused

@@ -118,10 +118,12 @@ class Failure:
 
     @property
     def message(self) -> str:
+        """The status as one line, as the pod's Event says it."""
         return self.status.message()
 
     @property
     def unresolvable(self) -> bool:
+        """Whether no change of load can place the pod (preemption would not help)."""
         return self.status.unresolvable
 
 
@@ -146,10 +148,12 @@ class GangResult:
 
     @property
     def ok(self) -> bool:
+        """Every member placed."""
         return self.status.ok
 
     @property
     def message(self) -> str:
+        """Why the gang was not placed, as one line ("" when it was)."""
         return self.status.message()
 
 

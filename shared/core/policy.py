@@ -103,6 +103,7 @@ class Workload:
 
     @classmethod
     def of(cls, shapes: Iterable[tuple[Shape, float]]) -> Workload:
+        """A workload of these task types and weights (a type given twice adds up)."""
         w = cls()
         for shape, weight in shapes:
             w.weights[shape] = w.weights.get(shape, 0.0) + weight
@@ -310,6 +311,9 @@ class Tables:
     def fragmentation(
         self, free: Iterable[float], model: str, cpu: int | None, memory: int | None
     ) -> float:
+        """Expected fragmentation of a node of ``model`` with these free device shares and this cpu
+        and memory free (None: no limit): the free share the workload's types cannot use there,
+        weighed by popularity."""
         key = tuple(sorted(free))
         total = sum(key)
         if total <= EPS:

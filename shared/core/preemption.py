@@ -55,6 +55,7 @@ class Plan:
 
     @property
     def pods(self) -> tuple[PodUID, ...]:
+        """Every pod of the plan's units, each once, in the order first met."""
         seen: dict[PodUID, None] = {}
         for u in self.units:
             seen.update(dict.fromkeys(p.uid for p in u.pods))
@@ -65,19 +66,39 @@ class Candidate(Protocol):
     """A bound pod as victim selection reads it (the coordinator's gang members)."""
 
     @property
-    def pod(self) -> PodRef: ...
+    def pod(self) -> PodRef:
+        """The pod an eviction names (its uid the precondition)."""
+        ...
+
     @property
-    def priority(self) -> int: ...
+    def priority(self) -> int:
+        """Its priority: only pods below the gang's may go, but for a queue's reclaim."""
+        ...
+
     @property
-    def created_at(self) -> float: ...
+    def created_at(self) -> float:
+        """When it was created: of units otherwise equal, the newest is offered first."""
+        ...
+
     @property
-    def queue(self) -> str: ...
+    def queue(self) -> str:
+        """The queue it counts against (reclaim takes from queues over their share)."""
+        ...
+
     @property
-    def vector(self) -> Resources: ...
+    def vector(self) -> Resources:
+        """What it holds, by resource: what evicting it gives back to its queue."""
+        ...
+
     @property
-    def labels(self) -> Mapping[str, str]: ...
+    def labels(self) -> Mapping[str, str]:
+        """Its labels: which PodDisruptionBudgets cover it."""
+        ...
+
     @property
-    def preemption_policy(self) -> str: ...
+    def preemption_policy(self) -> str:
+        """Its ``spec.preemptionPolicy``: ``Never`` keeps its gang from evicting anyone."""
+        ...
 
 
 def eligible(policies: Iterable[str]) -> bool:

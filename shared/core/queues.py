@@ -28,6 +28,7 @@ EPS = 1e-6
 
 
 def add(a: Mapping[str, float], b: Mapping[str, float], sign: float = 1.0) -> Resources:
+    """``a + sign * b`` as a new vector (``accumulate`` adds in place)."""
     out = dict(a)
     accumulate(out, b, sign)
     return out

@@ -157,6 +157,8 @@ class ResourceTable:
 
     @classmethod
     def build(cls, specs: DeviceSpecs) -> ResourceTable:
+        """Every enabled vendor's resource names with their roles, Volcano's gpu-share name, each
+        vNPU chip's and MindCluster's; a disabled vendor's names mean nothing."""
         by_name: dict[str, Resource] = {}
         vendors: dict[Vendor, VendorSpec] = {}
         for vendor in GENERIC_VENDORS:

@@ -31,6 +31,8 @@ class Shard:
     node_selector: Mapping[str, str]
 
     def selects(self, labels: Mapping[str, str]) -> bool:
+        """Whether a node with ``labels`` carries every label of the shard's selector (an empty one
+        selects every node)."""
         return all(labels.get(k) == v for k, v in self.node_selector.items())
 
 

@@ -166,6 +166,7 @@ class NvidiaSpec(VendorSpec, frozen=True, kw_only=True):
     lib_cuda_log_level: Annotated[int, msgspec.Meta(ge=0, le=4)] = 0
 
     def all_names(self) -> tuple[str, ...]:
+        """Every resource name NVIDIA answers to, Volcano's gpu-share memory name included."""
         return super().all_names() + names(self.gpu_share_memory_name)
 
 
@@ -211,6 +212,7 @@ class FilterDevices(_Spec, frozen=True, kw_only=True):
     index: list[NonNegInt] = msgspec.field(default_factory=list)
 
     def excludes(self, uuid: str, index: int) -> bool:
+        """Whether a device, by UUID or index, is one the node must never offer."""
         return uuid in self.uuid or index in self.index
 
 

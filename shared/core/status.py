@@ -257,6 +257,7 @@ class Reason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     @property
     def unresolvable(self) -> bool:
+        """Whether no change of load can remove this reason (only a changed node or pod)."""
         return self.code == Code.UNRESOLVABLE
 
 
@@ -278,10 +279,12 @@ class Status(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     @property
     def ok(self) -> bool:
+        """``Code.SUCCESS``: it fits, or it was placed."""
         return self.code == Code.SUCCESS
 
     @property
     def unresolvable(self) -> bool:
+        """Not now and not after any change of load: preemption cannot help."""
         return self.code == Code.UNRESOLVABLE
 
     @property
@@ -310,6 +313,8 @@ class Status(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return body
 
     def with_context(self, context: str) -> Status:
+        """This status with ``context`` said before its reasons (``2/4 tasks in gang
+        unschedulable``)."""
         return msgspec.structs.replace(self, context=context)
 
     def with_note(self, note: str) -> Status:
@@ -329,6 +334,7 @@ def fail(*reasons: Reason) -> Status:
 
 
 def error(detail: str) -> Status:
+    """An internal failure (``Code.ERROR``): the caller backs off and retries."""
     return Status(code=Code.ERROR, reasons=(Reason(kind="error", code=Code.ERROR, detail=detail),))
 
 

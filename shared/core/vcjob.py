@@ -109,6 +109,9 @@ class Policy:
 
 @dataclass(frozen=True)
 class Task:
+    """One task of a Job with Volcano's defaults: its pods' template, replicas, minimum, and
+    lifecycle policies."""
+
     name: str
     replicas: int
     min_available: int
@@ -127,11 +130,14 @@ class Task:
     """``topologyPolicy``: the NUMA policy its pods are annotated with."""
 
     def pod_name(self, job: str, index: int) -> str:
+        """The name of this task's pod ``index`` of Job ``job``."""
         return pod_name(job, self.name, index)
 
 
 @dataclass(frozen=True)
 class Volume:
+    """A volume of a Job: an existing claim by name, or the spec of one the controller makes."""
+
     mount_path: str
     claim_name: str
     """An existing PersistentVolumeClaim's name; '' when ``claim`` asks for a new one."""
@@ -158,13 +164,16 @@ class JobSpec:
 
     @property
     def replicas(self) -> int:
+        """Pods of every task together."""
         return sum(t.replicas for t in self.tasks)
 
     @property
     def task_min_available(self) -> int:
+        """The sum of the tasks' ``minAvailable``."""
         return sum(t.min_available for t in self.tasks)
 
     def task(self, name: str) -> Task | None:
+        """The task of that name, or None."""
         return next((t for t in self.tasks if t.name == name), None)
 
 
@@ -174,6 +183,7 @@ def pod_name(job: str, task: str, index: int) -> str:
 
 
 def task_name(task: Mapping[str, Any], index: int) -> str:
+    """A task's name, or ``default<index>`` when it has none, as Volcano names it."""
     name = task.get("name")
     return name if isinstance(name, str) and name else f"{DEFAULT_TASK}{index}"
 

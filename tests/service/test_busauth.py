@@ -116,7 +116,7 @@ async def test_the_reader_only_reads_allocations(nats_cfg: NatsConfig) -> None:
         assert any("subscription" in r.lower() and "tessera.v1.pod" in r for r in refused)
         async with Bus(msgspec.structs.replace(nats_cfg, user="binder"), name="binder") as bus:
             await bus.publish(
-                ev.BindFailed(
+                ev.AllocationBindFailed(
                     pod=ev.PodRef(namespace="d", name="p", uid="u-2"), node="n1", error="x"
                 )
             )

@@ -198,7 +198,7 @@ async def test_a_gated_pod_s_binding_is_tried_once_read_and_not_told(
     assert tries == [NODE]
     await binder.Binder._refused(fake, DECIDED, reading)  # type: ignore[arg-type]
     [failed] = fake.published
-    assert isinstance(failed, ev.BindFailed)
+    assert isinstance(failed, ev.AllocationBindFailed)
     assert (failed.cause, failed.attempt) == ("gated", 3)
     assert fake.told == []
 
@@ -231,7 +231,7 @@ async def test_only_a_refusal_the_owner_can_act_on_is_told() -> None:
     for code, body in ((403, POLICY), (403, DENIED), (503, None), (404, NOT_FOUND)):
         reading = binder.read_refusal(kube.refusal(refused(code, body)))
         await binder.Binder._refused(fake, DECIDED, reading)  # type: ignore[arg-type]
-    assert [e.cause for e in fake.published if isinstance(e, ev.BindFailed)] == [
+    assert [e.cause for e in fake.published if isinstance(e, ev.AllocationBindFailed)] == [
         "refused",
         "refused",
         "transient",

@@ -203,15 +203,15 @@ async def test_the_watcher_publishes_each_budget_as_pods_and_budgets_change() ->
     await watch.on_pod("ADDED", pod("a"))
     await watch.on_relist([pdb({"maxUnavailable": 1})])
     [first] = published
-    assert isinstance(first, ev.BudgetUpdated)
+    assert isinstance(first, ev.PdbUpdated)
     assert first.budget.allowed == 1  # one controlled, Ready pod; one may go
     await watch.on_pod("MODIFIED", {**pod("a"), "status": {"phase": "Succeeded"}})
     assert published[-1].budget.allowed == 0  # type: ignore[attr-defined]
     await watch.on_pod("ADDED", {"metadata": {}})  # unreadable: not counted, never raised
     await watch.on_event("ADDED", {"metadata": {"name": "broken"}})  # logged and skipped
-    assert [type(e) for e in watch.known()] == [ev.BudgetUpdated]
+    assert [type(e) for e in watch.known()] == [ev.PdbUpdated]
     await watch.on_relist([])  # gone while the watch was down
     gone = published[-1]
-    assert isinstance(gone, ev.BudgetDeleted)
+    assert isinstance(gone, ev.PdbDeleted)
     assert (gone.namespace, gone.name) == ("ns", "web")
     assert watch.known() == []

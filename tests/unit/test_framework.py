@@ -4,6 +4,7 @@ profile in kube-scheduler's shape over the defaults, every refusal naming its pl
 from __future__ import annotations
 
 import pkgutil
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,7 @@ def test_the_default_profile_is_kube_schedulers_order_and_weights() -> None:
         ("NodeAffinity", 2),
         ("PodTopologySpread", 2),
         ("InterPodAffinity", 2),
+        ("ImageLocality", 1),
     ]
 
 
@@ -86,6 +88,7 @@ def test_a_profile_merges_over_the_defaults_as_kube_scheduler_does() -> None:
         ("NodeAffinity", 7),
         ("PodTopologySpread", 2),
         ("InterPodAffinity", 2),
+        ("ImageLocality", 1),
     ]
 
 
@@ -177,3 +180,53 @@ def test_score_weights_come_from_the_profile() -> None:
     assert (
         best() == "busy"
     )  # 10 x the packing difference (cpu and memory averaged) outweighs 2 x 100
+
+
+def _with_images(name: str, *images: tuple[str, int]) -> dict[str, Any]:
+    obj = node(name)
+    obj["status"]["images"] = [{"names": [n], "sizeBytes": mib << 20} for n, mib in images]
+    return obj
+
+
+def test_image_locality_weighs_the_images_a_node_holds_by_how_many_nodes_share_them() -> None:
+    cuda = ("registry.example/cuda:12", 2000)
+    base = ("registry.example/base:latest", 600)
+    h = hosts(
+        _with_images("cuda-here", cuda),
+        _with_images("base-everywhere-1", base),
+        _with_images("base-everywhere-2", base),
+        node("bare"),
+    )
+    obj = pod("1")
+    obj["spec"]["containers"][0]["image"] = "registry.example/cuda:12"
+    obj["spec"]["initContainers"] = [{"name": "setup", "image": "registry.example/base"}]
+    spec = pod_spec(obj, MANAGED)
+    assert spec.images == ("registry.example/base:latest", "registry.example/cuda:12")
+    only = Profile.build(
+        Plugins(
+            score=PluginSet(
+                disabled=[PluginRef(name="*")], enabled=[PluginRef(name="ImageLocality")]
+            )
+        )
+    )
+    h.profile = only
+    prep = h.prepare(spec)
+    assert isinstance(prep, Prepared)
+    names = ["cuda-here", "base-everywhere-1", "bare"]
+    scores = dict(
+        zip(names, prep.score([h.nodes[NodeName(n)] for n in names], "spread"), strict=True)
+    )
+    # kube-scheduler's formula: size x (nodes holding it / nodes), clamped to 23 MiB ..
+    # 1000 MiB per container (two here), scaled to 0-100
+    low, high = 23 << 20, 2 * (1000 << 20)
+    cuda_held = int((2000 << 20) * (1 / 4))
+    base_held = int((600 << 20) * (2 / 4))
+    assert scores == {
+        "cuda-here": float(100 * (cuda_held - low) // (high - low)),
+        "base-everywhere-1": float(100 * (base_held - low) // (high - low)),
+        "bare": 0.0,
+    }
+    # the node that held it alone goes: no node holds it any more
+    h.drop_spec(NodeName("cuda-here"))
+    assert "registry.example/cuda:12" not in h.images
+    assert h.images["registry.example/base:latest"] == (600 << 20, 2)

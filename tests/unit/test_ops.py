@@ -12,6 +12,7 @@ import yaml
 from shared import views
 from shared.config import Config
 from shared.core.model import PodRef, PodUID, RequestError
+from shared.core.status import Reason
 from tools import ops
 from tools.cli import main
 
@@ -256,11 +257,16 @@ VERDICTS = views.ExplainView(
         views.NodeVerdict(node="gpu-c", fits=True),
         views.NodeVerdict(
             node="gpu-a",
+            reasons=(Reason(kind="larger-than-card", plugin="DeviceShare"),),
             texts=("nvidia.com/gpumem larger than the card",),
             hints=("ask for at most 81920 nvidia.com/gpumem",),
         ),
         views.NodeVerdict(
             node="gpu-b",
+            reasons=(
+                Reason(kind="node-unschedulable", plugin="NodeUnschedulable"),
+                Reason(kind="type-excluded", plugin="DeviceShare"),
+            ),
             texts=("node(s) were unschedulable", "gpu type excluded"),
             hints=("uncordon the node (kubectl uncordon)",),
         ),
@@ -284,13 +290,14 @@ def test_explain_shows_the_last_attempt_then_every_node_with_reasons_and_hints()
         "  0/3 nodes are available: 1 node(s) were unschedulable, 2 nvidia.com/gpumem larger"
         " than the card.\n"
         "\n"
-        "NODE    FITS   WHY NOT                                  WHAT WOULD MAKE IT FIT\n"
+        "NODE    FITS   PLUGIN              WHY NOT                                  WHAT WOULD"
+        " MAKE IT FIT\n"
         "gpu-c   yes\n"
-        "gpu-a   no     nvidia.com/gpumem larger than the card   ask for at most 81920"
-        " nvidia.com/gpumem\n"
-        "gpu-b   no     node(s) were unschedulable               uncordon the node"
-        " (kubectl uncordon)\n"
-        "               gpu type excluded\n"
+        "gpu-a   no     DeviceShare         nvidia.com/gpumem larger than the card   ask for at"
+        " most 81920 nvidia.com/gpumem\n"
+        "gpu-b   no     NodeUnschedulable   node(s) were unschedulable               uncordon the"
+        " node (kubectl uncordon)\n"
+        "               DeviceShare         gpu type excluded\n"
     )
 
 

@@ -24,11 +24,7 @@ class DynamicResources(FilterPlugin):
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
         """A ResourceClaim not ready makes the pod wait, on every node."""
-        found = waits(hosts, prep, NAME)
-        if found is True:
-            claims = prep.pod.claims
-            return claims is not None and bool(claims.devices)
-        return found
+        return waits(hosts, prep, NAME, lambda claims: claims.devices)
 
     def filter(self, prep: Prepared, host: HostNode) -> Status | None:
         """Every allocated claim's node selector against the node."""

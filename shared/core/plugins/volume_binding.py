@@ -3,9 +3,11 @@ node (their ``spec.nodeAffinity``); a claim not ready waits (shared/core/claims.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shared.core.framework import FilterPlugin
+from shared.core.hosts import Claims
 from shared.core.status import UNRESOLVABLE, Code, Reason, Status, fail
 
 if TYPE_CHECKING:
@@ -16,9 +18,12 @@ VOLUME_NODE = fail(Reason(kind="volume-node", code=UNRESOLVABLE, plugin=NAME))
 VOLUME_MISSING = fail(Reason(kind="volume-missing", code=UNRESOLVABLE, plugin=NAME))
 
 
-def waits(hosts: Hosts, prep: Prepared, plugin: str) -> Status | bool:
+def waits(
+    hosts: Hosts, prep: Prepared, plugin: str, checks: Callable[[Claims], object]
+) -> Status | bool:
     """The PreFilter of the plugins that read the pod's claims: the claims' wait, if
-    ``plugin`` found it, rejects every node; else whether the pod has claims at all."""
+    ``plugin`` found it (shared/core/claims.py), rejects every node; else whether the
+    plugin's filter has anything to check (``checks`` of the claims)."""
     claims = prep.pod.claims
     if claims is None:
         return False
@@ -29,7 +34,7 @@ def waits(hosts: Hosts, prep: Prepared, plugin: str) -> Status | bool:
             reasons=(wait,),
             nodes=sum(1 for h in hosts.nodes.values() if h.spec is not None),
         )
-    return True
+    return bool(checks(claims))
 
 
 class VolumeBinding(FilterPlugin):
@@ -41,11 +46,7 @@ class VolumeBinding(FilterPlugin):
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
         """A PersistentVolumeClaim not ready makes the pod wait, on every node."""
-        found = waits(hosts, prep, NAME)
-        if found is True:
-            claims = prep.pod.claims
-            return claims is not None and bool(claims.volumes)
-        return found
+        return waits(hosts, prep, NAME, lambda claims: claims.volumes)
 
     def filter(self, prep: Prepared, host: HostNode) -> Status | None:
         """Each bound volume against the node's labels."""

@@ -30,5 +30,4 @@ class VolumeRestrictions(FilterPlugin):
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
         """The missing claim's wait, if any; never a per-node check."""
-        found = waits(hosts, prep, NAME)
-        return found if isinstance(found, Status) else False
+        return waits(hosts, prep, NAME, lambda _claims: False)

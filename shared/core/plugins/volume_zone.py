@@ -26,11 +26,7 @@ class VolumeZone(FilterPlugin):
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
         """A bound claim's PersistentVolume that does not exist rejects every node;
         only a pod whose volumes carry zones has anything more to check."""
-        found = waits(hosts, prep, NAME)
-        if found is True:
-            claims = prep.pod.claims
-            return claims is not None and bool(claims.zones)
-        return found
+        return waits(hosts, prep, NAME, lambda claims: claims.zones)
 
     def filter(self, prep: Prepared, host: HostNode) -> Status | None:
         """Each volume zone label against the node's, on a node with any zone label."""
