@@ -43,7 +43,7 @@ class JobApi:
     ) -> None:
         self.client = client
         """The API server, asked for on each call (shared/runtime.py ``Service.api``: a
-        service may be made without one, as tests/unit/test_monitoring.py makes it)."""
+        service may be made without one, as tests/service/test_monitoring.py makes it)."""
         self.component = component
         self.instance = instance
         self.grace_s = grace_s
