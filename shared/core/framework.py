@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, ClassVar
 
@@ -60,6 +60,9 @@ class FilterPlugin(Plugin):
     labels_only: ClassVar[bool] = False
     """It answers for a node whose Node object is not known yet, on no labels (the
     pod's volumes and resource claims): the other filters pass such a node."""
+    reads: ClassVar[str] = ""
+    """The field of the pod's spec (``PodSpec``) without which it has nothing to check:
+    a pod whose field is empty skips the plugin, its PreFilter not even called."""
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
         """Once per pod: fill what :meth:`filter` reads into ``prep``; True if the filter
@@ -170,6 +173,10 @@ class Profile:
 
     filters: tuple[FilterPlugin, ...]
     scores: tuple[tuple[ScorePlugin, int], ...]
+    steps: tuple[tuple[str, PreFilter | None, Check], ...] = ()
+    """Each filter as a pod's cycle calls it: the field it reads (``reads``), its bound
+    PreFilter (None when the plugin has none of its own: it always filters) and its
+    bound Filter."""
 
     @classmethod
     def build(cls, plugins: Plugins | None = None) -> Profile:
@@ -193,14 +200,29 @@ class Profile:
             plugin = _instance(found, name, ScorePlugin, "score")
             assert isinstance(plugin, ScorePlugin)
             scores.append((plugin, weight or plugin.weight))
+        chosen = tuple(f for f in filters if isinstance(f, FilterPlugin))
         return cls(
-            filters=tuple(f for f in filters if isinstance(f, FilterPlugin)),
+            filters=chosen,
             scores=tuple(scores),
+            steps=tuple(
+                (
+                    f.reads,
+                    f.pre_filter if type(f).pre_filter is not FilterPlugin.pre_filter else None,
+                    f.filter,
+                )
+                for f in chosen
+            ),
         )
 
     def names(self) -> tuple[list[str], list[tuple[str, int]]]:
         """The filters' names in order and the scores' with their weights."""
         return [f.name for f in self.filters], [(s.name, w) for s, w in self.scores]
+
+
+PreFilter = Callable[["Hosts", "Prepared"], Status | bool]
+"""A filter plugin's ``pre_filter``, bound."""
+Check = Callable[["Prepared", "HostNode"], Status | None]
+"""A filter plugin's ``filter``, bound: one node's answer for the prepared pod."""
 
 
 def _merged(defaults: list[tuple[str, int]], changes: PluginSet) -> list[tuple[str, int]]:

@@ -28,10 +28,10 @@ node by node with kube-scheduler itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from shared.core.framework import Profile
+from shared.core.framework import Check, Profile
 from shared.core.hosts import (
     CPU,
     MEMORY,
@@ -133,9 +133,11 @@ class Hosts:
         """Bumped on every node spec change: cached domains are dropped."""
         self.prefer_not: set[NodeName] = set()
         """Nodes with a PreferNoSchedule taint (scores matter for every pod then)."""
-        self.restricted: set[NodeName] = set()
-        """Nodes cordoned or with a NoSchedule or NoExecute taint (some pods may not go
-        there whatever they ask)."""
+        self.cordoned: set[NodeName] = set()
+        self.tainted: set[NodeName] = set()
+        """Nodes cordoned, and nodes with a NoSchedule or NoExecute taint: some pods may
+        not go there whatever they ask (NodeUnschedulable and TaintToleration have
+        nothing to check while there are none)."""
         self.floors: dict[str, int] = {}
         """The smallest cpu and memory any pod placed so far asked for: a node with less
         free than that is ``full`` (what keeps a walk of the device index from passing
@@ -184,10 +186,14 @@ class Hosts:
             self.prefer_not.add(name)
         else:
             self.prefer_not.discard(name)
-        if spec.unschedulable or any(t.effect != "PreferNoSchedule" for t in spec.taints):
-            self.restricted.add(name)
-        else:
-            self.restricted.discard(name)
+        for marked, on in (
+            (self.cordoned, spec.unschedulable),
+            (self.tainted, any(t.effect != "PreferNoSchedule" for t in spec.taints)),
+        ):
+            if on:
+                marked.add(name)
+            else:
+                marked.discard(name)
         self._check_full(host)
         self._node_changed()
 
@@ -207,7 +213,8 @@ class Hosts:
         self.known -= 1
         host.spec = None
         self.prefer_not.discard(name)
-        self.restricted.discard(name)
+        self.cordoned.discard(name)
+        self.tainted.discard(name)
         self._check_full(host)
         if not host.pods:
             del self.nodes[name]
@@ -372,16 +379,17 @@ class Hosts:
         what it reads, once, and says whether it has anything to check; or the
         unresolvable status that rejects every node at once."""
         prep = Prepared(self, pod)
-        checks = []
-        for plugin in self.profile.filters:
-            answer = plugin.pre_filter(self, prep)
-            if isinstance(answer, Status):
-                return answer
-            if answer:
-                checks.append(plugin)
-        prep.checks = tuple(p.filter for p in checks)
-        prep.node_checks = tuple(p.filter for p in checks if p.node_only)
-        prep.unknown_checks = tuple(p.filter for p in checks if p.labels_only)
+        checks = prep.checks
+        for reads, pre, check in self.profile.steps:
+            if reads and not getattr(pod, reads):
+                continue
+            if pre is not None:
+                answer = pre(self, prep)
+                if answer is not True:
+                    if answer is False:
+                        continue
+                    return answer
+            checks.append(check)
         return prep
 
 
@@ -391,10 +399,6 @@ def _affine(pod: PodSpec) -> bool:
     )
 
 
-Check = Callable[["Prepared", HostNode], Status | None]
-"""A filter plugin's ``filter``, bound: one node's answer for the prepared pod."""
-
-
 @dataclass(slots=True)
 class Prepared:
     """One pod's cycle state: what the PreFilters computed, and the filters that have
@@ -402,12 +406,9 @@ class Prepared:
 
     hosts: Hosts
     pod: PodSpec
-    checks: tuple[Check, ...] = ()
-    """The profile's filters that do not skip this pod, in order."""
-    node_checks: tuple[Check, ...] = ()
-    """Those of ``checks`` that read the Node object alone (``FilterPlugin.node_only``)."""
-    unknown_checks: tuple[Check, ...] = ()
-    """Those that answer for a node whose Node object is unknown yet."""
+    checks: list[Check] = field(default_factory=list)
+    """The ``filter`` of each of the profile's filters that does not skip this pod, in
+    order (bound: the per-node loop calls them)."""
     names: set[str] | None = None
     """Only these nodes may take it (NodeAffinity: ``matchFields`` on
     ``metadata.name``)."""
@@ -442,35 +443,36 @@ class Prepared:
         node whose Node object is unknown yet takes the pod only on device terms (and
         what its volumes and resource claims allow of a node without labels)."""
         if host.spec is None:
-            for check in self.unknown_checks:
-                refused = check(self, host)
-                if refused is not None:
-                    return refused
-            return None
-        return self._first(self.checks, host)
-
-    def _node_only(self, host: HostNode) -> Status | None:
-        """The first refusal of the filters that read the Node object alone."""
-        return self._first(self.node_checks, host)
-
-    def _first(self, checks: tuple[Check, ...], host: HostNode) -> Status | None:
-        """The node set of NodeAffinity's PreFilter, then ``checks`` in order."""
+            return self._some(host, labels_only=True)
         if self.names is not None and host.name not in self.names:
             return OUTSIDE_NODE_SET
-        for check in checks:
+        for check in self.checks:
             refused = check(self, host)
             if refused is not None:
                 return refused
         return None
 
+    def _some(self, host: HostNode, *, labels_only: bool) -> Status | None:
+        """The first refusal of the filters that answer on labels alone (a node whose
+        Node object is unknown yet), or of those that read the Node object alone
+        (``ruled_out``, never asked for a pod pinned to named nodes)."""
+        for plugin in self.hosts.profile.filters:
+            if (plugin.labels_only if labels_only else plugin.node_only) and (
+                plugin.filter in self.checks
+            ):
+                refused = plugin.filter(self, host)
+                if refused is not None:
+                    return refused
+        return None
+
     def ruled_out(self) -> frozenset[NodeName]:
-        """The nodes :meth:`_node_only` rules out, whatever they come to hold: a walk of
-        the device index skips them instead of fitting each (a pod selecting one pool
-        of ten passes nine nodes for each it may take). Kept per pod shape (node name,
-        tolerations, selector, required affinity) until a node changes; not computed
-        for a pod pinned to named nodes (a DaemonSet's: one shape per node, and the
-        walk finds its few nodes quickly by itself), nor while no node taints, cordons
-        or is selected."""
+        """The nodes the filters that read the Node object alone rule out, whatever they
+        come to hold (:meth:`_some`): a walk of the device index skips them instead of
+        fitting each (a pod selecting one pool of ten passes nine nodes for each it may
+        take). Kept per pod shape (node name, tolerations, selector, required affinity)
+        until a node changes; not computed for a pod pinned to named nodes (a
+        DaemonSet's: one shape per node, and the walk finds its few nodes quickly by
+        itself), nor while no node taints, cordons or is selected."""
         if self._ruled_out is None:  # a pod's walks (both ends of the index) share it
             self._ruled_out = self._find_ruled_out()
         return self._ruled_out
@@ -479,9 +481,10 @@ class Prepared:
         pod = self.pod
         if self.names is not None or pod.node_name:
             return _NONE_RULED_OUT
-        if not (pod.node_selector or pod.node_affinity is not None or self.hosts.restricted):
-            return _NONE_RULED_OUT
         hosts = self.hosts
+        restricted = hosts.cordoned or hosts.tainted
+        if not (pod.node_selector or pod.node_affinity is not None or restricted):
+            return _NONE_RULED_OUT
         sig = (
             pod.tolerations,
             tuple(sorted(pod.node_selector.items())),
@@ -494,7 +497,7 @@ class Prepared:
             found = hosts._ruled_out[sig] = frozenset(
                 h.name
                 for h in hosts.nodes.values()
-                if h.spec is not None and self._node_only(h) is not None
+                if h.spec is not None and self._some(h, labels_only=False) is not None
             )
         return found
 

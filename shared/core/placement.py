@@ -53,6 +53,7 @@ from shared.core.model import (
 )
 from shared.core.nodefit import Prepared
 from shared.core.policy import MEMO_LIMIT, Shape, Tables, Workload, shape_fraction
+from shared.core.request import REQUEST_CHECK
 from shared.core.status import (
     SUCCESS,
     UNRESOLVABLE,
@@ -264,6 +265,7 @@ class Placer:
                     reasons.append(
                         Reason(
                             kind="invalid",
+                            plugin=REQUEST_CHECK,
                             code=UNRESOLVABLE,
                             resource=f"{r.memory_resource or r.resource} (container {c.name})",
                             requested=r.memory_mib,

@@ -49,6 +49,7 @@ from shared.core.model import (
 )
 from shared.core.quantity import parse_whole
 from shared.core.spec import GENERIC_VENDORS, DeviceSpecs, VendorSpec, VnpuChip, names
+from shared.core.status import UNRESOLVABLE, Code, Reason, Status
 
 # --- annotation and label keys (docs/compat.md, section 2) -------------------------------------
 
@@ -1062,10 +1063,33 @@ def _constraints(
     )
 
 
+REQUEST_CHECK = "RequestCheck"
+"""The plugin name of the checks a request fails before any node is looked at."""
+
+
+def refused(errors: Sequence[RequestError]) -> Status:
+    """A request's errors as the one Status every outcome is: unresolvable, one
+    ``invalid`` reason per field, decided by the request check."""
+    return Status(
+        code=Code.UNRESOLVABLE,
+        reasons=tuple(
+            Reason(
+                kind="invalid",
+                code=UNRESOLVABLE,
+                resource=e.field,
+                detail=e.message,
+                nodes=0,
+                plugin=REQUEST_CHECK,
+            )
+            for e in errors
+        ),
+    )
+
+
 def rejection(errors: Sequence[RequestError]) -> str:
     """What a pod whose request can never be placed is told, by the watcher (its Event)
     and the admission webhook (the refusal ``kubectl apply`` prints) alike."""
-    return "invalid device request: " + "; ".join(f"{e.field}: {e.message}" for e in errors)
+    return "invalid device request: " + refused(errors).message()
 
 
 def _mps_one_card(

@@ -230,3 +230,20 @@ def test_image_locality_weighs_the_images_a_node_holds_by_how_many_nodes_share_t
     h.drop_spec(NodeName("cuda-here"))
     assert "registry.example/cuda:12" not in h.images
     assert h.images["registry.example/base:latest"] == (600 << 20, 2)
+
+
+def test_a_request_no_node_can_serve_is_one_status_decided_by_the_request_check() -> None:
+    from shared.core.model import RequestError
+    from shared.core.request import REQUEST_CHECK, refused, rejection
+
+    errors = [
+        RequestError(field="nvidia.com/gpucores (container main)", message="150 is above 100"),
+        RequestError(field="nvidia.com/gpumem (container main)", message="-1 is negative"),
+    ]
+    status = refused(errors)
+    assert status.unresolvable
+    assert status.plugins() == {REQUEST_CHECK}
+    assert rejection(errors) == (
+        "invalid device request: nvidia.com/gpucores (container main): 150 is above 100; "
+        "nvidia.com/gpumem (container main): -1 is negative"
+    )

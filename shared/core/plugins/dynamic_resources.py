@@ -20,6 +20,7 @@ class DynamicResources(FilterPlugin):
     """Refuses a node that an allocated claim's node selector does not take."""
 
     name = NAME
+    reads = "claims"
     labels_only = True
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:

@@ -8,7 +8,7 @@ from shared.core.framework import FilterPlugin
 from shared.core.status import UNRESOLVABLE, Reason, Status, fail
 
 if TYPE_CHECKING:
-    from shared.core.nodefit import HostNode, Hosts, Prepared
+    from shared.core.nodefit import HostNode, Prepared
 
 NAME = "NodeName"
 NODE_NAME = fail(Reason(kind="node-name", code=UNRESOLVABLE, plugin=NAME))
@@ -18,11 +18,8 @@ class NodeName(FilterPlugin):
     """Refuses every node but the one the pod names."""
 
     name = NAME
+    reads = "node_name"
     node_only = True
-
-    def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
-        """Only a pod that names a node has anything to check."""
-        return bool(prep.pod.node_name)
 
     def filter(self, prep: Prepared, host: HostNode) -> Status | None:
         """The node's name against the pod's ``spec.nodeName``."""

@@ -9,7 +9,7 @@ from shared.core.hosts import HostPort
 from shared.core.status import Reason, Status, fail
 
 if TYPE_CHECKING:
-    from shared.core.nodefit import HostNode, Hosts, Prepared
+    from shared.core.nodefit import HostNode, Prepared
 
 NAME = "NodePorts"
 NODE_PORTS = fail(Reason(kind="node-ports", plugin=NAME))
@@ -20,10 +20,7 @@ class NodePorts(FilterPlugin):
     port and protocol on the same IP, or on any IP when either side binds 0.0.0.0."""
 
     name = NAME
-
-    def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
-        """Only a pod with host ports has anything to check."""
-        return bool(prep.pod.ports)
+    reads = "ports"
 
     def filter(self, prep: Prepared, host: HostNode) -> Status | None:
         """The pod's host ports against those the node's pods hold."""

@@ -9,7 +9,7 @@ from shared.core.hosts import UNSCHEDULABLE_TAINT, Taint
 from shared.core.status import UNRESOLVABLE, Reason, Status, fail
 
 if TYPE_CHECKING:
-    from shared.core.nodefit import HostNode, Prepared
+    from shared.core.nodefit import HostNode, Hosts, Prepared
 
 NAME = "NodeUnschedulable"
 NODE_UNSCHEDULABLE = fail(Reason(kind="node-unschedulable", code=UNRESOLVABLE, plugin=NAME))
@@ -22,6 +22,10 @@ class NodeUnschedulable(FilterPlugin):
 
     name = NAME
     node_only = True
+
+    def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
+        """Nothing to check while no node is cordoned."""
+        return bool(hosts.cordoned)
 
     def filter(self, prep: Prepared, host: HostNode) -> Status | None:
         """The node's cordon against the pod's tolerations."""

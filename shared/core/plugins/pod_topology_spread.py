@@ -38,6 +38,7 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
     key and its domain stays within the skew. Score: soft constraints, weight 2."""
 
     name = NAME
+    reads = "spread"
     weight = 2
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:

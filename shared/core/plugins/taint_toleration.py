@@ -10,7 +10,7 @@ from shared.core.framework import FilterPlugin, ScorePlugin, normalised
 from shared.core.status import UNRESOLVABLE, Reason, Status, fail
 
 if TYPE_CHECKING:
-    from shared.core.nodefit import HostNode, Prepared
+    from shared.core.nodefit import HostNode, Hosts, Prepared
 
 NAME = "TaintToleration"
 TAINTED = fail(Reason(kind="taint", code=UNRESOLVABLE, plugin=NAME))
@@ -23,6 +23,10 @@ class TaintToleration(FilterPlugin, ScorePlugin):
     name = NAME
     node_only = True
     weight = 3
+
+    def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
+        """Nothing to check while no node has a NoSchedule or NoExecute taint."""
+        return bool(hosts.tainted)
 
     def filter(self, prep: Prepared, host: HostNode) -> Status | None:
         """The node's taints against the pod's tolerations (once per distinct set of

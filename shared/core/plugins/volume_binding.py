@@ -42,6 +42,7 @@ class VolumeBinding(FilterPlugin):
     misses the node's labels (the first such volume)."""
 
     name = NAME
+    reads = "claims"
     labels_only = True
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:

@@ -26,6 +26,7 @@ class VolumeRestrictions(FilterPlugin):
     """PreFilter only: a claim the pod names and that does not exist rejects every node."""
 
     name = NAME
+    reads = "claims"
     labels_only = True
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:

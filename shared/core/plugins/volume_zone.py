@@ -21,6 +21,7 @@ class VolumeZone(FilterPlugin):
     """Refuses a zoned node outside a volume's zone (beta and GA labels alike)."""
 
     name = NAME
+    reads = "claims"
     labels_only = True
 
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
