@@ -28,7 +28,7 @@ node by node with kube-scheduler itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.core.framework import Check, Profile
@@ -414,15 +414,17 @@ class Prepared:
     ``metadata.name``)."""
     spread: tuple[Spread, ...] = ()
     """PodTopologySpread: the hard constraints, counted."""
-    affinity: list[AffinityTerm] = field(default_factory=list)
+    affinity: Sequence[AffinityTerm] = ()
     """InterPodAffinity: the required terms (namespaces resolved) and their counts per
-    (topology key, value); ``existing_anti``: other pods' anti-affinity against it."""
-    anti: list[AffinityTerm] = field(default_factory=list)
+    (topology key, value); ``existing_anti``: other pods' anti-affinity against it
+    (the terms replaced whole by its PreFilter, never changed in place: the empty
+    default is shared)."""
+    anti: Sequence[AffinityTerm] = ()
     affinity_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     anti_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     existing_anti: dict[tuple[str, str], int] = field(default_factory=dict)
     self_affine: bool = False
-    tolerated: dict[tuple[Taint, ...], bool] = field(default_factory=dict)
+    tolerated: dict[tuple[Taint, ...], bool] | None = None
     """TaintToleration: per distinct set of node taints, whether the pod tolerates it."""
     _ruled_out: frozenset[NodeName] | None = None
 

@@ -35,6 +35,8 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
     def pre_filter(self, hosts: Hosts, prep: Prepared) -> Status | bool:
         """Count the domains of every required term, the pod's and the others'."""
         pod = prep.pod
+        if not hosts.anti_pods and not pod.affinity and not pod.anti_affinity:
+            return False  # no term either way (the common pod)
         ns_labels = hosts.namespace_labels(pod.namespace)
         existing: dict[tuple[str, str], int] = {}
         for uid, node in hosts.anti_pods.items():

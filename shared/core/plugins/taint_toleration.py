@@ -35,6 +35,8 @@ class TaintToleration(FilterPlugin, ScorePlugin):
         if spec is None or not spec.taints:
             return None
         seen = prep.tolerated
+        if seen is None:
+            seen = prep.tolerated = {}
         ok = seen.get(spec.taints)
         if ok is None:
             ok = seen[spec.taints] = prep.pod.tolerates(spec.taints) is None
