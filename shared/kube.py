@@ -182,6 +182,38 @@ async def delete_pod(
     return True
 
 
+def event_body(
+    involved: Mapping[str, str],
+    *,
+    reason: str,
+    message: str,
+    kind: Literal["Normal", "Warning"],
+    source: str,
+    reporter: str,
+    instance: str,
+) -> dict[str, Any]:
+    """A Kubernetes Event about ``involved`` (its ``apiVersion``, ``kind``, ``name``,
+    ``namespace`` and ``uid``), from ``source`` (``source.component``) as ``reporter``
+    (``reportingComponent``) running as ``instance``; the message cut at 1,024
+    characters."""
+    now = _now().isoformat()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{involved['name']}.", "namespace": involved["namespace"]},
+        "involvedObject": dict(involved),
+        "reason": reason,
+        "message": message[:1024],
+        "type": kind,
+        "source": {"component": source},
+        "reportingComponent": reporter,
+        "reportingInstance": instance,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
 async def post_event(
     api: Client,
     pod: PodRef,
@@ -192,28 +224,22 @@ async def post_event(
     component: str = "tessera",
 ) -> None:
     """Record a Kubernetes Event on the pod (``kubectl describe pod`` shows it)."""
-    now = _now()
-    body = {
+    involved = {
         "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": pod.name,
-            "namespace": pod.namespace,
-            "uid": pod.uid,
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": kind,
-        "source": {"component": component},
-        "reportingComponent": f"{REPORTING_COMPONENT}/{component}",
-        "reportingInstance": os.environ.get("HOSTNAME", component),
-        "firstTimestamp": now.isoformat(),
-        "lastTimestamp": now.isoformat(),
-        "count": 1,
+        "kind": "Pod",
+        "name": pod.name,
+        "namespace": pod.namespace,
+        "uid": pod.uid,
     }
+    body = event_body(
+        involved,
+        reason=reason,
+        message=message,
+        kind=kind,
+        source=component,
+        reporter=f"{REPORTING_COMPONENT}/{component}",
+        instance=os.environ.get("HOSTNAME", component),
+    )
     await request(api, "POST", f"/api/v1/namespaces/{pod.namespace}/events", body)
 
 

@@ -6,7 +6,6 @@ controller expects (already there, already gone) taken as done.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable
 from typing import Any, Literal
@@ -102,28 +101,22 @@ class JobApi:
     ) -> None:
         """An Event on the Job (``kubectl describe vcjob`` shows it), as Volcano's
         controller records them."""
-        now = dt.datetime.now(dt.UTC).isoformat()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{tracked.name}.", "namespace": tracked.namespace},
-            "involvedObject": {
-                "apiVersion": "batch.volcano.sh/v1alpha1",
-                "kind": "Job",
-                "name": tracked.name,
-                "namespace": tracked.namespace,
-                "uid": tracked.uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "source": {"component": "vc-controller-manager"},
-            "reportingComponent": f"{kube.REPORTING_COMPONENT}/{self.component}",
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+        involved = {
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "name": tracked.name,
+            "namespace": tracked.namespace,
+            "uid": tracked.uid,
         }
+        body = kube.event_body(
+            involved,
+            reason=reason,
+            message=message,
+            kind=kind,
+            source="vc-controller-manager",
+            reporter=f"{kube.REPORTING_COMPONENT}/{self.component}",
+            instance=self.instance,
+        )
         try:
             await kube.request(
                 self.client(), "POST", f"/api/v1/namespaces/{tracked.namespace}/events", body

@@ -147,6 +147,7 @@ async def test_explain_lists_every_node_with_its_reason_and_what_would_fit(
     assert verdicts[0].split() == [
         "NODE",
         "FITS",
+        "PLUGIN",
         "WHY",
         "NOT",
         "WHAT",
@@ -157,7 +158,7 @@ async def test_explain_lists_every_node_with_its_reason_and_what_would_fit(
     ]
     for node, cards in (("cli-a100", 2), ("cli-h100", 1)):
         [row] = [r for r in verdicts if r.startswith(f"{node} ")]
-        assert row.split()[1] == "no"
+        assert row.split()[1:3] == ["no", "DeviceShare"]  # the device family decided
         assert f"nvidia.com/gpu: 3 devices asked, {cards} eligible on the node" in row
         assert f"ask for at most {cards} devices, or a node with more" in row
 
