@@ -214,10 +214,6 @@ class Profile:
             ),
         )
 
-    def names(self) -> tuple[list[str], list[tuple[str, int]]]:
-        """The filters' names in order and the scores' with their weights."""
-        return [f.name for f in self.filters], [(s.name, w) for s, w in self.scores]
-
 
 PreFilter = Callable[["Hosts", "Prepared"], Status | bool]
 """A filter plugin's ``pre_filter``, bound."""

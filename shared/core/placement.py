@@ -176,6 +176,11 @@ def _container_grant(
     )
 
 
+def _decided_by(reason: Reason, family: DeviceFamily) -> Reason:
+    """``reason`` naming the family that found it, unless it names its plugin already."""
+    return reason if reason.plugin else msgspec.structs.replace(reason, plugin=family.name)
+
+
 def _mode_mismatch(request: DeviceRequest, pod: PodRequest) -> Reason:
     return Reason(
         kind="mode-mismatch",
@@ -416,8 +421,7 @@ class Placer:
                 if r.units:  # what the kubelet will ask of the resource counted in units
                     return [(dev, msgspec.structs.replace(g, units=r.units)) for dev, g in found]
                 return found
-            if not found.plugin:
-                found = msgspec.structs.replace(found, plugin=family.name)
+            found = _decided_by(found, family)
             if reason is None or (reason.unresolvable and not found.unresolvable):
                 reason = found
         if reason is None:
@@ -427,7 +431,7 @@ class Placer:
             family = routes[0][1]
             found = family.filter(_EMPTY, r, request.constraints, ctx)
             assert isinstance(found, Reason)
-            reason = msgspec.structs.replace(found, plugin=found.plugin or family.name)
+            reason = _decided_by(found, family)
         return reason
 
     # --- one pod --------------------------------------------------------------------

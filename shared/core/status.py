@@ -292,11 +292,6 @@ class Status(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         """The plugin that decided a per-node status (its first reason's), or ""."""
         return self.reasons[0].plugin if self.reasons else ""
 
-    def plugins(self) -> frozenset[str]:
-        """Every plugin behind this status's reasons (kube-scheduler's
-        ``UnschedulablePlugins``: what a change must concern to make the pod fit)."""
-        return frozenset(r.plugin for r in self.reasons if r.plugin)
-
     def message(self) -> str:
         """What the pod's Event and condition say (kube-scheduler's shape)."""
         if self.nodes > 0:

@@ -391,30 +391,25 @@ async def test_volumes_and_scaling(pipeline: Pipeline, ns: str) -> None:
 
     await create(pipeline, ns, vcjob("scaled", [task("w", 1)]))
     await pipeline.bound(ns, "scaled-w-0")
-    grown = (await job(pipeline, ns, "scaled"))["spec"]
-    grown["tasks"][0]["replicas"] = 2
-    grown["minAvailable"] = 2
-    await kube.request(
-        pipeline.api,
-        "PATCH",
-        f"{jobs_path(ns)}/scaled",
-        {"spec": grown},
-        content_type="application/merge-patch+json",
-    )
+    spec = (await job(pipeline, ns, "scaled"))["spec"]
+
+    async def scale(replicas: int) -> None:
+        spec["tasks"][0]["replicas"] = spec["minAvailable"] = replicas
+        await kube.request(
+            pipeline.api,
+            "PATCH",
+            f"{jobs_path(ns)}/scaled",
+            {"spec": spec},
+            content_type="application/merge-patch+json",
+        )
+
+    await scale(2)
     await pipeline.bound(ns, "scaled-w-1")
     group = await kube.request(
         pipeline.api, "GET", f"{SCHEDULING}/namespaces/{ns}/podgroups/scaled"
     )
     assert group["spec"]["minMember"] == 2
-    grown["tasks"][0]["replicas"] = 1
-    grown["minAvailable"] = 1
-    await kube.request(
-        pipeline.api,
-        "PATCH",
-        f"{jobs_path(ns)}/scaled",
-        {"spec": grown},
-        content_type="application/merge-patch+json",
-    )
+    await scale(1)
 
     async def shrunk() -> bool:
         return set(await pods_of(pipeline, ns, "scaled")) == {"scaled-w-0"}

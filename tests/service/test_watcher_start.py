@@ -92,13 +92,14 @@ class Announced:
         self.events.append((event, len(self.asked)))
 
 
-async def test_the_backlog_is_announced_first_and_every_pod_listed_once_it_is_bound() -> None:
-    asked: list[dict[str, list[str]]] = []
+async def watched(asked: list[dict[str, list[str]]], *, binds: bool) -> tuple[Watcher, Announced]:
+    """A watcher's pod watch against :func:`api_server` until it watches from the list
+    of every pod: the watcher, and what it announced."""
     rt = SimpleNamespace(
         cfg=Config(), metrics=Metrics("test"), bus=None, spawn=None, service="watcher"
     )
     done = asyncio.Event()
-    async with api_server(asked, done) as api:
+    async with api_server(asked, done, binds=binds) as api:
         w = Watcher(rt, api)  # type: ignore[arg-type]
         out = Announced(asked)
         w.out = out  # type: ignore[assignment]
@@ -110,6 +111,12 @@ async def test_the_backlog_is_announced_first_and_every_pod_listed_once_it_is_bo
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    return w, out
+
+
+async def test_the_backlog_is_announced_first_and_every_pod_listed_once_it_is_bound() -> None:
+    asked: list[dict[str, list[str]]] = []
+    w, out = await watched(asked, binds=True)
     unplaced, first_watch, full, watch = asked[:4]
     assert unplaced["fieldSelector"] == ["spec.nodeName="]
     assert first_watch["resourceVersion"] == [PENDING_RV]
@@ -134,22 +141,7 @@ async def test_a_backlog_never_bound_holds_the_list_of_every_pod_for_a_while_onl
 ) -> None:
     monkeypatch.setattr(pods, "FULL_LIST_WAIT_S", 0.3)
     asked: list[dict[str, list[str]]] = []
-    rt = SimpleNamespace(
-        cfg=Config(), metrics=Metrics("test"), bus=None, spawn=None, service="watcher"
-    )
-    done = asyncio.Event()
-    async with api_server(asked, done, binds=False) as api:
-        w = Watcher(rt, api)  # type: ignore[arg-type]
-        out = Announced(asked)
-        w.out = out  # type: ignore[assignment]
-        task = asyncio.create_task(w.pods.watch(api))
-        try:
-            async with asyncio.timeout(10):
-                await done.wait()
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    w, out = await watched(asked, binds=False)
     full = [q for q in asked if "watch" not in q and "fieldSelector" not in q]
     assert len(full) == 1
     assert all(q["resourceVersion"] == [PENDING_RV] for q in asked[1 : asked.index(full[0])])

@@ -28,6 +28,11 @@ from tests.unit.corekit import MANAGED
 from tests.unit.test_nodefit import bind, hosts, node, pod
 
 
+def names(profile: Profile) -> tuple[list[str], list[tuple[str, int]]]:
+    """A profile's filters by name in order, and its scores by name with their weights."""
+    return [f.name for f in profile.filters], [(s.name, w) for s, w in profile.scores]
+
+
 def test_every_plugin_module_ships_one_named_plugin_and_the_defaults_exist() -> None:
     modules = {m.name for m in pkgutil.iter_modules(plugins.__path__)}
     found = registry()
@@ -39,7 +44,7 @@ def test_every_plugin_module_ships_one_named_plugin_and_the_defaults_exist() -> 
 
 
 def test_the_default_profile_is_kube_schedulers_order_and_weights() -> None:
-    filters, scores = Profile.build().names()
+    filters, scores = names(Profile.build())
     assert filters == [
         "NodeUnschedulable",
         "NodeName",
@@ -80,7 +85,7 @@ def test_a_profile_merges_over_the_defaults_as_kube_scheduler_does() -> None:
             ),
         )
     )
-    filters, scores = profile.names()
+    filters, scores = names(profile)
     assert filters == ["NodePorts", "NodeUnschedulable"]
     assert scores == [
         ("NodeResourcesFit", 1),
@@ -242,7 +247,7 @@ def test_a_request_no_node_can_serve_is_one_status_decided_by_the_request_check(
     ]
     status = refused(errors)
     assert status.unresolvable
-    assert status.plugins() == {REQUEST_CHECK}
+    assert {r.plugin for r in status.reasons} == {REQUEST_CHECK}
     assert rejection(errors) == (
         "invalid device request: nvidia.com/gpucores (container main): 150 is above 100; "
         "nvidia.com/gpumem (container main): -1 is negative"

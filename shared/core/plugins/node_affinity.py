@@ -48,7 +48,7 @@ class NodeAffinity(FilterPlugin, ScorePlugin):
                     reasons=(
                         Reason(kind="affinity-conflict", code=UNRESOLVABLE, nodes=0, plugin=NAME),
                     ),
-                    nodes=sum(1 for h in hosts.nodes.values() if h.spec is not None),
+                    nodes=hosts.known,
                 )
             prep.names = names
         return bool(pod.node_selector or pod.node_affinity is not None)

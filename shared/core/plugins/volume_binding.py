@@ -32,7 +32,7 @@ def waits(
         return Status(
             code=Code.UNRESOLVABLE,
             reasons=(wait,),
-            nodes=sum(1 for h in hosts.nodes.values() if h.spec is not None),
+            nodes=hosts.known,
         )
     return bool(checks(claims))
 
