@@ -112,10 +112,6 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     other pods take the first node that fits in the device policy's order. Scores are
     kube-scheduler's (resources by ``nodePolicy``: most allocated for binpack, least for
     spread; balance; taints; affinity; spread) with its weights."""
-    device_score_weight: Annotated[int, msgspec.Meta(ge=0)] = 5
-    """Weight of the device policy's order among a window's scores (kube-scheduler's
-    own plugins weigh 1 to 3 each, 0-100 points per plugin): high keeps device packing
-    first, 0 lets only the node scores choose."""
     bind_concurrency: PosInt = 64
     """Binding writes in flight at once (no per-node lock)."""
     scheduled_events: bool = True
@@ -167,6 +163,12 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     def profile(self) -> Profile:
         """``plugins`` over the defaults, as the core runs them (shared/core/framework.py)."""
         return Profile.build(self.plugins)
+
+    def guard_window(self) -> int:
+        """``fragmentation_guard``, or 0 when the profile leaves FragmentationGuard out
+        (what ``tessera_fragmentation_guard_nodes`` reports while the scheduler keeps up)."""
+        guarded = any(kind.name == "FragmentationGuard" for kind, _ in self.profile().policies)
+        return self.fragmentation_guard if guarded else 0
 
     def shard_pools(self) -> Shards:
         """``shards`` as the core routes by them (shared/core/shards.py)."""
@@ -498,9 +500,15 @@ def _check(cfg: Config) -> None:
     if not cfg.scheduler.names:
         raise ConfigError("`$.scheduler.names` is empty: name at least one schedulerName")
     try:
-        cfg.scheduler.profile()
+        profile = cfg.scheduler.profile()
     except ProfileError as exc:
         raise ConfigError(f"`$.scheduler.plugins`: {exc}") from None
+    policies = {kind.policy for kind, _ in profile.policies}
+    if cfg.scheduler.node_policy not in policies:
+        raise ConfigError(
+            f"`$.scheduler.nodePolicy` is {cfg.scheduler.node_policy!r}, whose plugin "
+            "`$.scheduler.plugins` disables: enable it or choose another"
+        )
     wrong = _out_of_range(msgspec.to_builtins(cfg))
     if wrong is not None:
         raise ConfigError(wrong)

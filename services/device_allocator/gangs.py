@@ -57,7 +57,9 @@ class Gangs:
         self.stats = stats
         self.refused = refused
         """The nodes refused for their config (services/device_allocator/nodes.py)."""
-        self.guard = rt.cfg.scheduler.fragmentation_guard
+        self.window = rt.cfg.scheduler.guard_window()
+        """The configured window (0 without FragmentationGuard in the profile)."""
+        self.guard = self.window
         """The fragmentation guard in force: the last gang's (``pace.fragmentation_guard``)."""
 
     async def ready(self, gang: ev.GangReady) -> None:
@@ -114,7 +116,7 @@ class Gangs:
     def _keep_up(self, gang: ev.GangReady) -> int:
         """The fragmentation guard for ``gang``, from the load it meets now."""
         wanted = pace.fragmentation_guard(
-            self.rt.cfg.scheduler.fragmentation_guard,
+            self.window,
             now=time.time(),
             emitted_at=gang.emitted_at,
             attempt=gang.attempt,

@@ -15,10 +15,21 @@ which score weights. A pod's cycle state is its :class:`~shared.core.nodefit.Pre
 - **Score** (:meth:`ScorePlugin.score`): a window of feasible nodes, 0 to 100 each,
   times the plugin's weight in the profile.
 
-Devices are fitted after the filters by the device families (shared/core/families.py,
-each a named plugin of shared/core/placement.py's routes), and the node and device
-policies (binpack, spread, FGD and the fragmentation guard) order the walk that offers
-nodes to the filters (shared/core/placement.py).
+Two points are Tessera's own, for what kube-scheduler has no notion of:
+
+- **DeviceFit** (:class:`DeviceFitPlugin`): after the filters, one plugin per device
+  family fits the pod's device requests on the node (DeviceShare, MIGInstances,
+  AscendTemplates, AscendCores). They are listed with the filters, after them; their
+  order is the preference among families that serve one request (a vGPU request tries
+  DeviceShare's cards before MIGInstances').
+- **NodePolicy** (:class:`NodePolicyPlugin`): which of the nodes that fit takes the pod.
+  Binpack, Spread and FGD each serve the node policy of their name (a pod's
+  ``hami.io/node-scheduler-policy``, else the config's ``nodePolicy``); Binpack and
+  Spread walk the device index in their order and weigh it among the window's scores
+  by their weight; FragmentationGuard, when enabled, re-weighs the first nodes of
+  Binpack's or Spread's walk by FGD's measure. They are listed with the scores.
+
+Both are made per ledger (they hold its device specs and FGD's memo), the others once.
 
 Plugins live one per module in shared/core/plugins/ and are found there by name: a new
 filter or score is a new module there plus its name in a profile (the defaults below,
@@ -39,7 +50,21 @@ import msgspec
 from shared.core.status import Status
 
 if TYPE_CHECKING:
+    from shared.core.families import FitContext, Picks
+    from shared.core.ledger import NodeState, PoolIndex, PoolKey
+    from shared.core.model import (
+        Constraints,
+        ContainerGrant,
+        DeviceRequest,
+        GangKey,
+        PodRequest,
+        Policy,
+        RequestKind,
+    )
     from shared.core.nodefit import HostNode, Hosts, Prepared
+    from shared.core.placement import Placer
+    from shared.core.spec import DeviceSpecs
+    from shared.core.status import Reason
 
 
 class Plugin:
@@ -85,6 +110,82 @@ class ScorePlugin(Plugin):
         """Each of ``hosts``' score, 0 to 100 (normalised over them), or None when the
         plugin has no opinion on this pod (no score at all, not zeros). ``policy`` is
         the pod's node policy (``binpack``: most allocated first; ``spread``: least)."""
+        raise NotImplementedError
+
+
+class DeviceFitPlugin(Plugin):
+    """DeviceFit: one family's way of sharing devices, fitting one device request on
+    one node (the contract is shared/core/families.py's). Made per ledger, from its
+    device specs."""
+
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset()
+    """The request kinds it serves (``DeviceRequest.kind``)."""
+
+    def __init__(self, specs: DeviceSpecs) -> None:
+        self.specs = specs
+
+    def pools(self, request: DeviceRequest, constraints: Constraints) -> tuple[PoolKey, ...]:
+        """The device pools (vendor, mode, chip) that may serve ``request``; none: this
+        family does not serve it."""
+        raise NotImplementedError
+
+    def demand(self, request: DeviceRequest, index: PoolIndex) -> tuple[int, int]:
+        """The least free memory (MiB) and cores (percent) one device of the pool must
+        offer, so the ledger's index skips devices that cannot fit."""
+        raise NotImplementedError
+
+    def filter(
+        self, node: NodeState, request: DeviceRequest, constraints: Constraints, ctx: FitContext
+    ) -> Picks | Reason:
+        """The devices and grants chosen for ``request`` on ``node``, or the reason none
+        fit (unresolvable only when load cannot change it); changes nothing."""
+        raise NotImplementedError
+
+
+Chosen = tuple["NodeState", tuple["ContainerGrant", ...]]
+"""A node policy's choice: the node and the pod's grants there (not yet reserved)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What a node policy reads of one pod."""
+
+    request: PodRequest
+    primary: DeviceRequest | None
+    """The pod's first device request (the device index is walked for it); None: the
+    pod asks for no devices, and every node is offered in turn."""
+    ctx: FitContext
+    prep: Prepared | None
+    """Its cycle state (None: devices only, the core's own tests)."""
+    owner: GangKey | None
+    policy: Policy
+    """The node policy that applies (the pod's, else the config's)."""
+    guard: int
+    """The fragmentation guard's window for this pod (0: off)."""
+
+
+class NodePolicyPlugin(Plugin):
+    """NodePolicy: which node that fits takes the pod, and its devices there. Made per
+    placer (``placer`` is the ledger's walk and fit: shared/core/placement.py)."""
+
+    policy: ClassVar[str] = ""
+    """The node policy value it serves (``hami.io/node-scheduler-policy``); "" for one
+    that applies over another's (the fragmentation guard)."""
+    weight: ClassVar[int] = 0
+    """The weight of its walk's order among a window's scores when the profile names
+    none; 0: it chooses by its own measure and takes no weight."""
+
+    def __init__(self, placer: Placer, weight: int) -> None:
+        self.placer = placer
+        self.weight_in_window = weight
+
+    def applies(self, choice: Choice) -> bool:
+        """Whether it chooses for ``choice`` (a policy of its name always does)."""
+        return choice.policy == self.policy
+
+    def choose(self, choice: Choice) -> Chosen | None:
+        """The node and grants for the pod; None when its walk found no node that fits
+        (the placer then scans every node for the reasons)."""
         raise NotImplementedError
 
 
@@ -163,20 +264,40 @@ DEFAULT_SCORES: tuple[tuple[str, int], ...] = (
 """kube-scheduler's default scores with their default weights."""
 
 
+DEFAULT_DEVICES: tuple[str, ...] = ("DeviceShare", "MIGInstances", "AscendTemplates", "AscendCores")
+"""The device families, after the filters, in their order of preference."""
+
+DEFAULT_POLICIES: tuple[str, ...] = ("Binpack", "Spread", "FGD", "FragmentationGuard")
+"""The node policies, after the scores (each with its own default weight)."""
+
+
 class ProfileError(ValueError):
     """A profile names a plugin that does not exist, or one at the wrong point."""
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """The plugins one scheduling cycle runs: filters in order, scores with weights."""
+    """The plugins one scheduling cycle runs: filters in order, scores with weights,
+    and the per-ledger device families and node policies (classes: a placer makes
+    them)."""
 
     filters: tuple[FilterPlugin, ...]
     scores: tuple[tuple[ScorePlugin, int], ...]
+    devices: tuple[type[DeviceFitPlugin], ...] = ()
+    policies: tuple[tuple[type[NodePolicyPlugin], int], ...] = ()
     steps: tuple[tuple[str, PreFilter | None, Check], ...] = ()
     """Each filter as a pod's cycle calls it: the field it reads (``reads``), its bound
     PreFilter (None when the plugin has none of its own: it always filters) and its
     bound Filter."""
+
+    @classmethod
+    def default(cls) -> Profile:
+        """The default profile (built once, on first use: plugin modules import the
+        core, so not while the core is being imported)."""
+        global _DEFAULT
+        if _DEFAULT is None:
+            _DEFAULT = cls.build()
+        return _DEFAULT
 
     @classmethod
     def build(cls, plugins: Plugins | None = None) -> Profile:
@@ -191,29 +312,47 @@ class Profile:
                     raise ProfileError(
                         f"cannot disable {point} plugin {ref.name!r}: no such plugin"
                     )
-        filters = [
-            _instance(found, name, FilterPlugin, "filter")
-            for name, _ in _merged([(n, 0) for n in DEFAULT_FILTERS], plugins.filter)
-        ]
-        scores = []
-        for name, weight in _merged(list(DEFAULT_SCORES), plugins.score):
-            plugin = _instance(found, name, ScorePlugin, "score")
-            assert isinstance(plugin, ScorePlugin)
-            scores.append((plugin, weight or plugin.weight))
-        chosen = tuple(f for f in filters if isinstance(f, FilterPlugin))
+        filters: list[FilterPlugin] = []
+        devices: list[type[DeviceFitPlugin]] = []
+        defaults = [(n, 0) for n in (*DEFAULT_FILTERS, *DEFAULT_DEVICES)]
+        for name, _ in _merged(defaults, plugins.filter):
+            kind = _kind(found, name, (FilterPlugin, DeviceFitPlugin), "filter")
+            if issubclass(kind, DeviceFitPlugin):
+                devices.append(kind)
+            else:
+                filters.append(_single(kind))  # type: ignore[arg-type]
+        scores: list[tuple[ScorePlugin, int]] = []
+        policies: list[tuple[type[NodePolicyPlugin], int]] = []
+        defaults = [*DEFAULT_SCORES, *((n, 0) for n in DEFAULT_POLICIES)]
+        for name, weight in _merged(defaults, plugins.score):
+            kind = _kind(found, name, (ScorePlugin, NodePolicyPlugin), "score")
+            if issubclass(kind, NodePolicyPlugin):
+                if weight and not kind.weight:
+                    raise ProfileError(
+                        f"score plugin {name!r} chooses by its own measure: it takes no weight"
+                    )
+                policies.append((kind, weight or kind.weight))
+            else:
+                plugin = _single(kind)
+                assert isinstance(plugin, ScorePlugin)
+                scores.append((plugin, weight or plugin.weight))
         return cls(
-            filters=chosen,
+            filters=tuple(filters),
             scores=tuple(scores),
+            devices=tuple(devices),
+            policies=tuple(policies),
             steps=tuple(
                 (
                     f.reads,
                     f.pre_filter if type(f).pre_filter is not FilterPlugin.pre_filter else None,
                     f.filter,
                 )
-                for f in chosen
+                for f in filters
             ),
         )
 
+
+_DEFAULT: Profile | None = None
 
 PreFilter = Callable[["Hosts", "Prepared"], Status | bool]
 """A filter plugin's ``pre_filter``, bound."""
@@ -236,14 +375,18 @@ def _merged(defaults: list[tuple[str, int]], changes: PluginSet) -> list[tuple[s
     return out
 
 
-def _instance(found: dict[str, type[Plugin]], name: str, kind: type[Plugin], point: str) -> Plugin:
+def _kind(
+    found: dict[str, type[Plugin]], name: str, kinds: tuple[type[Plugin], ...], point: str
+) -> type[Plugin]:
+    """The plugin class named ``name``, which must serve one of ``kinds`` (the point
+    ``point`` of a profile lists them)."""
     plugin = found.get(name)
     if plugin is None:
-        known = ", ".join(sorted(n for n, p in found.items() if issubclass(p, kind)))
+        known = ", ".join(sorted(n for n, p in found.items() if issubclass(p, kinds)))
         raise ProfileError(f"no {point} plugin named {name!r}; known: {known}")
-    if not issubclass(plugin, kind):
+    if not issubclass(plugin, kinds):
         raise ProfileError(f"plugin {name!r} has no {point} extension point")
-    return _single(plugin)
+    return plugin
 
 
 _INSTANCES: dict[type[Plugin], Plugin] = {}

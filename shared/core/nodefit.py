@@ -51,7 +51,6 @@ from shared.core.status import Status
 _NONE_RULED_OUT: frozenset[NodeName] = frozenset()
 RULED_OUT_SHAPES = 256
 """Pod shapes whose ruled-out nodes ``Hosts`` keeps at once (then it starts again)."""
-DEFAULT_PROFILE = Profile.build()
 """kube-scheduler's default filters and scores (shared/core/framework.py)."""
 
 
@@ -150,7 +149,7 @@ class Hosts:
         list it gave (kube-scheduler's image states)."""
         self.known = 0
         """Nodes whose Node object is known."""
-        self.profile = DEFAULT_PROFILE
+        self.profile = Profile.default()
         """The filters and scores every pod meets (the allocator sets the config's)."""
         self.domains: dict[
             tuple[object, ...], tuple[dict[str, set[NodeName]], dict[NodeName, str]]

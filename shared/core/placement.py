@@ -30,18 +30,19 @@ from typing import Literal
 import msgspec
 
 from shared.core.admission import keys_of_grants
-from shared.core.families import (
-    DeviceFamily,
-    FitContext,
-    MigFamily,
-    MindClusterFamily,
-    Picks,
-    SlicedFamily,
-    TemplateFamily,
+from shared.core.families import FitContext, Picks
+from shared.core.framework import (
+    Choice,
+    Chosen,
+    DeviceFitPlugin,
+    NodePolicyPlugin,
+    Profile,
+    registry,
 )
 from shared.core.hosts import CPU, MEMORY, PodSpec
 from shared.core.ledger import Ledger, NodeState, PodGrant, PoolKey, Statement
 from shared.core.model import (
+    Constraints,
     ContainerGrant,
     ContainerRequest,
     DeviceRequest,
@@ -52,7 +53,8 @@ from shared.core.model import (
     Policy,
 )
 from shared.core.nodefit import Prepared
-from shared.core.policy import MEMO_LIMIT, Shape, Tables, Workload, shape_fraction
+from shared.core.plugins.fgd import FgdSearch
+from shared.core.policy import Shape, Workload, request_share
 from shared.core.request import REQUEST_CHECK
 from shared.core.status import (
     SUCCESS,
@@ -84,9 +86,6 @@ class PlacementConfig:
     no devices, and for one with soft preferences (preferred node or pod affinity,
     ScheduleAnyway spread) or when some node has a PreferNoSchedule taint. Other pods
     take the first node that fits in the device policy's order."""
-    device_score_weight: int = 5
-    """Weight of the device policy's order among the scores of a window (kube-scheduler's
-    own weights are 1 to 3 per plugin; see docs/architecture.md)."""
     fragmentation_guard: int = 16
     """With binpack or spread nodes (pods that name no node policy and have no soft
     preferences): a pod with devices takes, of the first this many nodes that fit, the
@@ -158,7 +157,7 @@ class GangResult:
         return self.status.message()
 
 
-_Route = tuple[PoolKey, DeviceFamily]
+_Route = tuple[PoolKey, DeviceFitPlugin]
 
 
 def _container_grant(
@@ -176,9 +175,23 @@ def _container_grant(
     )
 
 
-def _decided_by(reason: Reason, family: DeviceFamily) -> Reason:
+def _decided_by(reason: Reason, family: DeviceFitPlugin) -> Reason:
     """``reason`` naming the family that found it, unless it names its plugin already."""
     return reason if reason.plugin else msgspec.structs.replace(reason, plugin=family.name)
+
+
+def _shape(request: DeviceRequest, c: Constraints) -> tuple[object, ...]:
+    """What of a request and its pod's constraints decides the families and pools that
+    serve it."""
+    return (request.kind, request.vendor, request.chip, c.mode, request.mig_profile is None)
+
+
+def _not_enabled(what: str, plugin: str) -> Reason:
+    """``what`` (a device resource, a node policy) would be served by ``plugin``, which
+    the profile does not enable."""
+    return Reason(
+        kind="not-enabled", code=UNRESOLVABLE, resource=what, detail=plugin, plugin=plugin
+    )
 
 
 def _mode_mismatch(request: DeviceRequest, pod: PodRequest) -> Reason:
@@ -202,10 +215,6 @@ class Placer:
     ) -> None:
         self.ledger = ledger
         self.config = config or PlacementConfig()
-        self.sliced = SlicedFamily(ledger.specs)
-        self.mig = MigFamily()
-        self.template = TemplateFamily(ledger.specs)
-        self.mindcluster = MindClusterFamily()
         self.fixed_workload = workload is not None
         self.workload = workload or Workload()
         self.reserved_nodes: dict[NodeName, GangKey] = {}
@@ -218,37 +227,65 @@ class Placer:
         self._routes: dict[tuple[object, ...], list[_Route]] = {}
         self._largest = (0, 1)
         """(pools seen, the largest card's MiB): what FGD's shapes are fractions of."""
-        self._fgd_cache: dict[
-            tuple[NodeName, object, tuple[int, ...]], tuple[object, float | None, float]
-        ] = {}
-        """(node, (the pod's request, device policy), where its cpu and memory leave the
-        node: ``_host_after``) → (the node's ``_stamp``
-        when weighed, the fragmentation the pod adds there or None if it does not fit,
-        the free GPU share it leaves): see ``_best_fgd``."""
-        self._fgd_tables: object = None
+        self._unserved: dict[tuple[object, ...], Reason] = {}
+        """Per request shape no enabled family serves: the reason (a family the profile
+        leaves out, or no pool of the pod's mode)."""
+        self.fgd = FgdSearch(self)
+        """FGD's search and memo, shared by the FGD policy and the guard."""
+        self._profile: Profile | None = None
+        self.families: tuple[DeviceFitPlugin, ...] = ()
+        """The profile's device families, in preference order."""
+        self.policies: dict[str, NodePolicyPlugin] = {}
+        """The profile's node policies by the policy value each serves."""
+        self.overlays: tuple[NodePolicyPlugin, ...] = ()
+        """Node policies that apply over another's (the fragmentation guard)."""
 
-    # --- families -------------------------------------------------------------------
+    # --- plugins --------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Make the profile's per-ledger plugins (again, when the profile changed)."""
+        profile = self._profile = self.ledger.hosts.profile
+        self.families = tuple(kind(self.ledger.specs) for kind in profile.devices)
+        made = [kind(self, weight) for kind, weight in profile.policies]
+        self.policies = {p.policy: p for p in made if p.policy}
+        self.overlays = tuple(p for p in made if not p.policy)
+        self._routes.clear()
+        self._unserved.clear()
 
     def routes(self, request: DeviceRequest, pod: PodRequest) -> list[_Route]:
-        """Which families may serve a request, and from which pools, in preference order
-        (the same for every request of one shape: kept per shape)."""
+        """Which families may serve a request, and from which pools, in the profile's
+        order (the same for every request of one shape: kept per shape)."""
+        if self.ledger.hosts.profile is not self._profile:
+            self._load()
         c = pod.constraints
-        shape = (request.kind, request.vendor, request.chip, c.mode, request.mig_profile is None)
+        shape = _shape(request, c)
         known = self._routes.get(shape)
         if known is not None:
             return known
-        families: tuple[DeviceFamily, ...]
-        if request.kind == "npu-template":
-            families = (self.template,)
-        elif request.kind == "npu-core":
-            families = (self.mindcluster,)
-        elif request.kind == "vgpu" and request.vendor == "nvidia":
-            families = (self.sliced, self.mig)
-        else:
-            families = (self.sliced,)
-        found: list[_Route] = [(pool, f) for f in families for pool in f.pools(request, c)]
+        found: list[_Route] = [
+            (pool, f)
+            for f in self.families
+            if request.kind in f.kinds
+            for pool in f.pools(request, c)
+        ]
         self._routes[shape] = found
+        if not found:
+            self._unserved[shape] = self._why_unserved(request, pod)
         return found
+
+    def _why_unserved(self, request: DeviceRequest, pod: PodRequest) -> Reason:
+        """Why no enabled family serves a request: a family the profile leaves out would
+        (it names the plugin), or none serves the pod's mode."""
+        enabled = {type(f) for f in self.families}
+        for kind in registry().values():
+            if (
+                issubclass(kind, DeviceFitPlugin)
+                and kind not in enabled
+                and request.kind in kind.kinds
+                and kind(self.ledger.specs).pools(request, pod.constraints)
+            ):
+                return _not_enabled(request.resource, kind.name)
+        return _mode_mismatch(request, pod)
 
     # --- checks ---------------------------------------------------------------------
 
@@ -427,7 +464,7 @@ class Placer:
         if reason is None:
             # The node has none of the pools that could serve the request.
             if not routes:
-                return _mode_mismatch(r, request)
+                return self._unserved[_shape(r, request.constraints)]
             family = routes[0][1]
             found = family.filter(_EMPTY, r, request.constraints, ctx)
             assert isinstance(found, Reason)
@@ -449,7 +486,7 @@ class Placer:
             return None
         return fail(Reason(kind="held", detail=str(holder), plugin="StarvationHold"))
 
-    def _candidates(
+    def candidates(
         self,
         request: PodRequest,
         primary: DeviceRequest,
@@ -513,30 +550,32 @@ class Placer:
             # and a quarter-card pod take a whole MIG card, which leaves no fragment).
             self._observe(request, spec)
         ctx = self._context(request, group)
-        policy = request.constraints.node_policy or self.config.node_policy
-        chosen: tuple[NodeState, tuple[ContainerGrant, ...]] | None
-        if primary is None:
-            assert prep is not None  # a pod with no devices and no spec failed above
-            rotation = self._rotation(owner, prep)
-            guarded = fragmentation_guard and not request.constraints.node_policy
-            if policy == "fgd" or guarded:
-                chosen = self._best_fgd(rotation, request, ctx, prep, rotate=True)
-            else:
-                chosen = self._choose(rotation, request, ctx, prep, policy, rotate=True)
-        elif policy == "fgd":
-            walk = self._fgd_walk(request, primary, owner, self.config.fgd_candidates, prep)
-            chosen = self._best_fgd(walk, request, ctx, prep)
-        else:
-            guard = 0 if request.constraints.node_policy else fragmentation_guard
-            if guard and prep is not None and not prep.soft():
-                if policy == "binpack":
-                    nodes = self._fgd_walk(request, primary, owner, guard, prep)
-                else:
-                    nodes = self._candidates(request, primary, policy, owner, prep)
-                chosen = self._guarded(nodes, request, ctx, prep, guard)
-            else:
-                nodes = self._candidates(request, primary, policy, owner, prep)
-                chosen = self._choose(nodes, request, ctx, prep, policy)
+        c = request.constraints
+        if self.ledger.hosts.profile is not self._profile:
+            self._load()
+        choice = Choice(
+            request=request,
+            primary=primary,
+            ctx=ctx,
+            prep=prep,
+            owner=owner,
+            policy=c.node_policy or self.config.node_policy,
+            guard=0 if c.node_policy else fragmentation_guard,
+        )
+        chooser = self.policies.get(choice.policy)
+        if chooser is None:
+            named = (
+                k.name
+                for k in registry().values()
+                if issubclass(k, NodePolicyPlugin) and k.policy == choice.policy
+            )
+            why = _not_enabled(f"node policy {choice.policy}", next(named, choice.policy))
+            return Failure(pod=pod, status=fail(why))
+        for overlay in self.overlays:
+            if overlay.applies(choice):
+                chooser = overlay
+                break
+        chosen = chooser.choose(choice)
         if chosen is None:
             if trial:
                 return Failure(pod=pod, status=_TRIAL_MISS)
@@ -553,7 +592,7 @@ class Placer:
             self.ledger.grant(grant, admitting=not trial)
         return Placement(pod=pod, node=node.name, grants=grants)
 
-    def _rotation(self, owner: GangKey | None, prep: Prepared) -> Iterator[NodeState]:
+    def rotation(self, owner: GangKey | None, prep: Prepared | None) -> Iterator[NodeState]:
         """Every node, from where the last pod with no devices stopped (kube-scheduler's
         round robin: such pods spread their evaluation); with a node selector, only the
         nodes the label index says carry its labels."""
@@ -561,7 +600,7 @@ class Placer:
         if len(nodes) != len(self.ledger.nodes) or self._version != self.ledger.hosts.version:
             nodes = self._ordered = sorted(self.ledger.nodes.values(), key=lambda n: n.name)
             self._version = self.ledger.hosts.version
-        selected = self.ledger.hosts.selected(prep.pod.node_selector)
+        selected = self.ledger.hosts.selected(prep.pod.node_selector) if prep else None
         start = self._start % len(nodes) if nodes else 0
         for i in range(len(nodes)):
             node = nodes[(start + i) % len(nodes)]
@@ -571,18 +610,19 @@ class Placer:
             if self._held_for_other(node.name, owner) is None:
                 yield node
 
-    def _choose(
+    def first_fit(
         self,
         candidates: Iterator[NodeState],
-        request: PodRequest,
-        ctx: FitContext,
-        prep: Prepared | None,
-        policy: Policy,
+        choice: Choice,
+        weight: int,
         *,
         rotate: bool = False,
-    ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
+    ) -> Chosen | None:
         """The first node that fits, or the best scored of a window of feasible ones
-        (``score_window``) when scores matter (see PlacementConfig)."""
+        (``score_window``) when scores matter (see PlacementConfig): the profile's
+        scores, and for a walk of the device index (not ``rotate``) its order, the
+        first best, times ``weight``."""
+        request, ctx, prep, policy = choice.request, choice.ctx, choice.prep, choice.policy
         window = 1
         if prep is not None and (rotate or prep.soft()):
             window = max(self.config.score_window, 1)
@@ -599,35 +639,14 @@ class Placer:
         scores = prep.score(
             [n.host for n, _ in found], "spread" if policy == "spread" else "binpack"
         )
-        if not rotate:  # the device policy's order, first best
-            weight = self.config.device_score_weight
+        if not rotate:  # the walk's order, first best
             last = len(found) - 1
             for i in range(len(found)):
                 scores[i] += weight * 100 * (last - i) / last
         best = max(range(len(found)), key=lambda i: (scores[i], -i))
         return found[best]
 
-    def _guarded(
-        self,
-        candidates: Iterator[NodeState],
-        request: PodRequest,
-        ctx: FitContext,
-        prep: Prepared,
-        guard: int,
-    ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
-        """The ``fragmentation_guard`` (see PlacementConfig): of the first ``guard`` nodes
-        of ``candidates`` that fit, the one that adds least fragmentation, the first of
-        equals; its devices chosen by the same measure unless the pod names a device
-        policy. The window is short, so it costs a few fits (most of them kept from the
-        last pod of the same size: ``_best_fgd``), not FGD's wide search. Binpack's
-        order alone fills the tightest card whatever share it leaves, and spread's
-        device choice puts a sharing pod on an idle card of the node binpack found for
-        its tight one (bench/RESULTS.md)."""
-        if not request.constraints.device_policy:
-            ctx = replace(ctx, device_policy="fgd")
-        return self._best_fgd(candidates, request, ctx, prep, limit=guard)
-
-    def _fgd_walk(
+    def both_ends(
         self,
         request: PodRequest,
         primary: DeviceRequest,
@@ -643,151 +662,17 @@ class Placer:
         both ends finds placements that fragment less than one twice as long from the
         tightest end alone (bench/RESULTS.md); with every node in the window (``limit``
         0) the order does not matter and one walk serves."""
-        tight = self._candidates(request, primary, "binpack", owner, prep)
+        tight = self.candidates(request, primary, "binpack", owner, prep)
         if not limit or limit >= len(self.ledger.nodes):
             yield from tight
             return
-        roomy = self._candidates(request, primary, "spread", owner, prep)
+        roomy = self.candidates(request, primary, "spread", owner, prep)
         seen: set[str] = set()
         for pair in zip_longest(tight, roomy):
             for node in pair:
                 if node is not None and node.name not in seen:
                     seen.add(node.name)
                     yield node
-
-    def _best_fgd(
-        self,
-        candidates: Iterator[NodeState],
-        request: PodRequest,
-        ctx: FitContext,
-        prep: Prepared | None,
-        *,
-        rotate: bool = False,
-        limit: int | None = None,
-    ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
-        """Of the first ``limit`` nodes that fit (``fgd_candidates`` unless given; every
-        node: 0), the one whose expected fragmentation (shared/core/policy.py) the pod
-        increases least, its free cpu and memory counted. Ties: the first in the walk's
-        order for a pod with devices; for one without (``rotate``), the node with the
-        least free GPU share left, then kube-scheduler's most-allocated score: cpu no
-        GPU task could use anyway goes first. Such a pod cannot do better than a node
-        where it strands nothing and no GPU is free: the search stops once
-        ``score_window`` of those are found.
-
-        A node's result for a pod of the same request, whose cpu and memory leave the
-        node holding as many tasks of each type (``_host_after``), is kept while the
-        node's usage stays the same (``_stamp``): a wide window then weighs mostly nodes
-        already weighed, at a dictionary read each. The chosen node, if its result was
-        kept, is fitted again, so a grant is always made on the ledger as it is."""
-        if limit is None:
-            limit = self.config.fgd_candidates
-        limit = limit or len(self.ledger.nodes)
-        want_cpu = want_memory = 0
-        if prep is not None:
-            requests = prep.pod.requests
-            want_cpu, want_memory = requests.get(CPU, 0), requests.get(MEMORY, 0)
-        device_fgd = ctx.device_policy == "fgd" and request.wants_devices
-        kind: object = None
-        if not rotate and not ctx.avoid and ctx.only is None:
-            kind = (request, ctx.device_policy)
-        cache = self._fgd_cache
-        if len(cache) >= MEMO_LIMIT:
-            cache.clear()
-        workload = self.workload
-        tables = workload.tables()
-        if tables is not self._fgd_tables:  # the workload was re-weighed: so are nodes
-            cache.clear()
-            self._fgd_tables = tables
-        # (delta, free GPU share left, node, grants or None when kept from before)
-        best: list[tuple[float, float, NodeState, tuple[ContainerGrant, ...] | None]] = []
-        found = floor = 0
-        for node in candidates:
-            if prep is not None and prep.filter(node.host) is not None:
-                continue
-            stamp = _stamp(node) if kind is not None else None
-            key = (
-                (node.name, kind, _host_after(tables, node, want_cpu, want_memory))
-                if kind is not None
-                else None
-            )
-            kept = cache.get(key) if key is not None else None
-            grants: tuple[ContainerGrant, ...] | None
-            if kept is not None and kept[0] == stamp:
-                _, delta, left = kept
-                if delta is None:
-                    continue
-                grants = None
-            else:
-                weighed = self._fgd_delta(node, request, ctx, device_fgd, want_cpu, want_memory)
-                if key is not None:
-                    cache[key] = (
-                        stamp,
-                        *(weighed[:2] if weighed is not None else (None, 0.0)),
-                    )
-                if weighed is None:
-                    continue
-                delta, left, grants = weighed
-            found += 1
-            if not best or delta < best[0][0] - 1e-9:
-                best = [(delta, left, node, grants)]
-            elif rotate and delta <= best[0][0] + 1e-9:
-                best.append((delta, left, node, grants))
-            if found >= limit:
-                break
-            if rotate and delta <= 1e-9 and left <= 1e-9:
-                floor += 1
-                if floor >= self.config.score_window:
-                    break
-        if not best:
-            return None
-        if len(best) > 1:
-            least = min(t for _, t, _, _ in best)
-            best = [b for b in best if b[1] <= least + 1e-9]
-        top = 0
-        if len(best) > 1 and prep is not None:
-            scores = prep.score([n.host for _, _, n, _ in best], "binpack")
-            top = max(range(len(best)), key=lambda i: (scores[i], -i))
-        _, _, node, grants = best[top]
-        if grants is None:
-            refit = self._fgd_delta(node, request, ctx, device_fgd, want_cpu, want_memory)
-            if refit is None:
-                return None  # kept by mistake (see _stamp): the full scan will look
-            grants = refit[2]
-        return node, grants
-
-    def _fgd_delta(
-        self,
-        node: NodeState,
-        request: PodRequest,
-        ctx: FitContext,
-        device_fgd: bool,
-        want_cpu: int,
-        want_memory: int,
-    ) -> tuple[float, float, tuple[ContainerGrant, ...]] | None:
-        """How much the pod's grants on ``node`` would raise its expected fragmentation,
-        the free GPU share they leave, and the grants; None if it does not fit (the
-        node's filters already passed)."""
-        workload = self.workload
-        model = _model_of(node)
-        cpu, memory = _host_free(node)
-        cpu_after = None if cpu is None else cpu - want_cpu
-        memory_after = None if memory is None else memory - want_memory
-        node_ctx = ctx
-        if device_fgd and isinstance(model, str):
-            node_ctx = replace(ctx, workload=workload.at(model, cpu_after, memory_after))
-        grants = self.fit_node(node, request, node_ctx)
-        if isinstance(grants, Status):
-            return None
-        if not grants and isinstance(model, str):
-            tables = workload.tables()
-            devices = len(node.devices)
-            if not tables.crosses(model, devices, cpu, cpu_after, memory, memory_after):
-                # no device taken and the host holds as many tasks of each type: no change
-                return 0.0, sum(d.free_fraction() for d in node.devices), grants
-        free, left = _after(self.ledger, node, grants)
-        before = workload.fragmentation(free, model, cpu, memory)
-        after = workload.fragmentation(left, model, cpu_after, memory_after)
-        return after - before + _over_granted(node, request, grants), sum(left), grants
 
     def _observe(self, request: PodRequest, spec: PodSpec | None) -> None:
         """Learn the task types FGD weighs (unless a workload was given): the pod's first
@@ -803,7 +688,7 @@ class Placer:
                 top = max(ix.max_total for ix in self.ledger.pools.values())
                 self._largest = (len(self.ledger.pools), top or 1)
             card = self._largest[1]
-        frac = _share(r, card)
+        frac = request_share(r, card)
         requests = spec.requests if spec is not None else {}
         c = request.constraints
         self.workload.observe(
@@ -912,124 +797,26 @@ class Placer:
         return GangResult(status=SUCCESS, placed=placed, failures=failures)
 
 
-def _model_of(node: NodeState) -> str | tuple[str, ...]:
-    """The GPU type of a node's devices (lower case): one, or one per device if mixed."""
-    devs = node.devices
-    if not devs:
-        return ""
-    first = devs[0].model_lc
-    for d in devs:
-        if d.model_lc != first:
-            return tuple(d.model_lc for d in devs)
-    return first
-
-
-def _after(
-    ledger: Ledger, node: NodeState, grants: tuple[ContainerGrant, ...]
-) -> tuple[list[float], list[float]]:
-    """The free share of each of the node's devices now, and once ``grants`` are made
-    (tried in a statement, undone at once)."""
-    devs = node.devices
-    free = [d.free_fraction() for d in devs]
-    touched = [node.by_uuid[g.uuid] for c in grants for g in c.devices]
-    if not touched:
-        return free, free
-    left = list(free)
-    with Statement(ledger) as trial:
-        for c in grants:
-            for g in c.devices:
-                trial.use(node.by_uuid[g.uuid], g)
-        for d in touched:
-            left[devs.index(d)] = d.free_fraction()
-    return free, left
-
-
-def _over_granted(
-    node: NodeState, request: PodRequest, grants: tuple[ContainerGrant, ...]
-) -> float:
-    """The GPU share granted beyond what was asked, lost to every task: a MIG instance
-    or a vNPU template larger than the request. FGD's measure assumes a grant is the
-    request; without this, a whole-card MIG instance for a quarter-card request adds
-    no fragmentation at all and wins every comparison."""
-    asked = {c.name: c.devices for c in request.containers}
-    lost = 0.0
-    for c in grants:
-        wanted = asked.get(c.container)
-        if not wanted:
-            continue
-        r = wanted[0]
-        for g in c.devices:
-            d = node.by_uuid.get(g.uuid)
-            if d is None or not d.total_mem or not (g.mig_profile or g.vnpu_template):
-                continue  # a slice is granted exactly as asked
-            lost += max(0.0, min(1.0, g.memory_mib / d.total_mem) - _share(r, d.total_mem))
-    return lost
-
-
-def _share(r: DeviceRequest, card_mib: int) -> float:
-    """The share of one card of ``card_mib`` MiB (0: unknown) a device request asks: its
-    memory (MiB, else percent) or cores, whichever is more; a whole card if exclusive."""
-    if r.memory_mib is not None and card_mib:
-        memory = r.memory_mib / card_mib
-    else:
-        memory = (r.memory_percent or 0) / 100
-    return shape_fraction(memory, r.cores / 100, r.exclusive)
-
-
-def _stamp(node: NodeState) -> tuple[int, ...]:
-    """What a node's fit and fragmentation follow from, summed: its devices' usage and
-    health, its pods and their cpu and memory. Two states with the same sums are taken
-    for the same (a pod released and another of the same size granted on the same node
-    between two looks): FGD may then weigh that node by its old state, and the node it
-    chooses is fitted again before any grant."""
-    mem = cores = slots = 0
-    for d in node.devices:
-        mem += d.used_mem
-        cores += d.used_cores
-        slots += d.used_slots if d.healthy and not d.cordoned else 1 << 20
-    host = node.host
-    used = host.requested
-    return (
-        mem,
-        cores,
-        slots,
-        len(node.devices),
-        host.count,
-        used.get(CPU, 0),
-        used.get(MEMORY, 0),
-    )
-
-
-def _host_after(
-    tables: Tables, node: NodeState, want_cpu: int, want_memory: int
-) -> tuple[int, ...]:
-    """What of a pod's cpu and memory FGD's result on ``node`` depends on, the node's
-    own state aside (``_stamp``): where the node's free cpu and memory after it fall
-    among the figures at which it holds one task fewer of some type (``host_key``).
-    Pods whose cpu and memory differ but fall alike share the node's kept result (the
-    guard weighed about a quarter of its window from memory when the exact figures were
-    the key: bench/RESULTS.md). A node of mixed GPU types keys by the exact figures."""
-    model = _model_of(node)
-    cpu, memory = _host_free(node)
-    if not isinstance(model, str):
-        return (want_cpu, want_memory)
-    return tables.host_key(
-        model,
-        len(node.devices),
-        None if cpu is None else cpu - want_cpu,
-        None if memory is None else memory - want_memory,
-    )
-
-
-def _host_free(node: NodeState) -> tuple[int | None, int | None]:
-    """The node's free cpu (milli) and memory (bytes); None while its Node is unknown."""
-    spec = node.host.spec
-    if spec is None:
-        return None, None
-    alloc, used = spec.allocatable, node.host.requested
-    return alloc.get(CPU, 0) - used.get(CPU, 0), alloc.get(MEMORY, 0) - used.get(MEMORY, 0)
-
-
 _EMPTY = NodeState(NodeName(""))
 _NO_DEVICES = Reason(kind="no-devices", code=UNRESOLVABLE)
 _TRIAL_MISS = fail(Reason(kind="waiting", detail="does not fit"))
+
+
+class WalkOrder(NodePolicyPlugin):
+    """A node policy that walks the device index in its own order (``policy``: binpack
+    or spread) and takes the first node that fits (shared/core/plugins/binpack.py)."""
+
+    weight = 5
+    """The weight of the walk's order among a window's scores: kube-scheduler's own
+    weigh 1 to 3 each (0 to 100 points per plugin), so 5 keeps device packing first."""
+
+    def choose(self, choice: Choice) -> Chosen | None:
+        """The first fit of the walk (a pod with no devices: of every node in turn)."""
+        placer = self.placer
+        if choice.primary is None:
+            rotation = placer.rotation(choice.owner, choice.prep)
+            return placer.first_fit(rotation, choice, self.weight_in_window, rotate=True)
+        walk = placer.candidates(
+            choice.request, choice.primary, choice.policy, choice.owner, choice.prep
+        )
+        return placer.first_fit(walk, choice, self.weight_in_window)

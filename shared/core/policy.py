@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from shared.core.model import Policy
+from shared.core.model import DeviceRequest, Policy
 
 EPS = 1e-9
 MEMO_LIMIT = 1 << 16
@@ -408,6 +408,16 @@ def shape_fraction(memory_fraction: float, core_fraction: float, exclusive: bool
         return 1.0
     raw = max(memory_fraction, core_fraction, 0.0)
     return min(1.0, max(0.01, round(raw * 100) / 100))
+
+
+def request_share(r: DeviceRequest, card_mib: int) -> float:
+    """The share of one card of ``card_mib`` MiB (0: unknown) a device request asks: its
+    memory (MiB, else percent) or cores, whichever is more; a whole card if exclusive."""
+    if r.memory_mib is not None and card_mib:
+        memory = r.memory_mib / card_mib
+    else:
+        memory = (r.memory_percent or 0) / 100
+    return shape_fraction(memory, r.cores / 100, r.exclusive)
 
 
 def device_score(

@@ -130,6 +130,18 @@ def test_env_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
             },
             ["`$.scheduler.plugins.score.enabled[0].weight`", ">= 1"],
         ),
+        (
+            {"scheduler": {"plugins": {"score": {"disabled": [{"name": "Binpack"}]}}}},
+            ["`$.scheduler.nodePolicy` is 'binpack'", "disables"],
+        ),
+        (
+            {"scheduler": {"plugins": {"score": {"enabled": [{"name": "FGD", "weight": 3}]}}}},
+            ["`$.scheduler.plugins`", "'FGD' chooses by its own measure"],
+        ),
+        (
+            {"scheduler": {"plugins": {"filter": {"enabled": [{"name": "Spread"}]}}}},
+            ["'Spread' has no filter extension point"],
+        ),
     ],
 )
 def test_bad_config_names_the_key_and_the_fix(data: dict[str, Any], expected: list[str]) -> None:
@@ -312,7 +324,6 @@ def test_every_placement_knob_is_read_from_the_scheduler_key() -> None:
             "memoryLargerThanCard": "clamp",
             "fgdCandidates": 3,
             "scoreWindow": 5,
-            "deviceScoreWeight": 7,
             "fragmentationGuard": 0,
         },
         config.SchedulerConfig,
@@ -325,6 +336,5 @@ def test_every_placement_knob_is_read_from_the_scheduler_key() -> None:
         memory_larger_than_card="clamp",
         fgd_candidates=3,
         score_window=5,
-        device_score_weight=7,
         fragmentation_guard=0,
     )

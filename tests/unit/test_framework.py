@@ -10,6 +10,7 @@ import pytest
 
 from shared.core import plugins
 from shared.core.framework import (
+    DEFAULT_DEVICES,
     DEFAULT_FILTERS,
     DEFAULT_SCORES,
     FilterPlugin,
@@ -24,8 +25,12 @@ from shared.core.framework import (
 from shared.core.hosts import pod_spec
 from shared.core.model import NodeName
 from shared.core.nodefit import Prepared
-from tests.unit.corekit import MANAGED
+from shared.core.placement import Failure, Placement, PlacementConfig, Placer
+from shared.core.policy import Shape, Workload
+from tests.unit.corekit import MANAGED, gpu, gpus, npu, placer, ref, request
 from tests.unit.test_nodefit import bind, hosts, node, pod
+from tests.unit.test_policy import cluster as policy_cluster
+from tests.unit.test_policy import pinned, put, share
 
 
 def names(profile: Profile) -> tuple[list[str], list[tuple[str, int]]]:
@@ -252,3 +257,120 @@ def test_a_request_no_node_can_serve_is_one_status_decided_by_the_request_check(
         "invalid device request: nvidia.com/gpucores (container main): 150 is above 100; "
         "nvidia.com/gpumem (container main): -1 is negative"
     )
+
+
+# --- Tessera's own points: device families and node policies ------------------------------
+
+
+def profile_of(**points: PluginSet) -> Profile:
+    return Profile.build(Plugins(**points))
+
+
+def off(*names_: str) -> PluginSet:
+    return PluginSet(disabled=[PluginRef(name=n) for n in names_])
+
+
+def test_device_families_and_node_policies_are_plugins_of_the_profile() -> None:
+    default = Profile.build()
+    assert [d.name for d in default.devices] == list(DEFAULT_DEVICES)
+    assert [(k.name, w) for k, w in default.policies] == [
+        ("Binpack", 5),
+        ("Spread", 5),
+        ("FGD", 0),
+        ("FragmentationGuard", 0),
+    ]
+    changed = profile_of(
+        filter=off("MIGInstances"),
+        score=PluginSet(
+            enabled=[PluginRef(name="Spread", weight=9)], disabled=[PluginRef(name="FGD")]
+        ),
+    )
+    assert [d.name for d in changed.devices] == ["DeviceShare", "AscendTemplates", "AscendCores"]
+    assert [(k.name, w) for k, w in changed.policies] == [
+        ("Binpack", 5),
+        ("Spread", 9),
+        ("FragmentationGuard", 0),
+    ]
+    with pytest.raises(ProfileError, match="'FGD' chooses by its own measure"):
+        profile_of(score=PluginSet(enabled=[PluginRef(name="FGD", weight=2)]))
+    with pytest.raises(ProfileError, match="'DeviceShare' has no score extension point"):
+        profile_of(score=PluginSet(enabled=[PluginRef(name="DeviceShare")]))
+    with pytest.raises(ProfileError, match="'Binpack' has no filter extension point"):
+        profile_of(filter=PluginSet(enabled=[PluginRef(name="Binpack")]))
+
+
+def test_a_request_whose_family_the_profile_leaves_out_is_told_so() -> None:
+    pl = placer({"n": [npu()], "g": [gpu(0)]})
+    limits = {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 10000}
+    assert isinstance(pl.place(ref(), request(limits)), Placement)
+    pl.ledger.hosts.profile = profile_of(filter=off("AscendTemplates"))
+    refused = pl.place(ref(), request(limits))
+    assert isinstance(refused, Failure)
+    assert refused.unresolvable
+    assert refused.status.reasons[0].plugin == "AscendTemplates"
+    assert refused.message == (
+        "0/2 nodes are available: 2 huawei.com/Ascend910B3: plugin AscendTemplates is not "
+        "enabled in scheduler.plugins."
+    )
+    # the other families still serve theirs
+    assert isinstance(pl.place(ref(), request({"nvidia.com/gpu": 1})), Placement)
+
+
+def test_a_node_policy_the_profile_leaves_out_is_refused_by_name() -> None:
+    pl = placer({"n": [gpu(0)]})
+    pl.ledger.hosts.profile = profile_of(score=off("FGD"))
+    fgd = {"hami.io/node-scheduler-policy": "fgd"}
+    refused = pl.place(ref(), request({"nvidia.com/gpu": 1}, annotations=fgd))
+    assert isinstance(refused, Failure)
+    assert refused.unresolvable
+    assert refused.message == "node policy fgd: plugin FGD is not enabled in scheduler.plugins"
+    assert isinstance(pl.place(ref(), request({"nvidia.com/gpu": 1})), Placement)
+
+
+def test_leaving_the_fragmentation_guard_out_is_binpacks_first_fit() -> None:
+    # test_pace.py's pair: weighed, a 40 % pod goes where its rest stays usable ("roomy");
+    # binpack's first fit takes the tightest card ("tight").
+    workload = Workload.of([(Shape(1, 0.4), 1.0)])
+
+    def chosen(profile: Profile, config: PlacementConfig | None = None) -> str:
+        pl = Placer(
+            policy_cluster({"tight": ("64", gpus(1)), "roomy": ("64", gpus(1))}), config, workload
+        )
+        pl.ledger.hosts.profile = profile
+        pinned(pl, "1", share(50), "tight")
+        pinned(pl, "1", share(20), "roomy")
+        return put(pl, "1", share(40)).node
+
+    assert chosen(Profile.build()) == "roomy"
+    assert chosen(profile_of(score=off("FragmentationGuard"))) == "tight"
+    assert chosen(Profile.build(), PlacementConfig(fragmentation_guard=0)) == "tight"
+
+
+def test_the_walk_orders_weight_comes_from_the_profile() -> None:
+    # Two nodes fit a pod with a preferred node affinity for the second in the walk:
+    # binpack's order (weight 5: 500 points to the first) outweighs NodeAffinity's 200,
+    # weight 1 does not.
+    def chosen(weight: int) -> str:
+        pl = Placer(policy_cluster({"a": ("64", gpus(1)), "b": ("64", gpus(1))}))
+        pl.ledger.hosts.profile = profile_of(
+            score=PluginSet(enabled=[PluginRef(name="Binpack", weight=weight)])
+        )
+        pinned(pl, "1", share(50), "a")  # the tighter card: first in binpack's walk
+        affinity = {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "preference": {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["b"]}
+                            ]
+                        },
+                    }
+                ]
+            }
+        }
+        return put(pl, "1", share(20), affinity=affinity).node
+
+    assert chosen(5) == "a"
+    assert chosen(1) == "b"

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from shared.config import parse as parse_config
-from shared.core.families import MINDCLUSTER_TABLE
 from shared.core.ledger import PodGrant
 from shared.core.model import DeviceGrant, MigInstance, NodeName
 from shared.core.placement import Failure, GangMember, Placement, PlacementConfig, Placer
+from shared.core.plugins.ascend_cores import MINDCLUSTER_TABLE
 from shared.core.spec import FilterDevices, NodeOverride
 from tests.unit import corekit
 from tests.unit.corekit import gpu, gpus, ledger, npu, place, placer, ref, request

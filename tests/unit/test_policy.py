@@ -163,12 +163,15 @@ def cluster(nodes: dict[str, tuple[str, list[DeviceInfo]]]) -> Ledger:
 
 
 def put(pl: Placer, cpu: str, limits: dict[str, Any] | None = None, **kw: Any) -> Placement:
+    """Place a one-container pod; ``annotations``, and any other keyword as a field of
+    its spec (``affinity=...``)."""
     obj: dict[str, Any] = {
         "metadata": {"name": "p", "namespace": "ns", "annotations": kw.pop("annotations", {})},
         "spec": {
+            **kw,
             "containers": [
                 {"name": "main", "resources": {"requests": {"cpu": cpu}, "limits": limits or {}}}
-            ]
+            ],
         },
     }
     request = PARSER.parse(obj)
@@ -366,7 +369,7 @@ def test_the_first_pod_is_weighed_against_its_own_type_not_whole_cards_only() ->
 
 
 def test_a_mig_instance_larger_than_asked_counts_what_it_wastes() -> None:
-    from shared.core.placement import _over_granted
+    from shared.core.plugins.fgd import _over_granted
 
     mig = gpus(1, model="NVIDIA-A100-SXM4-40GB", memory=40960, mode="mig")
     pl = Placer(cluster({"mig": ("64", mig), "a100": ("64", gpus(1))}))
@@ -392,25 +395,25 @@ def test_the_guards_kept_results_change_no_choice(monkeypatch: pytest.MonkeyPatc
     Over 400 pods of mixed cpu, memory and shares on 24 nodes of two cpu sizes, every
     choice (node and cards) is the one made with nothing kept, or kept by the exact
     figures; and fewer nodes are weighed than with either."""
-    from shared.core import placement as core_placement
+    from shared.core.plugins import fgd
 
     def run(keep: str) -> tuple[list[tuple[str, tuple[int, ...]]], int]:
         rng = random.Random(7)
         nodes = {f"n{i:02d}": ("96" if i % 3 else "32", gpus(8)) for i in range(24)}
         pl = Placer(cluster(nodes), PlacementConfig(fragmentation_guard=16))
         weighed = 0
-        real = pl._fgd_delta
+        real = pl.fgd.delta
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             nonlocal weighed
             weighed += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(pl, "_fgd_delta", counted)
+        monkeypatch.setattr(pl.fgd, "delta", counted)
         if keep == "nothing":
-            monkeypatch.setattr(core_placement, "MEMO_LIMIT", 0)  # cleared at every pod
+            monkeypatch.setattr(fgd, "MEMO_LIMIT", 0)  # cleared at every pod
         elif keep == "by the exact figures":
-            monkeypatch.setattr(core_placement, "_host_after", lambda _t, _n, c, m: (c, m))
+            monkeypatch.setattr(fgd, "_host_after", lambda _t, _n, c, m: (c, m))
         chosen = []
         for _ in range(400):
             limits = {

@@ -1,0 +1,52 @@
+"""FragmentationGuard: binpack's and spread's first nodes re-weighed by FGD's measure.
+
+Binpack's order alone fills the tightest card whatever share it leaves, and spread's
+device choice puts a sharing pod on an idle card of the node binpack found for its
+tight one. With the guard, a pod that names no node policy and has no soft preferences
+takes, of the first ``fragmentationGuard`` nodes that fit in its policy's order (for
+binpack drawn from both ends of the index in turn, as FGD draws them), the one whose
+expected fragmentation it raises least, the first of equals; its devices there by the
+same measure unless it names a device policy. A pod with no devices is placed by FGD
+over every node in turn. The window is short: most of its fits are FGD's memo of the
+last pod of the same size (shared/core/plugins/fgd.py). Measured on the openb trace in
+bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shared.core.framework import Choice, Chosen, NodePolicyPlugin
+
+GUARDED = ("binpack", "spread")
+"""The node policies the guard re-weighs."""
+
+
+class FragmentationGuard(NodePolicyPlugin):
+    """Applies over Binpack and Spread for pods that name no node policy (the window,
+    ``Choice.guard``, is 0 for them and while the allocator is behind:
+    shared/core/pace.py)."""
+
+    name = "FragmentationGuard"
+
+    def applies(self, choice: Choice) -> bool:
+        """A guarded policy, a window, and no soft preference (their scores decide)."""
+        if not choice.guard or choice.policy not in GUARDED:
+            return False
+        return choice.primary is None or (choice.prep is not None and not choice.prep.soft())
+
+    def choose(self, choice: Choice) -> Chosen | None:
+        """FGD's choice over the policy's first ``guard`` nodes that fit."""
+        placer = self.placer
+        request, prep = choice.request, choice.prep
+        if choice.primary is None:
+            rotation = placer.rotation(choice.owner, prep)
+            return placer.fgd.best(rotation, request, choice.ctx, prep, rotate=True)
+        if choice.policy == "binpack":
+            nodes = placer.both_ends(request, choice.primary, choice.owner, choice.guard, prep)
+        else:
+            nodes = placer.candidates(request, choice.primary, choice.policy, choice.owner, prep)
+        ctx = choice.ctx
+        if not request.constraints.device_policy:
+            ctx = replace(ctx, device_policy="fgd")
+        return placer.fgd.best(nodes, request, ctx, prep, limit=choice.guard)
