@@ -16,13 +16,14 @@ import hashlib
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
 
-from shared.core.framework import Plugins, Profile, ProfileError
+from shared.core.framework import PluginRef, Plugins, Profile, ProfileError
 from shared.core.model import Policy, PosInt
 from shared.core.request import RequestParser
 from shared.core.shards import Shard, Shards
@@ -136,7 +137,9 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     preemption: bool = True
     """A gang that does not fit may evict lower-priority pods (any queue, but only
     reclaimable ones across queues) and pods of reclaimable queues over their deserved
-    share (Volcano's preempt and reclaim actions). No gang is ever cut below minMember."""
+    share (Volcano's preempt and reclaim actions). No gang is ever cut below minMember.
+    ``false`` leaves the DefaultPreemption plugin out of the profile (the same as
+    ``plugins.postFilter.disabled: [{name: DefaultPreemption}]``)."""
     eviction_grace_s: Annotated[int, msgspec.Meta(ge=0)] | None = None
     """Grace period of the pods Tessera deletes (preemption victims, a Volcano Job's
     restart or deletion); unset: each pod's own ``terminationGracePeriodSeconds``. A
@@ -144,7 +147,7 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     starvation_guard_s: Annotated[float, msgspec.Meta(ge=0.0)] = 300.0
     """Smaller gangs are backfilled past a gang that does not fit; once it has waited
     this long, the nodes it would fit on (after their pods finish) are held for it.
-    0 turns the guard off."""
+    0 turns the guard off (leaves the StarvationHold plugin out of the profile)."""
     shards: list[ShardConfig] = msgspec.field(default_factory=list)
     """Split the cluster into node pools, each placed by its own device-allocator (one
     Deployment per shard, ``--shard NAME``); empty: one allocator for every node. At
@@ -153,16 +156,34 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     (anti-)affinity and topology spread see one shard's pods only (docs/sharding.md)."""
 
     plugins: Plugins = msgspec.field(default_factory=Plugins)
-    """The scheduling profile's filters and scores, written as a
-    ``KubeSchedulerConfiguration`` profile's ``plugins`` (``filter`` and ``score``, each
-    with ``enabled`` and ``disabled``, a score with its ``weight``) over kube-scheduler's
-    defaults: e.g. ``score: {enabled: [{name: NodeAffinity, weight: 5}]}``, or
-    ``filter: {disabled: [{name: NodePorts}]}``. Plugins are those of
-    shared/core/plugins/ (docs/plugins.md); an unknown name stops the service at start."""
+    """The scheduling profile, written as a ``KubeSchedulerConfiguration`` profile's
+    ``plugins`` (``filter``, ``postFilter`` and ``score``, each with ``enabled`` and
+    ``disabled``, a score with its ``weight``) over the defaults: kube-scheduler's, then
+    Tessera's device families (filters), node policies (scores) and PostFilters. E.g.
+    ``score: {enabled: [{name: NodeAffinity, weight: 5}]}``, ``filter: {disabled:
+    [{name: MIGInstances}]}``. Plugins are those of shared/core/plugins/
+    (docs/plugins.md); an unknown name stops the service at start."""
 
     def profile(self) -> Profile:
-        """``plugins`` over the defaults, as the core runs them (shared/core/framework.py)."""
-        return Profile.build(self.plugins)
+        """``plugins`` over the defaults, as the core runs them (shared/core/framework.py),
+        less the PostFilters ``preemption: false`` and ``starvationGuardS: 0`` turn off."""
+        plugins = self.plugins
+        off = [PluginRef(name=n) for n, on in _SWITCHED if not on(self)]
+        if off:
+            post = plugins.post_filter
+            post = msgspec.structs.replace(post, disabled=[*post.disabled, *off])
+            plugins = msgspec.structs.replace(plugins, post_filter=post)
+        return Profile.build(plugins)
+
+    def preempts(self) -> bool:
+        """Whether gangs that do not fit may preempt (DefaultPreemption is in the
+        profile): the coordinator offers them victims only then."""
+        return any(p.name == "DefaultPreemption" for p in self.profile().post_filters)
+
+    def starvation_window(self) -> float:
+        """``starvation_guard_s``, or 0 when StarvationHold is not in the profile."""
+        holds = any(p.name == "StarvationHold" for p in self.profile().post_filters)
+        return self.starvation_guard_s if holds else 0.0
 
     def guard_window(self) -> int:
         """``fragmentation_guard``, or 0 when the profile leaves FragmentationGuard out
@@ -173,6 +194,13 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     def shard_pools(self) -> Shards:
         """``shards`` as the core routes by them (shared/core/shards.py)."""
         return Shards(Shard(c.name, c.node_selector) for c in self.shards)
+
+
+_SWITCHED: tuple[tuple[str, Callable[[SchedulerConfig], bool]], ...] = (
+    ("DefaultPreemption", lambda s: s.preemption),
+    ("StarvationHold", lambda s: s.starvation_guard_s > 0),
+)
+"""PostFilter plugins that a key of ``scheduler:`` turns off as well."""
 
 
 class NatsConfig(_Cfg, frozen=True, kw_only=True):
@@ -438,6 +466,13 @@ def _unwrap(t: msgspec.inspect.Type | None) -> msgspec.inspect.Type | None:
     return t
 
 
+_MOVED = {
+    "deviceScoreWeight": "the weight of the Binpack and Spread score plugins, e.g. "
+    "`scheduler.plugins.score.enabled: [{name: Binpack, weight: 7}]`",
+}
+"""Keys of ``scheduler:`` that earlier releases had, and where they went."""
+
+
 def _hint(message: str) -> str:
     """Append the allowed keys or values to a msgspec validation message."""
     match = _PATH.search(message)
@@ -446,6 +481,9 @@ def _hint(message: str) -> str:
     path = match["path"]
     where = "$" + path
     if "unknown field" in message:
+        moved = next((m for key, m in _MOVED.items() if f"`{key}`" in message), None)
+        if moved is not None and path == ".scheduler":
+            return f"{message}; it moved: {moved}"
         t = _unwrap(_type_at(path))
         if isinstance(t, msgspec.inspect.StructType):
             allowed = ", ".join(f.encode_name for f in t.fields)

@@ -25,7 +25,6 @@ from services.device_allocator.span import Span
 from shared import events as ev
 from shared.core import pace
 from shared.core.ledger import PodGrant
-from shared.core.model import GangKey
 from shared.core.placement import GangMember, Placer
 from shared.core.room import Room
 from shared.core.status import Reason, Status, combined
@@ -79,8 +78,7 @@ class Gangs:
             if held is not None:  # decided before (a redelivery): say it again
                 decided.append(outcomes.decided(held, gang))
             else:
-                group = GangKey(namespace=p.pod.namespace, name=p.group) if p.group else None
-                members.append(GangMember(pod=p.pod, request=p.request, group=group, spec=p.spec))
+                members.append(outcomes.member(p))
         failed: list[ev.AllocationFailed] = []
         if members:
             with span(f"place {key}") as current:
@@ -174,7 +172,6 @@ class Gangs:
             outcomes.unplaced(gang, members, self.guard),
             status,
             now=time.time(),
-            preempt=self.rt.cfg.scheduler.preemption,
         )
         pods = tuple(m.pod for m in members)
         failed = outcomes.failed(gang, pods, status.with_note(made.note), self.refused)

@@ -22,6 +22,12 @@ from shared.core.status import Status
 log = logging.getLogger(__name__)
 
 
+def member(p: ev.PodPending) -> GangMember:
+    """A pod of a gang's event, as the core places it."""
+    group = GangKey(namespace=p.pod.namespace, name=p.group) if p.group else None
+    return GangMember(pod=p.pod, request=p.request, group=group, spec=p.spec)
+
+
 def decided(grant: PodGrant, gang: ev.GangReady) -> ev.AllocationDecided:
     """The decision for one placed pod of ``gang``."""
     lone = gang.min_member <= 1 and len(gang.members) == 1

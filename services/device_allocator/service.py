@@ -235,7 +235,10 @@ class Allocator(Service):
     async def ledger_view(self, payload: bytes) -> LedgerView:
         """``tessera.ctl.view.ledger``: the ledger, pods not yet bound marked so."""
         query = msgspec.json.decode(payload, type=LedgerQuery) if payload else LedgerQuery()
-        reserved = {*self.reserved.open, *self.span.tentative}  # held for a gang across shards
+        reserved = {
+            *self.reserved.open,
+            *self.span.permits.part_of,
+        }  # held for a gang across shards
         view = ledger_view(self.ledger, reserved, self.nodes.refused, query, self.rt.instance)
         return msgspec.structs.replace(view, shard=self.shard, shards=self.nodes.pools.names)
 

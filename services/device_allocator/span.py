@@ -1,13 +1,13 @@
-"""A gang placed across allocator shards: this shard's side of the two-phase protocol.
+"""A gang placed across allocator shards: this shard's side, over the bus.
 
 With ``scheduler.shards`` (shared/core/shards.py), a gang no shard can place whole goes
-round the shards again (:meth:`Span.onward`), to be placed across them: each shard holds
-what it can of the pods left (``holding``: in the ledger, not yet reserved or published)
-and passes the rest on; the shard that brings the gang to ``minMember`` publishes
-``GangSpan`` to commit every part (each shard then reserves and decides its own),
-the last one aborts them otherwise (and tells the pods what every shard found). A hold
-that is never decided lapses after ``SPAN_HOLD_S``. A shard's part is granted in one
-statement (shared/core/ledger.py), and released in one.
+round the shards again (:meth:`Span.onward`), to be placed across them. The decisions
+are the core's Permit (shared/core/permit.py): each shard holds what it can of the pods
+left as a waiting permit (in the ledger, not yet durable or published) and, as
+``permit.verdict`` says, passes the rest on, or publishes ``GangSpan`` to allow every
+part (each shard then makes its own durable and decides its pods), or, on the last
+shard, to reject them (and tells the pods what every shard found). A part never decided
+is rejected after ``SPAN_HOLD_S``.
 """
 
 from __future__ import annotations
@@ -15,17 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from services.device_allocator.outcomes import decided, failed
+from services.device_allocator.outcomes import decided, failed, member
 from services.device_allocator.reservations import Reservations
 from shared import events as ev
-from shared.core.ledger import Ledger, PodGrant, Statement
-from shared.core.model import GangKey, PodUID
-from shared.core.placement import GangMember, Placer
+from shared.core.model import PodUID
+from shared.core.permit import Permits, hold_part, verdict
+from shared.core.placement import Placer
 from shared.core.status import Code, Status, combined
 from shared.runtime import Runtime
 
@@ -33,19 +32,6 @@ log = logging.getLogger(__name__)
 
 SPAN_HOLD_S = 10.0
 """A shard's uncommitted part of a gang placed across shards is released after this."""
-
-Ident = tuple[GangKey, int]
-"""A gang placed across shards and its attempt."""
-
-
-@dataclass
-class Held:
-    """This shard's uncommitted part of a gang placed across shards."""
-
-    gang: ev.GangReady
-    grants: list[PodGrant]
-    until: float
-    """When it lapses (``time.monotonic()``)."""
 
 
 class Span:
@@ -61,25 +47,23 @@ class Span:
     ) -> None:
         self.rt = rt
         self.placer = placer
-        self.ledger: Ledger = placer.ledger
         self.reserved = reserved
         self.shard = shard
         self.refused = refused
         """The nodes refused for their config (services/device_allocator/nodes.py)."""
-        self.holding: dict[Ident, Held] = {}
-        """Parts of gangs placed across shards, by gang and attempt, not yet decided."""
-        self.tentative: dict[PodUID, Ident] = {}
-        """Each pod of those parts → its gang and attempt."""
+        self.permits: Permits[ev.GangReady] = Permits(placer.ledger)
+        """This shard's parts of gangs placed across shards, waiting (deadlines in
+        ``time.monotonic()``)."""
 
     def repeat(self, gang: ev.GangReady) -> bool:
         """Is ``gang`` being placed across shards already (a repeat)? A part held for
         an earlier attempt of one of its pods is released: its gang was sent again."""
         for p in gang.members:
-            part = self.tentative.get(p.pod.uid)
+            part = self.permits.part_of.get(p.pod.uid)
             if part == (gang.gang.key, gang.attempt):
                 return True
             if part is not None:
-                self.drop(part, "its gang was sent again")
+                self.permits.reject(part, "its gang was sent again")
         return False
 
     def onward(self, gang: ev.GangReady, status: Status) -> ev.GangReady | None:
@@ -104,37 +88,18 @@ class Span:
             gang, event_id=ev.new_id(), shard=route[0], route=route[1:], **changes
         )
 
-    def _hold(self, gang: ev.GangReady, guard: int, until: float) -> Held | None:
-        """Place what fits here of the pods left, one pod at a time, in one statement."""
-        key = gang.gang.key
-        grants = []
-        with Statement(self.ledger) as st:
-            for p in gang.members:
-                if p.pod.uid in self.ledger.pods:
-                    continue
-                group = GangKey(namespace=p.pod.namespace, name=p.group) if p.group else None
-                member = GangMember(pod=p.pod, request=p.request, group=group, spec=p.spec)
-                placed = self.placer.place_gang(
-                    [member], 1, owner=key, statement=st, fragmentation_guard=guard
-                )
-                if placed.ok:
-                    grants.append(self.ledger.pods[p.pod.uid])
-            st.commit()
-        if not grants:
-            return None
-        held = self.holding[(key, gang.attempt)] = Held(gang, grants, until)
-        for g in grants:
-            self.tentative[g.pod.uid] = (key, gang.attempt)
-        return held
-
     async def place(self, gang: ev.GangReady, guard: int, now: float) -> None:
         """Second pass: hold what fits here of the pods left (``guard``: the
         fragmentation guard in force; ``now``: ``time.monotonic()``), then commit (the
         gang has its minMember), pass the rest on, or abort (the last shard)."""
         key = gang.gang.key
-        held = self.holding.get((key, gang.attempt))
-        if held is None:  # not a repeat: place what fits
-            held = self._hold(gang, guard, now + SPAN_HOLD_S)
+        ident = (key, gang.attempt)
+        held = self.permits.waiting.get(ident)
+        if held is None:  # not a repeat: hold what fits
+            members = [member(p) for p in gang.members]
+            grants = hold_part(self.placer, members, key, guard)
+            if grants:
+                held = self.permits.wait(ident, grants, now + SPAN_HOLD_S, gang)
         here = tuple(g.pod for g in held.grants) if held is not None else ()
         assert gang.spanning is not None
         parts = gang.spanning + ((ev.SpanPart(shard=self.shard, pods=here),) if here else ())
@@ -146,7 +111,8 @@ class Span:
         def span_decided(commit: bool) -> ev.GangSpan:
             return ev.GangSpan(gang=gang.gang, attempt=gang.attempt, commit=commit, parts=parts)
 
-        if count >= max(gang.min_member, 1):
+        step = verdict(count, gang.min_member, bool(gang.route))
+        if step == "allow":
             log.info(
                 "gang %s placed across shards %s",
                 key,
@@ -155,7 +121,7 @@ class Span:
             out.append(span_decided(True))
             # Left out, as extras.
             out += [failed(gang, (m.pod,), tried, self.refused) for m in rest]
-        elif gang.route:
+        elif step == "pass":
             out.append(self._pass(gang, gang.route, members=rest, spanning=parts))
         else:
             out.append(span_decided(False))
@@ -172,37 +138,20 @@ class Span:
     async def decide(self, event: ev.GangSpan) -> None:
         """A gang placed across shards is committed (this shard reserves its part and
         decides its pods) or aborted (its part is released)."""
-        held = self.drop((event.gang.key, event.attempt), "", release=not event.commit)
-        if held is None or not event.commit:
+        ident = (event.gang.key, event.attempt)
+        if not event.commit:
+            self.permits.reject(ident)
+            return
+        held = self.permits.allow(ident)
+        if held is None:
             return
         await asyncio.gather(*(self.reserved.put(g, event.attempt) for g in held.grants))
-        await self.rt.bus.publish_many([decided(g, held.gang) for g in held.grants])
-
-    def drop(self, ident: Ident, why: str, *, release: bool = True) -> Held | None:
-        """Forget this shard's part of a gang placed across shards (and release it, in
-        one statement)."""
-        held = self.holding.pop(ident, None)
-        if held is None:
-            return None
-        for g in held.grants:
-            self.tentative.pop(g.pod.uid, None)
-        if release:
-            with Statement(self.ledger) as st:
-                for g in held.grants:
-                    st.release(g.pod.uid)
-                st.commit()
-        if why:
-            log.warning("part of gang %s (attempt %d) on this shard released: %s", *ident, why)
-        return held
+        await self.rt.bus.publish_many([decided(g, held.about) for g in held.grants])
 
     def forget(self, uid: PodUID) -> None:
         """``uid`` is released (deleted, its bind failed): no part holds it any more."""
-        part = self.tentative.pop(uid, None)
-        if part is not None and (holding := self.holding.get(part)) is not None:
-            holding.grants = [g for g in holding.grants if g.pod.uid != uid]
+        self.permits.forget(uid)
 
     def lapse(self, now: float) -> None:
-        """Release the parts not committed by ``now`` (``time.monotonic()``)."""
-        for ident, held in list(self.holding.items()):
-            if held.until <= now:
-                self.drop(ident, f"not committed within {SPAN_HOLD_S:.0f}s")
+        """Reject the parts not decided by ``now`` (``time.monotonic()``)."""
+        self.permits.expire(now, f"not committed within {SPAN_HOLD_S:.0f}s")

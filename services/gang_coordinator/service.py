@@ -67,8 +67,8 @@ class Coordinator(Service):
         self.gangs = Gangs(
             Policy(
                 retry_backoff_s=s.retry_backoff_s,
-                starvation_guard_s=s.starvation_guard_s,
-                preemption=s.preemption,
+                starvation_guard_s=s.starvation_window(),
+                preemption=s.preempts(),
             ),
             split,
         )

@@ -14,6 +14,8 @@ which score weights. A pod's cycle state is its :class:`~shared.core.nodefit.Pre
   profile's order; every reason carries the plugin's name (``Reason.plugin``).
 - **Score** (:meth:`ScorePlugin.score`): a window of feasible nodes, 0 to 100 each,
   times the plugin's weight in the profile.
+- **PostFilter** (:meth:`PostFilterPlugin.post_filter`): for a gang that was not placed,
+  in the profile's order until one makes room: DefaultPreemption, StarvationHold.
 
 Two points are Tessera's own, for what kube-scheduler has no notion of:
 
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     )
     from shared.core.nodefit import HostNode, Hosts, Prepared
     from shared.core.placement import Placer
+    from shared.core.room import Made, Room, Unplaced
     from shared.core.spec import DeviceSpecs
     from shared.core.status import Reason
 
@@ -189,6 +192,18 @@ class NodePolicyPlugin(Plugin):
         raise NotImplementedError
 
 
+class PostFilterPlugin(Plugin):
+    """PostFilter: what is done for a gang that was not placed (kube-scheduler's point,
+    where its DefaultPreemption sits). Its state is the allocator's :class:`Room`
+    (shared/core/room.py): nominations and holds, each lapsing at a ``now`` given in."""
+
+    def post_filter(self, room: Room, gang: Unplaced, status: Status, now: float) -> Made | None:
+        """Room made for ``gang`` (``status``: why it was not placed): pods to evict (the
+        profile's later PostFilters do not run then), a note for its pods' message or
+        nodes held for it; None when the plugin does nothing for it."""
+        raise NotImplementedError
+
+
 def normalised(raw: Sequence[int], *, reverse: bool = False) -> list[float]:
     """kube-scheduler's DefaultNormalizeScore: each raw score as 0 to 100 of the
     highest (``reverse``: 100 less that, the lowest raw best); all 0 (reverse: 100)
@@ -232,6 +247,7 @@ class Plugins(
     runs with it."""
 
     filter: PluginSet = msgspec.field(default_factory=PluginSet)
+    post_filter: PluginSet = msgspec.field(default_factory=PluginSet)
     score: PluginSet = msgspec.field(default_factory=PluginSet)
 
 
@@ -267,6 +283,10 @@ DEFAULT_SCORES: tuple[tuple[str, int], ...] = (
 DEFAULT_DEVICES: tuple[str, ...] = ("DeviceShare", "MIGInstances", "AscendTemplates", "AscendCores")
 """The device families, after the filters, in their order of preference."""
 
+DEFAULT_POST_FILTERS: tuple[str, ...] = ("DefaultPreemption", "StarvationHold")
+"""For a gang that was not placed: preemption, then (if it evicted no one) the nodes
+held for a gang that has waited past ``scheduler.starvationGuardS``."""
+
 DEFAULT_POLICIES: tuple[str, ...] = ("Binpack", "Spread", "FGD", "FragmentationGuard")
 """The node policies, after the scores (each with its own default weight)."""
 
@@ -285,6 +305,7 @@ class Profile:
     scores: tuple[tuple[ScorePlugin, int], ...]
     devices: tuple[type[DeviceFitPlugin], ...] = ()
     policies: tuple[tuple[type[NodePolicyPlugin], int], ...] = ()
+    post_filters: tuple[PostFilterPlugin, ...] = ()
     steps: tuple[tuple[str, PreFilter | None, Check], ...] = ()
     """Each filter as a pod's cycle calls it: the field it reads (``reads``), its bound
     PreFilter (None when the plugin has none of its own: it always filters) and its
@@ -305,7 +326,12 @@ class Profile:
         that does not exist or cannot serve the point it is listed at."""
         plugins = plugins or Plugins()
         found = registry()
-        for point, changes in (("filter", plugins.filter), ("score", plugins.score)):
+        points = (
+            ("filter", plugins.filter),
+            ("postFilter", plugins.post_filter),
+            ("score", plugins.score),
+        )
+        for point, changes in points:
             for ref in changes.disabled:
                 if ref.name != "*" and ref.name not in found:
                     # a typo here would silently leave the plugin on
@@ -321,6 +347,10 @@ class Profile:
                 devices.append(kind)
             else:
                 filters.append(_single(kind))  # type: ignore[arg-type]
+        post_filters = [
+            _single(_kind(found, name, (PostFilterPlugin,), "postFilter"))
+            for name, _ in _merged([(n, 0) for n in DEFAULT_POST_FILTERS], plugins.post_filter)
+        ]
         scores: list[tuple[ScorePlugin, int]] = []
         policies: list[tuple[type[NodePolicyPlugin], int]] = []
         defaults = [*DEFAULT_SCORES, *((n, 0) for n in DEFAULT_POLICIES)]
@@ -341,6 +371,7 @@ class Profile:
             scores=tuple(scores),
             devices=tuple(devices),
             policies=tuple(policies),
+            post_filters=tuple(p for p in post_filters if isinstance(p, PostFilterPlugin)),
             steps=tuple(
                 (
                     f.reads,

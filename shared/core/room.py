@@ -15,12 +15,14 @@ through a ``Statement`` (shared/core/ledger.py), so an error midway leaves the l
 as it was.
 
 :meth:`Room.make_room` is what the allocator does for a gang it cannot place, as
-kube-scheduler's PostFilter does for a pod: a gang with a pod of preemptionPolicy
-``Never`` evicts no one and is told so in kube-scheduler's words; a gang whose victims
-are still leaving preempts no more (kube-scheduler: "not eligible due to a terminating
-pod on the nominated node"); otherwise it preempts, telling its pods which
-PodDisruptionBudgets were respected or broken, and names the node each pod will go to
-(``nominated``: the binder writes it as ``status.nominatedNodeName``). A gang for which
+kube-scheduler's PostFilter does for a pod: it runs the profile's PostFilter plugins
+(shared/core/plugins/default_preemption.py, starvation_hold.py) on the room kept here.
+A gang whose victims are still leaving preempts no more (kube-scheduler: "not eligible
+due to a terminating pod on the nominated node"); DefaultPreemption tells a gang with a
+pod of preemptionPolicy ``Never`` that it evicts no one, in kube-scheduler's words, or
+preempts (:meth:`Room.preempt`), telling its pods which PodDisruptionBudgets were
+respected or broken, and names the node each pod will go to (``nominated``: the binder
+writes it as ``status.nominatedNodeName``). A gang for which
 no room is made any more has that name cleared; binding clears it too (the API server
 does, since Kubernetes 1.35). What it comes to is a :class:`Made`, data only: the
 allocator publishes it (services/device_allocator/outcomes.py).
@@ -29,12 +31,12 @@ allocator publishes it (services/device_allocator/outcomes.py).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shared.core.ledger import PodGrant, Statement
 from shared.core.model import GangKey, NodeName, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placer
-from shared.core.preemption import NOT_ELIGIBLE, Plan, budget_note, eligible, marked, plan
+from shared.core.preemption import Plan, budget_note, marked, plan
 from shared.core.status import Status
 
 HOLD_S = 120.0
@@ -163,33 +165,29 @@ class Room:
         nom = self.nominations.get(key)
         return nom is not None and nom.victims <= nom.gone
 
-    def make_room(self, gang: Unplaced, status: Status, *, now: float, preempt: bool) -> Made:
-        """Preempt for a gang that is not placed (if it may), else hold nodes for it (if
-        it has starved); see the module doc. ``status`` is why it was not placed;
-        ``preempt`` is ``scheduler.preemption``."""
+    def make_room(self, gang: Unplaced, status: Status, *, now: float) -> Made:
+        """The profile's PostFilters for a gang that is not placed, in order until one
+        evicts for it (see the module doc); ``status`` is why it was not placed. Its
+        nominated nodes are cleared unless room is made now."""
         key = gang.key
         if key in self.nominations:
             return Made()  # its victims are still leaving
-        notes = []
-        if preempt and not eligible(gang.policies):
-            notes.append(NOT_ELIGIBLE)
-        elif preempt and gang.victims and not status.unresolvable:
-            made = self._preempt(gang, now)
-            if made is not None:
-                return made
-        cleared = {p.uid: NodeName("") for p in self.nominated.pop(key, ())}
+        notes: list[str] = []
         starved: tuple[NodeName, ...] = ()
-        if gang.hold and not status.unresolvable:
-            held, new = self._hold(gang, now)
-            if held:
-                notes.append(
-                    f"It has waited long: nodes {', '.join(held)} are held for it until "
-                    "their pods finish."
-                )
-                starved = tuple(held) if new else ()
+        for plugin in self.placer.ledger.hosts.profile.post_filters:
+            made = plugin.post_filter(self, gang, status, now)
+            if made is None:
+                continue
+            if made.preempting is not None:  # room made: the round ends here
+                note = " ".join([*notes, made.note])
+                return replace(made, note=note, starved=starved + made.starved)
+            if made.note:
+                notes.append(made.note)
+            starved += made.starved
+        cleared = {p.uid: NodeName("") for p in self.nominated.pop(key, ())}
         return Made(note=" ".join(notes), nominated=cleared, starved=starved)
 
-    def _preempt(self, gang: Unplaced, now: float) -> Made | None:
+    def preempt(self, gang: Unplaced, now: float) -> Made | None:
         """Nominate the smallest set of the offered units whose eviction lets the gang
         fit (units already being evicted for another gang are not offered twice)."""
         found = self._plan(gang, [v for v in gang.victims if not self._doomed(v)])
@@ -229,7 +227,7 @@ class Room:
         self.nominated.pop(key, None)
         self.drop_hold(key)
 
-    def _hold(self, gang: Unplaced, now: float) -> tuple[list[NodeName], bool]:
+    def hold(self, gang: Unplaced, now: float) -> tuple[list[NodeName], bool]:
         """Hold the nodes the gang would fit on once their pods finish (fewest pods
         first), or renew its hold; the nodes held, and whether the hold is new."""
         key = gang.key

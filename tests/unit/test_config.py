@@ -67,6 +67,16 @@ def test_env_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert config.load().nats.url == "nats://10.0.0.9:4222"
 
 
+def test_the_preemption_and_starvation_switches_are_the_profiles_postfilters() -> None:
+    default = config.parse({}).scheduler
+    assert (default.preempts(), default.starvation_window()) == (True, 300.0)
+    off = config.parse({"scheduler": {"preemption": False, "starvationGuardS": 0}}).scheduler
+    assert (off.preempts(), off.starvation_window(), off.profile().post_filters) == (False, 0, ())
+    disabled = {"disabled": [{"name": "DefaultPreemption"}, {"name": "StarvationHold"}]}
+    same = config.parse({"scheduler": {"plugins": {"postFilter": disabled}}}).scheduler
+    assert (same.preempts(), same.starvation_window()) == (False, 0)
+
+
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
@@ -137,6 +147,10 @@ def test_env_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
         (
             {"scheduler": {"plugins": {"score": {"enabled": [{"name": "FGD", "weight": 3}]}}}},
             ["`$.scheduler.plugins`", "'FGD' chooses by its own measure"],
+        ),
+        (
+            {"scheduler": {"deviceScoreWeight": 7}},
+            ["unknown field `deviceScoreWeight`", "it moved", "name: Binpack, weight: 7"],
         ),
         (
             {"scheduler": {"plugins": {"filter": {"enabled": [{"name": "Spread"}]}}}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.core.framework import PluginRef, Plugins, PluginSet, Profile
 from shared.core.ledger import Ledger
 from shared.core.model import GangKey, NodeName, PodRef, VictimUnit
 from shared.core.placement import GangMember, Placement, Placer
@@ -47,9 +48,7 @@ def full(nodes: int = 1) -> tuple[Room, list[Placement]]:
 def preempting(room: Room, held: Placement) -> PodRef:
     """A gang that preempts ``held``'s pod, at ``NOW``."""
     top = ref()
-    made = room.make_room(
-        gang(top, (VictimUnit(pods=(held.pod,)),)), NO_ROOM, now=NOW, preempt=True
-    )
+    made = room.make_room(gang(top, (VictimUnit(pods=(held.pod,)),)), NO_ROOM, now=NOW)
     assert made.preempting is not None
     return top
 
@@ -64,7 +63,7 @@ def preempting_both(room: Room, held: list[Placement]) -> PodRef:
         min_member=2,
         victims=tuple(VictimUnit(pods=(h.pod,)) for h in held),
     )
-    assert room.make_room(two, NO_ROOM, now=NOW, preempt=True).preempting is not None
+    assert room.make_room(two, NO_ROOM, now=NOW).preempting is not None
     return top
 
 
@@ -72,7 +71,7 @@ def test_a_preemption_names_the_node_and_no_second_one_starts_while_victims_leav
     room, held = full()
     top = ref()
     offered = (VictimUnit(pods=(held[0].pod,), why="priority 0 < 9"),)
-    made = room.make_room(gang(top, offered), NO_ROOM, now=NOW, preempt=True)
+    made = room.make_room(gang(top, offered), NO_ROOM, now=NOW)
     assert made.preempting is not None
     assert made.preempting.victims == offered
     assert made.preempting.nodes == (NodeName("n0"),)
@@ -81,7 +80,7 @@ def test_a_preemption_names_the_node_and_no_second_one_starts_while_victims_leav
     assert made.note == "Preempting 1 pod(s) to make room on n0."
     # Asked again while its victim is still leaving: nothing more is evicted, the
     # nominated node stays as it is.
-    again = room.make_room(gang(top, offered), NO_ROOM, now=NOW, preempt=True)
+    again = room.make_room(gang(top, offered), NO_ROOM, now=NOW)
     assert (again.preempting, again.note, again.nominated) == (None, "", {})
 
 
@@ -89,26 +88,28 @@ def test_a_gang_no_room_is_made_for_any_more_has_its_nominated_node_cleared() ->
     room, held = full()
     top = ref()
     offered = (VictimUnit(pods=(held[0].pod,)),)
-    room.make_room(gang(top, offered), NO_ROOM, now=NOW, preempt=True)
+    room.make_room(gang(top, offered), NO_ROOM, now=NOW)
     room.end_nomination(key(top))  # its victims are gone, or it lapsed
-    cleared = room.make_room(gang(top), NO_ROOM, now=NOW, preempt=True)
+    cleared = room.make_room(gang(top), NO_ROOM, now=NOW)
     assert cleared.nominated == {top.uid: NodeName("")}
-    assert room.make_room(gang(top), NO_ROOM, now=NOW, preempt=True).nominated == {}
-    room.make_room(gang(top, offered), NO_ROOM, now=NOW, preempt=True)
+    assert room.make_room(gang(top), NO_ROOM, now=NOW).nominated == {}
+    room.make_room(gang(top, offered), NO_ROOM, now=NOW)
     room.end_nomination(key(top))
     room.placed(key(top))  # bound: the API server clears it
-    assert room.make_room(gang(top), NO_ROOM, now=NOW, preempt=True).nominated == {}
+    assert room.make_room(gang(top), NO_ROOM, now=NOW).nominated == {}
 
 
 def test_a_gang_with_a_pod_of_preemption_policy_never_waits_and_says_so() -> None:
     room, held = full()
     top = ref()
     offered = (VictimUnit(pods=(held[0].pod,)),)
-    made = room.make_room(gang(top, offered, NEVER), NO_ROOM, now=NOW, preempt=True)
+    made = room.make_room(gang(top, offered, NEVER), NO_ROOM, now=NOW)
     assert (made.preempting, made.nominated) == (None, {})
     assert made.note == NOT_ELIGIBLE
     assert room.doomed == {}
-    quiet = room.make_room(gang(top, offered, NEVER), NO_ROOM, now=NOW, preempt=False)
+    no_preemption = Plugins(post_filter=PluginSet(disabled=[PluginRef(name="DefaultPreemption")]))
+    room.placer.ledger.hosts.profile = Profile.build(no_preemption)
+    quiet = room.make_room(gang(top, offered, NEVER), NO_ROOM, now=NOW)
     assert quiet.note == ""  # no preemption at all: no PostFilter to say anything
 
 
@@ -183,16 +184,16 @@ def test_a_starved_gang_has_nodes_held_renewed_and_lapsing_at_the_times_given() 
     room, _ = full(2)
     pl: Placer = room.placer
     top = ref()
-    made = room.make_room(gang(top, hold=True), NO_ROOM, now=NOW, preempt=True)
+    made = room.make_room(gang(top, hold=True), NO_ROOM, now=NOW)
     [node] = made.starved
     assert pl.reserved_nodes == {node: key(top)}
     assert made.note == f"It has waited long: nodes {node} are held for it until their pods finish."
-    renewed = room.make_room(gang(top, hold=True), NO_ROOM, now=NOW + 60, preempt=True)
+    renewed = room.make_room(gang(top, hold=True), NO_ROOM, now=NOW + 60)
     assert (renewed.starved, renewed.note) == ((), made.note)  # renewed, not new
     assert room.lapsed(NOW + HOLD_S).holds == ()  # renewed at NOW + 60
     assert room.lapsed(NOW + 60 + HOLD_S).holds == (key(top),)
     assert pl.reserved_nodes == {}
-    room.make_room(gang(top, hold=True), NO_ROOM, now=NOW, preempt=True)
+    room.make_room(gang(top, hold=True), NO_ROOM, now=NOW)
     room.placed(key(top))  # placed: its hold ends
     assert pl.reserved_nodes == {}
     assert room.holds == {}
@@ -202,6 +203,32 @@ def test_no_hold_for_a_gang_that_could_never_fit() -> None:
     room, _ = full()
     top = ref()
     unresolvable = Status(code=Code.UNRESOLVABLE, reasons=(Reason(kind="no-devices"),))
-    made = room.make_room(gang(top, hold=True), unresolvable, now=NOW, preempt=True)
+    made = room.make_room(gang(top, hold=True), unresolvable, now=NOW)
     assert (made.starved, made.note) == ((), "")
     assert room.placer.reserved_nodes == {}
+
+
+def test_the_postfilters_are_the_profiles() -> None:
+    # Without StarvationHold a starved gang holds nothing. With StarvationHold first, a
+    # starved gang that may preempt has nodes held and then preempts: the round ends
+    # with the first PostFilter that evicts, and says what the earlier ones did.
+    room, held = full(2)
+    top = ref()
+    without_hold = Plugins(post_filter=PluginSet(disabled=[PluginRef(name="StarvationHold")]))
+    room.placer.ledger.hosts.profile = Profile.build(without_hold)
+    made = room.make_room(gang(top, hold=True), NO_ROOM, now=NOW)
+    assert (made.starved, made.note, room.placer.reserved_nodes) == ((), "", {})
+    hold_first = Plugins(
+        post_filter=PluginSet(
+            disabled=[PluginRef(name="*")],
+            enabled=[PluginRef(name="StarvationHold"), PluginRef(name="DefaultPreemption")],
+        )
+    )
+    room.placer.ledger.hosts.profile = Profile.build(hold_first)
+    offered = (VictimUnit(pods=(held[0].pod,)),)
+    made = room.make_room(gang(top, offered, hold=True), NO_ROOM, now=NOW)
+    assert made.preempting is not None
+    [node] = made.starved
+    assert room.placer.reserved_nodes == {node: key(top)}
+    assert made.note.startswith(f"It has waited long: nodes {node} are held for it")
+    assert made.note.endswith(f"Preempting 1 pod(s) to make room on {held[0].node}.")
