@@ -149,10 +149,11 @@ Chosen = tuple["NodeState", tuple["ContainerGrant", ...]]
 """A node policy's choice: the node and the pod's grants there (not yet reserved)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Choice:
-    """What a node policy reads of one pod."""
+    """What a node policy reads of one pod, and the placer it walks and fits with."""
 
+    placer: Placer
     request: PodRequest
     primary: DeviceRequest | None
     """The pod's first device request (the device index is walked for it); None: the
@@ -168,8 +169,10 @@ class Choice:
 
 
 class NodePolicyPlugin(Plugin):
-    """NodePolicy: which node that fits takes the pod, and its devices there. Made per
-    placer (``placer`` is the ledger's walk and fit: shared/core/placement.py)."""
+    """NodePolicy: which node that fits takes the pod, and its devices there, walking
+    and fitting with ``Choice.placer`` (shared/core/placement.py). Made per placer,
+    with its weight; it keeps no reference to the placer (no cycle keeps a dropped
+    ledger alive)."""
 
     policy: ClassVar[str] = ""
     """The node policy value it serves (``hami.io/node-scheduler-policy``); "" for one
@@ -178,8 +181,7 @@ class NodePolicyPlugin(Plugin):
     """The weight of its walk's order among a window's scores when the profile names
     none; 0: it chooses by its own measure and takes no weight."""
 
-    def __init__(self, placer: Placer, weight: int) -> None:
-        self.placer = placer
+    def __init__(self, weight: int) -> None:
         self.weight_in_window = weight
 
     def applies(self, choice: Choice) -> bool:

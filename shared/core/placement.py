@@ -230,7 +230,7 @@ class Placer:
         self._unserved: dict[tuple[object, ...], Reason] = {}
         """Per request shape no enabled family serves: the reason (a family the profile
         leaves out, or no pool of the pod's mode)."""
-        self.fgd = FgdSearch(self)
+        self.fgd = FgdSearch()
         """FGD's search and memo, shared by the FGD policy and the guard."""
         self._profile: Profile | None = None
         self.families: tuple[DeviceFitPlugin, ...] = ()
@@ -246,7 +246,7 @@ class Placer:
         """Make the profile's per-ledger plugins (again, when the profile changed)."""
         profile = self._profile = self.ledger.hosts.profile
         self.families = tuple(kind(self.ledger.specs) for kind in profile.devices)
-        made = [kind(self, weight) for kind, weight in profile.policies]
+        made = [kind(weight) for kind, weight in profile.policies]
         self.policies = {p.policy: p for p in made if p.policy}
         self.overlays = tuple(p for p in made if not p.policy)
         self._routes.clear()
@@ -554,6 +554,7 @@ class Placer:
         if self.ledger.hosts.profile is not self._profile:
             self._load()
         choice = Choice(
+            placer=self,
             request=request,
             primary=primary,
             ctx=ctx,
@@ -812,7 +813,7 @@ class WalkOrder(NodePolicyPlugin):
 
     def choose(self, choice: Choice) -> Chosen | None:
         """The first fit of the walk (a pod with no devices: of every node in turn)."""
-        placer = self.placer
+        placer = choice.placer
         if choice.primary is None:
             rotation = placer.rotation(choice.owner, choice.prep)
             return placer.first_fit(rotation, choice, self.weight_in_window, rotate=True)

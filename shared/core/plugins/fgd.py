@@ -37,21 +37,22 @@ class FGD(NodePolicyPlugin):
 
     def choose(self, choice: Choice) -> Chosen | None:
         """FGD's choice over its candidates."""
-        placer = self.placer
+        placer = choice.placer
+        request, ctx, prep = choice.request, choice.ctx, choice.prep
         if choice.primary is None:
-            rotation = placer.rotation(choice.owner, choice.prep)
-            return placer.fgd.best(rotation, choice.request, choice.ctx, choice.prep, rotate=True)
+            rotation = placer.rotation(choice.owner, prep)
+            return placer.fgd.best(placer, rotation, request, ctx, prep, rotate=True)
         walk = placer.both_ends(
             choice.request, choice.primary, choice.owner, placer.config.fgd_candidates, choice.prep
         )
-        return placer.fgd.best(walk, choice.request, choice.ctx, choice.prep)
+        return placer.fgd.best(placer, walk, request, ctx, prep)
 
 
 class FgdSearch:
-    """FGD's search over one placer's nodes, with its memo (see :meth:`best`)."""
+    """FGD's search over one placer's nodes, with its memo (see :meth:`best`); the
+    placer is passed in, not kept (no cycle keeps a dropped ledger alive)."""
 
-    def __init__(self, placer: Placer) -> None:
-        self.placer = placer
+    def __init__(self) -> None:
         self.cache: dict[
             tuple[str, object, tuple[int, ...]], tuple[object, float | None, float]
         ] = {}
@@ -62,6 +63,7 @@ class FgdSearch:
 
     def best(
         self,
+        placer: Placer,
         candidates: Iterator[NodeState],
         request: PodRequest,
         ctx: FitContext,
@@ -85,8 +87,8 @@ class FgdSearch:
         already weighed, at a dictionary read each. The chosen node, if its result was
         kept, is fitted again, so a grant is always made on the ledger as it is."""
         if limit is None:
-            limit = self.placer.config.fgd_candidates
-        limit = limit or len(self.placer.ledger.nodes)
+            limit = placer.config.fgd_candidates
+        limit = limit or len(placer.ledger.nodes)
         want_cpu = want_memory = 0
         if prep is not None:
             requests = prep.pod.requests
@@ -98,7 +100,7 @@ class FgdSearch:
         cache = self.cache
         if len(cache) >= MEMO_LIMIT:
             cache.clear()
-        workload = self.placer.workload
+        workload = placer.workload
         tables = workload.tables()
         if tables is not self.tables_seen:  # the workload was re-weighed: so are nodes
             cache.clear()
@@ -123,7 +125,7 @@ class FgdSearch:
                     continue
                 grants = None
             else:
-                weighed = self.delta(node, request, ctx, device_fgd, want_cpu, want_memory)
+                weighed = self.delta(placer, node, request, ctx, device_fgd, want_cpu, want_memory)
                 if key is not None:
                     cache[key] = (
                         stamp,
@@ -141,7 +143,7 @@ class FgdSearch:
                 break
             if rotate and delta <= 1e-9 and left <= 1e-9:
                 floor += 1
-                if floor >= self.placer.config.score_window:
+                if floor >= placer.config.score_window:
                     break
         if not best:
             return None
@@ -154,7 +156,7 @@ class FgdSearch:
             top = max(range(len(best)), key=lambda i: (scores[i], -i))
         _, _, node, grants = best[top]
         if grants is None:
-            refit = self.delta(node, request, ctx, device_fgd, want_cpu, want_memory)
+            refit = self.delta(placer, node, request, ctx, device_fgd, want_cpu, want_memory)
             if refit is None:
                 return None  # kept by mistake (see _stamp): the full scan will look
             grants = refit[2]
@@ -162,6 +164,7 @@ class FgdSearch:
 
     def delta(
         self,
+        placer: Placer,
         node: NodeState,
         request: PodRequest,
         ctx: FitContext,
@@ -172,7 +175,7 @@ class FgdSearch:
         """How much the pod's grants on ``node`` would raise its expected fragmentation,
         the free GPU share they leave, and the grants; None if it does not fit (the
         node's filters already passed)."""
-        workload = self.placer.workload
+        workload = placer.workload
         model = _model_of(node)
         cpu, memory = _host_free(node)
         cpu_after = None if cpu is None else cpu - want_cpu
@@ -180,7 +183,7 @@ class FgdSearch:
         node_ctx = ctx
         if device_fgd and isinstance(model, str):
             node_ctx = replace(ctx, workload=workload.at(model, cpu_after, memory_after))
-        grants = self.placer.fit_node(node, request, node_ctx)
+        grants = placer.fit_node(node, request, node_ctx)
         if isinstance(grants, Status):
             return None
         if not grants and isinstance(model, str):
@@ -189,7 +192,7 @@ class FgdSearch:
             if not tables.crosses(model, devices, cpu, cpu_after, memory, memory_after):
                 # no device taken and the host holds as many tasks of each type: no change
                 return 0.0, sum(d.free_fraction() for d in node.devices), grants
-        free, left = _after(self.placer.ledger, node, grants)
+        free, left = _after(placer.ledger, node, grants)
         before = workload.fragmentation(free, model, cpu, memory)
         after = workload.fragmentation(left, model, cpu_after, memory_after)
         return after - before + _over_granted(node, request, grants), sum(left), grants

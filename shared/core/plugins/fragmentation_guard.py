@@ -37,11 +37,11 @@ class FragmentationGuard(NodePolicyPlugin):
 
     def choose(self, choice: Choice) -> Chosen | None:
         """FGD's choice over the policy's first ``guard`` nodes that fit."""
-        placer = self.placer
+        placer = choice.placer
         request, prep = choice.request, choice.prep
         if choice.primary is None:
             rotation = placer.rotation(choice.owner, prep)
-            return placer.fgd.best(rotation, request, choice.ctx, prep, rotate=True)
+            return placer.fgd.best(placer, rotation, request, choice.ctx, prep, rotate=True)
         if choice.policy == "binpack":
             nodes = placer.both_ends(request, choice.primary, choice.owner, choice.guard, prep)
         else:
@@ -49,4 +49,4 @@ class FragmentationGuard(NodePolicyPlugin):
         ctx = choice.ctx
         if not request.constraints.device_policy:
             ctx = replace(ctx, device_policy="fgd")
-        return placer.fgd.best(nodes, request, ctx, prep, limit=choice.guard)
+        return placer.fgd.best(placer, nodes, request, ctx, prep, limit=choice.guard)
