@@ -148,6 +148,19 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     """Smaller gangs are backfilled past a gang that does not fit; once it has waited
     this long, the nodes it would fit on (after their pods finish) are held for it.
     0 turns the guard off (leaves the StarvationHold plugin out of the profile)."""
+    queue_plugin: Literal["proportion", "capacity"] = "proportion"
+    """How Volcano Queues share the cluster, named after Volcano's plugins:
+    ``proportion`` (flat: each queue's deserved share is the weighted division of the
+    cluster, capped by its capability, never below its guarantee) or ``capacity`` (a
+    tree by ``spec.parent``: each queue's ``deserved``, ``guarantee`` and
+    ``capability`` at every level, only leaf queues take pods, a queue may borrow up
+    to its real capability and is reclaimed from when under others' deserved;
+    docs/queues.md)."""
+    ancestor_reclaim_level: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    """``capacity``: how many of a victim's ancestors below the reclaimer's common
+    ancestor must be over their own deserved share too (Volcano's argument of that
+    name). -1, the default: all of them, so a parent's deserved bounds its children's
+    reclaim; 0 is Volcano's default (only the victim's own queue is checked)."""
     shards: list[ShardConfig] = msgspec.field(default_factory=list)
     """Split the cluster into node pools, each placed by its own device-allocator (one
     Deployment per shard, ``--shard NAME``); empty: one allocator for every node. At

@@ -327,7 +327,8 @@ class PdbDeleted(Event, frozen=True, kw_only=True, tag="pdb.deleted"):
 
 
 class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
-    """A Volcano Queue: weight, capability, guarantee, reclaimable, priority, state."""
+    """A Volcano Queue: weight, capability, guarantee, reclaimable, priority, state, and
+    for the ``capacity`` plugin its parent and deserved share."""
 
     name: str
     weight: NonNegInt = 1
@@ -336,6 +337,11 @@ class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
     reclaimable: bool = True
     priority: int = 0
     state: str = "Open"
+    parent: str = ""
+    """``spec.parent``: empty for a child of the root queue."""
+    deserved: dict[str, str] = msgspec.field(default_factory=dict)
+    uid: str = ""
+    """Its ``metadata.uid`` (an Event about the Queue names it)."""
 
 
 class QueueDeleted(Event, frozen=True, kw_only=True, tag="queue.deleted"):

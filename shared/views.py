@@ -143,6 +143,14 @@ class QueueView(_View, frozen=True, kw_only=True):
     """Allocated plus what its waiting pods ask."""
     podgroups: dict[str, int] = msgspec.field(default_factory=dict)
     """PodGroups by phase (Pending, Inqueue, Running)."""
+    parent: str = ""
+    """``capacity``: its parent queue (``root`` for a top-level one)."""
+    guarantee: dict[str, float] = msgspec.field(default_factory=dict)
+    real_capability: dict[str, float] | None = None
+    """``capacity``: what it may hold at most, its siblings' guarantees and its
+    ancestors' capabilities counted (None: unlimited)."""
+    refused: str = ""
+    """``capacity``: why the tree refuses it (a missing parent, a cycle): its pods wait."""
 
 
 class GangView(_View, frozen=True, kw_only=True):
@@ -171,6 +179,9 @@ class QueuesView(_View, frozen=True, kw_only=True):
 
     queues: tuple[QueueView, ...] = ()
     gangs: tuple[GangView, ...] = ()
+    plugin: str = "proportion"
+    """``scheduler.queuePlugin``: the ``capacity`` tree shows each queue's parent,
+    guarantee and real capability."""
     instance: str = ""
     taken_at: float = 0.0
 

@@ -465,6 +465,11 @@ def totals(ledger: views.LedgerView, queues: views.QueuesView | None) -> str:
 
 
 def queues_table(view: views.QueuesView, wide: bool = False) -> str:
+    """The queues; under the ``capacity`` plugin as a tree (each child indented under
+    its parent), with deserved, guarantee, capability and the real capability that
+    follows from them side by side (the three are easily confused)."""
+    if view.plugin == "capacity":
+        return _queue_tree_table(view, wide)
     headers = ["NAME", "STATE", "WEIGHT", "DESERVED", "ALLOCATED", "REQUEST", "PODGROUPS"]
     if wide:
         headers += ["PRIORITY", "CAPABILITY"]
@@ -481,6 +486,34 @@ def queues_table(view: views.QueuesView, wide: bool = False) -> str:
         ]
         if wide:
             row += [str(q.priority), vector(q.capability) if q.capability else "unlimited"]
+        rows.append(row)
+    return table(headers, rows)
+
+
+def _queue_tree_table(view: views.QueuesView, wide: bool) -> str:
+    headers = ["NAME", "STATE", "DESERVED", "GUARANTEE", "CAPABILITY", "REAL CAPABILITY"]
+    headers += ["ALLOCATED", "REQUEST", "PODGROUPS"]
+    if wide:
+        headers += ["PRIORITY", "REFUSED"]
+    parent = {q.name: q.parent for q in view.queues}
+    rows = []
+    for q in view.queues:
+        depth, up = 0, q.parent
+        while up in parent and depth < len(parent):
+            depth, up = depth + 1, parent[up]
+        row = [
+            "  " * depth + q.name,
+            "Refused" if q.refused else q.state,
+            vector(q.deserved),
+            vector(q.guarantee),
+            vector(q.capability) if q.capability else "unlimited",
+            vector(q.real_capability) if q.real_capability is not None else "unlimited",
+            vector(q.allocated),
+            vector(q.request),
+            counts(q.podgroups, PHASES),
+        ]
+        if wide:
+            row += [str(q.priority), q.refused or NONE]
         rows.append(row)
     return table(headers, rows)
 

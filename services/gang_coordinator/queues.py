@@ -18,20 +18,28 @@ Queue status, so ``scheduler.queueStatus: false`` turns the writer off
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes_asyncio.client import ApiException
+
 from shared import events as ev
 from shared import kube, views
 from shared.core.gangs import Gangs
+from shared.core.hierarchy import ROOT, QueueTree, rolled_up
 from shared.core.model import GangKey
 from shared.core.queues import resource_list
 from shared.core.request import ResourceTable
 from shared.metrics import Labels, Metrics, Reading
 
-VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
+log = logging.getLogger(__name__)
+
+VOLCANO_VERSION = "scheduling.volcano.sh/v1beta1"
+VOLCANO = f"/apis/{VOLCANO_VERSION}"
 STATUS_INTERVAL_S = 2.0
 PHASES = ("Pending", "Inqueue", "Running", "Unknown", "Completed")
 
@@ -75,6 +83,10 @@ def snapshot(
     clock). Queue status needs no gangs: one view per waiting gang, every
     ``STATUS_INTERVAL_S`` with thousands of pods behind, was most of what it cost."""
     used, request, deserved = gangs.shares()
+    tree = gangs.tree()
+    if tree is not None:  # the capacity tree: its deserved; a parent holds its children's
+        deserved = dict(tree.deserved)
+        used, request = rolled_up(tree, used), rolled_up(tree, request)
     by_gang: dict[GangKey, list[Any]] = {}
     for m in gangs.pods.values() if with_gangs else ():
         by_gang.setdefault(m.key, []).append(m)
@@ -84,6 +96,10 @@ def snapshot(
         phase = phases.get(key, "Pending")
         counts[phase] = counts.get(phase, 0) + 1
     names = sorted({*gangs.queues, *used, *request, *groups} or {"default"})
+    if tree is not None:  # depth first, children after their parent
+        names = [n for n in tree_order(tree) if n != ROOT] + sorted(
+            n for n in names if n not in tree.parent
+        )
     out = Snapshot()
     for name in names:
         queue = gangs.queues.get(name)
@@ -98,6 +114,7 @@ def snapshot(
                 allocated=used.get(name, {}),
                 request=request.get(name, {}),
                 podgroups=groups.get(name, {}),
+                **(_in_tree(tree, name) if tree is not None else {}),
             )
         )
     for key, members in sorted(by_gang.items()):
@@ -126,6 +143,27 @@ def snapshot(
     return out
 
 
+def tree_order(tree: QueueTree) -> list[str]:
+    """The tree's queues depth first from the root, children by name."""
+    out: list[str] = []
+    todo = [ROOT]
+    while todo:
+        name = todo.pop()
+        out.append(name)
+        todo.extend(reversed(tree.children.get(name, ())))
+    return out
+
+
+def _in_tree(tree: QueueTree, name: str) -> dict[str, Any]:
+    """A queue's place in the ``capacity`` tree, as its view shows it."""
+    return {
+        "parent": tree.parent.get(name, ""),
+        "guarantee": dict(tree.guarantee.get(name, {})),
+        "real_capability": tree.real.get(name),
+        "refused": tree.broken.get(name, ""),
+    }
+
+
 def queue_status(q: views.QueueView, table: ResourceTable) -> dict[str, Any]:
     """A Queue's ``.status`` as Volcano writes it."""
     status: dict[str, Any] = {"state": q.state}
@@ -151,21 +189,55 @@ class QueueStatus:
         self.api = api
         self.table = table
         self.written: dict[str, dict[str, Any]] = {}
+        self.told: dict[str, str] = {}
+        """Queues told the capacity tree refuses them, and why (each reason told once)."""
 
-    async def write(self, queues: list[views.QueueView], known: set[str]) -> None:
-        """Write the changed statuses of the queues that exist (``known``)."""
+    async def write(self, queues: list[views.QueueView], known: Mapping[str, str]) -> None:
+        """Write the changed statuses of the queues that exist (``known``: name → uid),
+        and tell each queue the ``capacity`` tree refuses why."""
         if self.api is None:
             return
         for q in queues:
             if q.name not in known:
                 continue
+            if q.refused and self.told.get(q.name) != q.refused:
+                await self._refused(q.name, known[q.name], q.refused)
+            elif not q.refused:
+                self.told.pop(q.name, None)
             status = queue_status(q, self.table)
             if self.written.get(q.name) == status:
                 continue
             if await kube.patch_status(self.api, f"{VOLCANO}/queues/{q.name}/status", status):
                 self.written[q.name] = status
-        for gone in set(self.written) - known:
+        for gone in set(self.written) - set(known):
             del self.written[gone]
+
+    async def _refused(self, name: str, uid: str, why: str) -> None:
+        """A Warning Event on the Queue (``kubectl describe queue`` shows it; events of
+        a cluster-scoped object live in ``default``), once per reason."""
+        assert self.api is not None
+        involved = {
+            "apiVersion": VOLCANO_VERSION,
+            "kind": "Queue",
+            "name": name,
+            "namespace": "default",
+            "uid": uid,
+        }
+        body = kube.event_body(
+            involved,
+            reason="QueueRefused",
+            message=f"{why}: its pods wait until the queue tree is mended",
+            kind="Warning",
+            source="tessera-gang-coordinator",
+            reporter=f"{kube.REPORTING_COMPONENT}/gang-coordinator",
+            instance=os.environ.get("HOSTNAME", "gang-coordinator"),
+        )
+        try:
+            await kube.request(self.api, "POST", "/api/v1/namespaces/default/events", body)
+        except (ApiException, TimeoutError, OSError) as exc:  # kube.UNREACHABLE
+            log.warning("cannot tell queue %s it is refused: %s", name, exc)
+            return
+        self.told[name] = why
 
 
 async def every(interval_s: float, step: Any) -> None:

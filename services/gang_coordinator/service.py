@@ -69,6 +69,8 @@ class Coordinator(Service):
                 retry_backoff_s=s.retry_backoff_s,
                 starvation_guard_s=s.starvation_window(),
                 preemption=s.preempts(),
+                queue_plugin=s.queue_plugin,
+                ancestor_reclaim_level=s.ancestor_reclaim_level,
             ),
             split,
         )
@@ -133,6 +135,7 @@ class Coordinator(Service):
         return QueuesView(
             queues=tuple(snap.queues),
             gangs=tuple(snap.gangs),
+            plugin=self.gangs.policy.queue_plugin,
             instance=self.rt.instance,
             taken_at=time.time(),
         )
@@ -143,7 +146,7 @@ class Coordinator(Service):
         for key in [k for k in self.why if k not in waiting]:
             del self.why[key]
         snap = self.snapshot(with_gangs=False)
-        await self.queue_status.write(snap.queues, set(self.queues))
+        await self.queue_status.write(snap.queues, {n: q.uid for n, q in self.queues.items()})
 
     # --- pods -------------------------------------------------------------------------
 
@@ -279,6 +282,8 @@ class Coordinator(Service):
             reclaimable=event.reclaimable,
             priority=event.priority,
             state=event.state,
+            parent=event.parent,
+            deserved=resource_vector(self.table, event.deserved) if event.deserved else None,
         )
         self._helpful(node_changed=True)  # an opened queue, a new weight or cap
 

@@ -136,7 +136,8 @@ def podgroup_event(obj: dict[str, Any]) -> ev.PodGroupUpdated:
 
 
 def queue_event(obj: dict[str, Any]) -> ev.QueueUpdated:
-    """A Volcano Queue's event: its weight, capability, guarantee and state."""
+    """A Volcano Queue's event: its weight, capability, guarantee, state, parent and
+    deserved share."""
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     guarantee = (spec.get("guarantee") or {}).get("resource") or {}
@@ -148,6 +149,9 @@ def queue_event(obj: dict[str, Any]) -> ev.QueueUpdated:
         reclaimable=bool(spec.get("reclaimable", True)),
         priority=int(spec.get("priority") or 0),
         state=str(status.get("state") or spec.get("state") or "Open"),
+        parent=str(spec.get("parent") or ""),
+        uid=str(obj["metadata"].get("uid") or ""),
+        deserved={str(k): str(v) for k, v in (spec.get("deserved") or {}).items()},
     )
 
 

@@ -46,11 +46,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from shared.core.disruption import Budget
+from shared.core.hierarchy import QueueTree, TreeQueue, build, order_key, rolled_up
 from shared.core.model import (
     DeviceInfo,
     GangKey,
@@ -150,6 +152,9 @@ class Policy:
     retry_backoff_s: float = 1.0
     starvation_guard_s: float = 300.0
     preemption: bool = True
+    queue_plugin: Literal["proportion", "capacity"] = "proportion"
+    """``scheduler.queuePlugin``: flat shares, or the ``capacity`` tree."""
+    ancestor_reclaim_level: int = -1
 
 
 class _Sums:
@@ -228,6 +233,9 @@ class Gangs:
         that sum was most of the coordinator's CPU, and grew with the backlog)."""
         self.groups: dict[GangKey, GroupSpec] = {}
         self.queues: dict[str, QueueSpec] = {}
+        self._tree: tuple[tuple[QueueSpec, ...], QueueTree] | None = None
+        """The ``capacity`` tree, and the queues it was built from (rebuilt when one
+        changes: see :meth:`tree`)."""
         self.budgets: dict[str, dict[str, Budget]] = {}
         """PodDisruptionBudgets by namespace, then name (victims are offered by them)."""
         self.nodes: dict[NodeName, tuple[DeviceInfo, ...]] = {}
@@ -535,6 +543,33 @@ class Gangs:
         ]
         return used, demand, deserved(self.capacity()[0], open_queues)
 
+    def tree(self) -> QueueTree | None:
+        """The queues as the ``capacity`` plugin's tree (shared/core/hierarchy.py); None
+        with the ``proportion`` plugin or no queue known. Built again only when a queue
+        was set or dropped since."""
+        if self.policy.queue_plugin != "capacity" or not self.queues:
+            return None
+        specs = tuple(self.queues.values())
+        kept = self._tree
+        if (
+            kept is None
+            or len(kept[0]) != len(specs)
+            or any(a is not b for a, b in zip(kept[0], specs, strict=True))
+        ):
+            tree = build(
+                TreeQueue(
+                    name=q.name,
+                    parent=q.parent,
+                    deserved=q.deserved or {},
+                    guarantee=q.guarantee,
+                    capability=q.capability,
+                    priority=q.priority,
+                )
+                for q in specs
+            )
+            kept = self._tree = (specs, tree)
+        return kept[1]
+
     # --- decisions --------------------------------------------------------------------
 
     def dispatch(self, now: float) -> Dispatch:
@@ -561,8 +596,10 @@ class Gangs:
         if not groups:
             return Dispatch()
         used, _, share = self.shares()
+        tree = self.tree()
+        rolled = rolled_up(tree, used) if tree is not None else {}
         told: list[tuple[Member, Status]] = []
-        ready: list[tuple[tuple[float, ...], ReadyGang]] = []
+        ready: list[tuple[tuple[object, ...], ReadyGang]] = []
         caps = {q.name: q.capability for q in self.queues.values() if q.capability}
         waiting = {members[0].queue for members in groups.values()}
         by_priority = sorted(  # within a queue: priority, then age
@@ -579,18 +616,22 @@ class Gangs:
                 floor.append(min((m.priority for m in self.bound_pods.values()), default=2**31))
             return floor[0]
 
-        for key, members in by_priority:
+        turns = by_priority if tree is None else _turns(by_priority, tree, rolled)
+        for key, members in turns:
             here = [*self._placed.get(key, {}).values(), *self.bound.get(key, {}).values()]
-            min_member = self.readiness(key, members, here, told)
+            min_member = self.readiness(key, members, here, told, tree)
             if min_member is None:
                 continue
             queue = members[0].queue
-            limits: list[tuple[Resources, float]] = []
-            if queue in caps:  # capability: a hard cap, always; unnamed dimensions are free
-                limits.append((caps[queue] or {}, math.inf))
-            if self.queues and len(waiting) > 1:  # deserved: while another queue waits
-                limits.append((share.get(queue, {}), 0.0))
             base = used.get(queue, {})
+            limits: list[tuple[Resources, float]] = []
+            if tree is not None:  # capacity: each ancestor's real capability, a hard cap
+                limits = _real_limits(tree, queue, rolled, base)
+            else:
+                if queue in caps:  # capability: a hard cap, always; unnamed dimensions are free
+                    limits.append((caps[queue] or {}, math.inf))
+                if self.queues and len(waiting) > 1:  # deserved: while another queue waits
+                    limits.append((share.get(queue, {}), 0.0))
             taken, need = admit(members, base, limits)
             if len(taken) < min_member:
                 continue  # over its share or capability: not now
@@ -609,14 +650,20 @@ class Gangs:
                         share=share,
                         lowest=lowest(),
                         budgets=self.budgets,
+                        tree=tree,
+                        level=self.policy.ancestor_reclaim_level,
                     )
                 guard = self.policy.starvation_guard_s
                 hold = guard > 0 and now - min(m.since for m in taken) >= guard
-            mine = share.get(queue, {})
-            rank = max((base.get(k, 0.0) / v for k, v in mine.items() if v), default=0.0)
-            q = self.queues.get(queue)
             first = taken[0]
-            order = (-(q.priority if q else 0), rank, -first.priority, first.created_at)
+            order: tuple[object, ...]
+            if tree is not None:
+                order = (order_key(tree, queue, rolled), -first.priority, first.created_at)
+            else:
+                mine = share.get(queue, {})
+                rank = max((base.get(k, 0.0) / v for k, v in mine.items() if v), default=0.0)
+                q = self.queues.get(queue)
+                order = (-(q.priority if q else 0), rank, -first.priority, first.created_at)
             gang = ReadyGang(
                 key=key,
                 queue=queue,
@@ -629,6 +676,9 @@ class Gangs:
             )
             ready.append((order, gang))
             used[queue] = add(base, need)
+            if tree is not None:
+                for name in tree.path(queue):
+                    accumulate(rolled.setdefault(name, {}), need)
         ready.sort(key=lambda r: r[0])
         for _, gang in ready:
             for m in gang.members:
@@ -642,6 +692,7 @@ class Gangs:
         members: list[Member],
         settled: list[Member],
         told: list[tuple[Member, Status]],
+        tree: QueueTree | None = None,
     ) -> int | None:
         """How many of the pending ``members`` must go together now (the gang's
         ``minMember`` less those already placed or bound), or None while they must wait.
@@ -674,6 +725,14 @@ class Gangs:
                 why = f'queue "{name}" does not exist; create it or name another'
             elif queue.state != "Open":
                 why = f'queue "{name}" is {queue.state}: it accepts no new pods'
+            elif tree is not None and name in tree.broken:
+                why = f"{tree.broken[name]}: its pods wait until the queue tree is mended"
+            elif tree is not None and not tree.leaf(name):
+                children = ", ".join(tree.children.get(name, ()))
+                why = (
+                    f'queue "{name}" has child queues ({children}): only leaf queues take '
+                    "pods; name one of them"
+                )
             if why:
                 refused = Status(
                     code=Code.UNRESOLVABLE,
@@ -701,3 +760,46 @@ def admit(
             taken.append(m)
             need = more
     return taken, need
+
+
+def _real_limits(
+    tree: QueueTree, queue: str, rolled: Mapping[str, Resources], base: Resources
+) -> list[tuple[Resources, float]]:
+    """``admit``'s limits for a queue of the ``capacity`` tree: the queue's and every
+    ancestor's real capability, each less what the rest of its subtree holds (so that
+    ``base`` + the gang is checked against it); a dimension it does not name is free."""
+    limits: list[tuple[Resources, float]] = []
+    for name in tree.path(queue):
+        real = tree.real.get(name)
+        if real is None:
+            continue
+        held = rolled.get(name, {})
+        limits.append(
+            ({k: v - held.get(k, 0.0) + base.get(k, 0.0) for k, v in real.items()}, math.inf)
+        )
+    return limits
+
+
+def _turns(
+    gangs: list[tuple[GangKey, list[Member]]], tree: QueueTree, rolled: Mapping[str, Resources]
+) -> Iterator[tuple[GangKey, list[Member]]]:
+    """``gangs`` (each queue's in its order) queue by queue, one gang at a time, the
+    queue first by ``order_key`` as ``rolled`` is then (the caller adds each gang it
+    admits): Volcano's allocate loop, so a burst in one queue does not fill a shared
+    ancestor's capability before its siblings' turn. Gangs of queues not in the tree
+    come first (readiness tells them why they wait)."""
+    queued: dict[str, deque[tuple[GangKey, list[Member]]]] = {}
+    for gang in gangs:
+        queued.setdefault(gang[1][0].queue, deque()).append(gang)
+
+    def rank(name: str) -> tuple[object, ...]:
+        if name not in tree.parent or not tree.leaf(name):
+            return (0, name)
+        return (1, order_key(tree, name, rolled))
+
+    while queued:
+        name = min(queued, key=rank)
+        waiting = queued[name]
+        yield waiting.popleft()
+        if not waiting:
+            del queued[name]

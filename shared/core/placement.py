@@ -231,6 +231,8 @@ class Placer:
         """Per request shape no enabled family serves: the reason (a family the profile
         leaves out, or no pool of the pod's mode)."""
         self.fgd = FgdSearch()
+        self._contexts: dict[tuple[str, bool], FitContext] = {}
+        """The fit contexts of pods that avoid no cards, by device policy and topology."""
         """FGD's search and memo, shared by the FGD policy and the guard."""
         self._profile: Profile | None = None
         self.families: tuple[DeviceFitPlugin, ...] = ()
@@ -241,6 +243,11 @@ class Placer:
         """Node policies that apply over another's (the fragmentation guard)."""
 
     # --- plugins --------------------------------------------------------------------
+
+    def _fresh(self) -> None:
+        """Make the plugins again if the ledger's profile is not the one they came from."""
+        if self.ledger.hosts.profile is not self._profile:
+            self._load()
 
     def _load(self) -> None:
         """Make the profile's per-ledger plugins (again, when the profile changed)."""
@@ -254,14 +261,14 @@ class Placer:
 
     def routes(self, request: DeviceRequest, pod: PodRequest) -> list[_Route]:
         """Which families may serve a request, and from which pools, in the profile's
-        order (the same for every request of one shape: kept per shape)."""
-        if self.ledger.hosts.profile is not self._profile:
-            self._load()
+        order (the same for every request of one shape: kept per shape, until the
+        profile changes: every entry point looks, ``_fresh``)."""
         c = pod.constraints
         shape = _shape(request, c)
         known = self._routes.get(shape)
         if known is not None:
             return known
+        self._fresh()
         found: list[_Route] = [
             (pool, f)
             for f in self.families
@@ -292,6 +299,7 @@ class Placer:
     def check(self, request: PodRequest) -> Status:
         """Errors no placement can cure (memory above every card of the family):
         unresolvable, one reason per field; success otherwise."""
+        self._fresh()
         reasons = []
         for c in request.containers:
             for r in c.devices:
@@ -321,18 +329,28 @@ class Placer:
     # --- one node -------------------------------------------------------------------
 
     def _context(self, request: PodRequest, group: GangKey | None) -> FitContext:
+        """What fitting the pod's devices reads beyond its request. Shared by the pods
+        of one device policy and topology choice that avoid no cards (no one changes a
+        context: a variant is a ``replace``)."""
         c = request.constraints
+        policy = c.device_policy or self.config.device_policy
+        topology = self.config.topology_aware if c.topology is None else c.topology
         avoid: frozenset[str] = frozenset()
         if c.group_spread and group:
             avoid = frozenset(self.ledger.group_devices.get(group, ()))
-        return FitContext(
-            device_policy=c.device_policy or self.config.device_policy,
-            topology=self.config.topology_aware if c.topology is None else c.topology,
+        elif (kept := self._contexts.get((policy, topology))) is not None:
+            return kept
+        made = FitContext(
+            device_policy=policy,
+            topology=topology,
             allow_more_devices_than_cards=self.config.allow_more_devices_than_cards,
             avoid=avoid,
             workload=self.workload,
             clamp_memory=self.config.memory_larger_than_card == "clamp",
         )
+        if not avoid:
+            self._contexts[(policy, topology)] = made
+        return made
 
     def fit_node(
         self,
@@ -552,16 +570,16 @@ class Placer:
         ctx = self._context(request, group)
         c = request.constraints
         if self.ledger.hosts.profile is not self._profile:
-            self._load()
-        choice = Choice(
-            placer=self,
-            request=request,
-            primary=primary,
-            ctx=ctx,
-            prep=prep,
-            owner=owner,
-            policy=c.node_policy or self.config.node_policy,
-            guard=0 if c.node_policy else fragmentation_guard,
+            self._load()  # as _fresh, inline: this is every pod's path
+        choice = Choice(  # by position: this is every pod's path
+            self,
+            request,
+            primary,
+            ctx,
+            prep,
+            owner,
+            c.node_policy or self.config.node_policy,
+            0 if c.node_policy else fragmentation_guard,
         )
         chooser = self.policies.get(choice.policy)
         if chooser is None:
@@ -706,6 +724,7 @@ class Placer:
     def explain(self, m: GangMember) -> Status:
         """Ask every node why the pod does not fit (now); the counted reasons, or success
         when some node would take it."""
+        self._fresh()
         prep = self.ledger.hosts.prepare(m.spec) if m.spec is not None else None
         if isinstance(prep, Status):
             return prep

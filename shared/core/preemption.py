@@ -32,10 +32,11 @@ from typing import Protocol
 import msgspec
 
 from shared.core.disruption import Budget
+from shared.core.hierarchy import QueueTree, kinship, may_reclaim, may_take, rolled_up
 from shared.core.ledger import PodGrant, Statement
 from shared.core.model import GangKey, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placement, Placer
-from shared.core.queues import GroupSpec, QueueSpec, Resources, add, within
+from shared.core.queues import GroupSpec, QueueSpec, Resources, accumulate, add, within
 
 MAX_UNITS = 256
 """Units a plan considers (cheapest first); each one costs a trial placement."""
@@ -119,6 +120,8 @@ def victims(
     share: Mapping[str, Resources],
     lowest: int,
     budgets: Mapping[str, Mapping[str, Budget]] = NO_BUDGETS,
+    tree: QueueTree | None = None,
+    level: int = -1,
 ) -> tuple[VictimUnit, ...]:
     """Bound pods that may be evicted for the gang ``key`` (whose waiting ``members``
     need ``need``), as units, cheapest first (Volcano's preempt and reclaim).
@@ -132,23 +135,35 @@ def victims(
     pod, starved a benchmark run). Nothing is offered for a gang with a pod of
     preemptionPolicy Never. ``budgets`` (namespace → name → budget) order the offer:
     units that would break one come last (:func:`respecting`).
+
+    With the ``capacity`` plugin's ``tree`` (shared/core/hierarchy.py), the gang's queue
+    reclaims while it and its ancestors allow (``may_reclaim``), from queues whose pods
+    ``may_take`` allows (over their deserved share up the tree to ``level`` ancestors,
+    never below a guarantee), siblings first, then cousins; what a queue gives is
+    counted as it is offered, so no queue is offered below what it deserves.
     """
     if not eligible(m.preemption_policy for m in members):
         return ()
     queue = members[0].queue
     top = max(m.priority for m in members)
-    under = bool(queues) and within(
-        add(used.get(queue, {}), need), share.get(queue, {}), absent=0.0
-    )
-    reclaim = under and any(
-        name != queue
-        and q.reclaimable
-        and not within(used.get(name, {}), share.get(name, {}), absent=0.0)
-        for name, q in queues.items()
-    )
+    rolled: dict[str, Resources] = {}
+    if tree is not None:
+        rolled = rolled_up(tree, used)
+        under = may_reclaim(tree, queue, rolled, need, level)
+        reclaim = under
+    else:
+        under = bool(queues) and within(
+            add(used.get(queue, {}), need), share.get(queue, {}), absent=0.0
+        )
+        reclaim = under and any(
+            name != queue
+            and q.reclaimable
+            and not within(used.get(name, {}), share.get(name, {}), absent=0.0)
+            for name, q in queues.items()
+        )
     if top <= lowest and not reclaim:
         return ()
-    offers: list[tuple[tuple[int, int, int, float], VictimUnit]] = []
+    offers: list[tuple[tuple[int, int, int, int, float], VictimUnit]] = []
     reclaimed: dict[str, Resources] = {}
     for other, members_of in bound.items():
         if other == key or not members_of:
@@ -166,21 +181,36 @@ def victims(
             vector: Resources = {}
             for s in unit:
                 vector = add(vector, s.vector)
-            still = add(used.get(theirs, {}), reclaimed.get(theirs, {}), -1)
-            over = (
-                theirs != queue and under and not within(still, share.get(theirs, {}), absent=0.0)
-            )
+            kin = 0
+            if tree is not None:
+                over = (
+                    theirs != queue
+                    and under
+                    and theirs in tree.parent
+                    and may_take(tree, queue, theirs, rolled, vector, level) is None
+                )
+                kin = kinship(tree, queue, theirs) if over else 0
+            else:
+                still = add(used.get(theirs, {}), reclaimed.get(theirs, {}), -1)
+                over = (
+                    theirs != queue
+                    and under
+                    and not within(still, share.get(theirs, {}), absent=0.0)
+                )
             if priority < top:
                 why = f"priority {priority} < {top}"
             elif over:
                 why = f'queue "{theirs}" is over its deserved share'
                 reclaimed[theirs] = add(reclaimed.get(theirs, {}), vector)
+                if tree is not None:  # what it gives is counted up its tree
+                    for name in tree.path(theirs):
+                        accumulate(rolled.setdefault(name, {}), vector, -1)
             else:
                 continue
             if unit is ordered and group is not None:
                 why += f"; all of gang {other.name} (never below minMember {min_member})"
             newest = max(s.created_at for s in unit)
-            cost = (priority, 0 if over else 1, len(unit), -newest)
+            cost = (priority, 0 if over else 1, -kin, len(unit), -newest)
             covered = tuple(_covering(s, budgets) for s in unit)
             offer = VictimUnit(
                 pods=tuple(s.pod for s in unit),

@@ -196,6 +196,10 @@ class QueueSpec:
     reclaimable: bool = True
     priority: int = 0
     state: str = "Open"
+    parent: str = ""
+    """The ``capacity`` plugin's tree: empty for a child of the root queue."""
+    deserved: Resources | None = None
+    """The ``capacity`` plugin's deserved share as written (None: not written)."""
 
 
 @dataclass

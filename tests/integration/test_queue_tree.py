@@ -1,0 +1,160 @@
+"""Hierarchical queues (``scheduler.queuePlugin: capacity``) on the real API server, with
+the five services as processes: a refused subtree waits alone and its Queue is told why,
+reclaim on a full cluster takes only what is missing, and a parent's deserved share
+bounds its children's reclaim (Volcano #4679, #4817, #4408, #5107)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio.client import ApiException
+
+from shared import kube
+from shared.config import NatsConfig
+from tests.helpers import eventually
+from tests.integration.pipeline import Pipeline, start_pipeline
+from tests.integration.test_batch import member, podgroup, queue
+
+pytestmark = pytest.mark.integration
+WHOLE = {"nvidia.com/gpu": 1}
+INVENTORY = {
+    "nodes": [
+        {
+            "name": f"qt-{n}",
+            "devices": [
+                {"vendor": "nvidia", "model": "NVIDIA-A100-SXM4-80GB", "memory": 81920, "count": 2}
+            ],
+        }
+        for n in ("a", "b")
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+async def pipeline(
+    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Pipeline]:
+    p = await start_pipeline(
+        tmp_path_factory.mktemp("queue-tree"),
+        kubeconfig,
+        nats_admin,
+        INVENTORY,
+        {"queuePlugin": "capacity", "starvationGuardS": 0},
+    )
+    yield p
+    await p.close()
+
+
+async def lone(p: Pipeline, ns: str, name: str, in_queue: str) -> None:
+    """A pod of one whole card, in its own PodGroup of one in ``in_queue``."""
+    await podgroup(p, ns, name, 1, queue=in_queue)
+    await p.create(ns, member(name, name, WHOLE))
+
+
+async def exists(p: Pipeline, ns: str, name: str) -> bool:
+    try:
+        await p.get(ns, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+async def failed(p: Pipeline, ns: str, name: str) -> str | None:
+    found = [e["message"] for e in await p.events(ns, name) if e["reason"] == "FailedScheduling"]
+    return found[-1] if found else None
+
+
+async def test_a_broken_subtree_waits_alone_and_its_queue_is_told_why(
+    pipeline: Pipeline, ns: str
+) -> None:
+    lost, below, org, team = (f"{n}-{ns}" for n in ("lost", "below", "org", "team"))
+    await queue(pipeline, lost, parent=f"gone-{ns}")
+    await queue(pipeline, below, parent=lost)
+    await queue(pipeline, org)
+    await queue(pipeline, team, parent=org)
+    await lone(pipeline, ns, "orphan", below)
+    await lone(pipeline, ns, "parent", org)
+    await lone(pipeline, ns, "fine", team)
+    await pipeline.bound(ns, "fine")  # the rest of the cluster keeps scheduling
+
+    async def said(name: str) -> str | None:
+        return await failed(pipeline, ns, name)
+
+    orphan = await eventually(lambda: said("orphan"), what="the orphan told why")
+    assert f'its ancestor "{lost}" is refused' in orphan
+    assert f'its parent "gone-{ns}" does not exist' in orphan
+    parent = await eventually(lambda: said("parent"), what="the parent queue's pod told why")
+    assert f'queue "{org}" has child queues ({team}): only leaf queues take pods' in parent
+
+    async def queue_told() -> list[str]:
+        found = await kube.request(
+            pipeline.api,
+            "GET",
+            "/api/v1/namespaces/default/events",
+            query={"fieldSelector": f"involvedObject.name={lost},involvedObject.kind=Queue"},
+        )
+        return [e["message"] for e in found["items"] if e["reason"] == "QueueRefused"]
+
+    [message] = await eventually(queue_told, what="a QueueRefused Event on the Queue")
+    assert f'queue "{lost}": its parent "gone-{ns}" does not exist' in message
+
+
+async def test_reclaim_on_a_full_cluster_takes_only_what_is_missing(
+    pipeline: Pipeline, ns: str
+) -> None:
+    top, a1, a2 = (f"{n}-{ns}" for n in ("top", "a1", "a2"))
+    await queue(pipeline, top, deserved={"nvidia.com/gpu": 4})
+    await queue(pipeline, a1, parent=top, deserved={"nvidia.com/gpu": 2}, reclaimable=True)
+    await queue(pipeline, a2, parent=top, deserved={"nvidia.com/gpu": 2})
+    hogs = [f"hog-{i}" for i in range(4)]
+    for n in hogs:  # a1 borrows a2's idle share: the whole cluster
+        await lone(pipeline, ns, n, a1)
+    for n in hogs:
+        await pipeline.bound(ns, n)
+
+    async def left() -> list[str]:
+        return [n for n in hogs if await exists(pipeline, ns, n)]
+
+    # The cluster is full; a2, under its deserved, still gets its pod placed (the
+    # enqueue check against the root blocked this in Volcano: #4679, #4817) ...
+    await lone(pipeline, ns, "mine-0", a2)
+    await pipeline.bound(ns, "mine-0", timeout_s=60)
+    # ... by evicting one of a1's pods, not more (#4408).
+    assert len(await left()) == 3
+    await lone(pipeline, ns, "mine-1", a2)
+    await pipeline.bound(ns, "mine-1", timeout_s=60)
+    assert len(await left()) == 2
+    # At its deserved share, a2 takes nothing more from a1, which is at its own.
+    await lone(pipeline, ns, "mine-2", a2)
+    await eventually(lambda: failed(pipeline, ns, "mine-2"), what="mine-2 told it waits")
+    await asyncio.sleep(3.0)
+    assert len(await left()) == 2
+    assert not (await pipeline.get(ns, "mine-2"))["spec"].get("nodeName")
+
+
+async def test_a_parents_deserved_share_bounds_its_childrens_reclaim(
+    pipeline: Pipeline, ns: str
+) -> None:
+    # t1 deserves 3 cards: c1 (1) holds 2, c2 (2) holds 1; t2 deserves 2 and holds 1.
+    # c1 is over its own share, but t1 is within its own: t2 may not take c1's pods
+    # (Volcano #5107; there ancestorReclaimLevel 0 lets it).
+    t1, c1, c2, t2 = (f"{n}-{ns}" for n in ("t1", "c1", "c2", "t2"))
+    await queue(pipeline, t1, deserved={"nvidia.com/gpu": 3})
+    await queue(pipeline, c1, parent=t1, deserved={"nvidia.com/gpu": 1})
+    await queue(pipeline, c2, parent=t1, deserved={"nvidia.com/gpu": 2})
+    await queue(pipeline, t2, deserved={"nvidia.com/gpu": 2})
+    held = {"c1-0": c1, "c1-1": c1, "c2-0": c2, "t2-0": t2}
+    for n, q in held.items():
+        await lone(pipeline, ns, n, q)
+    for n in held:
+        await pipeline.bound(ns, n)
+    await lone(pipeline, ns, "t2-1", t2)
+    await eventually(lambda: failed(pipeline, ns, "t2-1"), what="t2-1 told it waits")
+    await asyncio.sleep(3.0)
+    assert all([await exists(pipeline, ns, n) for n in held]), "nothing was reclaimed"
+    assert not (await pipeline.get(ns, "t2-1"))["spec"].get("nodeName")
