@@ -1,5 +1,5 @@
 """The webhook's Mutating- and ValidatingWebhookConfiguration: what the API server sends
-it (pods at creation; Volcano Jobs at creation and update), with its CA, failure policy
+it (pods at creation; Volcano Jobs and Queues at creation and update), with its CA, failure policy
 and the namespaces it serves: never ``kube-system``, never its own namespace, never one
 labelled ``tessera.io/webhook: disabled``.
 """
@@ -24,6 +24,15 @@ JOB_RULE = {
     "scope": "Namespaced",
 }
 """The Volcano Jobs the validating webhook checks (not their status subresource)."""
+
+QUEUE_RULE = {
+    "apiGroups": ["scheduling.volcano.sh"],
+    "apiVersions": ["v1beta1"],
+    "operations": ["CREATE", "UPDATE"],
+    "resources": ["queues"],
+    "scope": "Cluster",
+}
+"""The Volcano Queues it checks (cluster-scoped: the namespace selector never skips one)."""
 
 
 def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -78,6 +87,7 @@ def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
             hook["reinvocationPolicy"] = "Never"
         else:
             hooks.append({**hook, "name": "validate.jobs.tessera.io", "rules": [JOB_RULE]})
+            hooks.append({**hook, "name": "validate.queues.tessera.io", "rules": [QUEUE_RULE]})
         obj = {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": kind,

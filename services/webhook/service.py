@@ -24,6 +24,7 @@ import json
 import logging
 import ssl
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from kubernetes_asyncio.client import ApiException
 from services.webhook import certs
 from services.webhook.configuration import apply_configurations
 from services.webhook.mutation import Mutation
-from services.webhook.validation import Validation, is_job
+from services.webhook.validation import Validation, is_job, is_queue, queue_refusal
 from shared import kube
 from shared.config import Config, request_parser
 from shared.health import API_CHECK_TTL_S, Cached, Health
@@ -66,44 +67,51 @@ class Webhook(Mutation, Validation):
         response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
         pod = request.get("object")
         operation = request.get("operation")
-        if is_job(request) and isinstance(pod, dict) and not mutating:
-            old = request.get("oldObject") if operation == "UPDATE" else None
+        where = f"in {request.get('namespace')}"
+        if isinstance(pod, dict) and is_queue(request):
+            if not mutating:
+                capacity = self.cfg.scheduler.queue_plugin == "capacity"
+                _checked(response, "Queue", "", lambda: queue_refusal(pod, queues, capacity))
+        elif isinstance(pod, dict) and is_job(request):
+            if not mutating:
+                old = request.get("oldObject") if operation == "UPDATE" else None
+                earlier = old if isinstance(old, dict) else None
+                _checked(response, "Job", where, lambda: self.validate_job(pod, earlier, queues))
+        elif isinstance(pod, dict) and operation == "CREATE" and not mutating:
+            _checked(response, "pod", where, lambda: self.validate(pod))
+        elif isinstance(pod, dict) and operation == "CREATE":
             try:
-                refused = self.validate_job(pod, old if isinstance(old, dict) else None, queues)
-            except Exception as exc:  # never block Jobs on the webhook's own bug
-                log.exception("could not review a Job in %s", request.get("namespace"))
-                response["warnings"] = [f"tessera webhook could not check this Job: {exc}"]
-                refused = None
-            if refused is not None:
-                response["allowed"] = False
-                response["status"] = {"code": 403, "reason": "Forbidden", "message": refused}
-                log.info("refused a Job in %s: %s", request.get("namespace"), refused)
-        elif operation == "CREATE" and isinstance(pod, dict) and not is_job(request):
-            try:
-                if mutating:
-                    patch = self.mutate(pod)
-                    if patch:
-                        response["patchType"] = "JSONPatch"
-                        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
-                else:
-                    refused = self.validate(pod)
-                    if refused is not None:
-                        response["allowed"] = False
-                        response["status"] = {
-                            "code": 403,
-                            "reason": "Forbidden",
-                            "message": refused,
-                        }
-                        log.info("refused a pod in %s: %s", request.get("namespace"), refused)
+                patch = self.mutate(pod)
             except Exception as exc:  # never block pods on the webhook's own bug
-                log.exception("could not review a pod in %s", request.get("namespace"))
-                response["allowed"] = True
+                log.exception("could not review a pod %s", where)
                 response["warnings"] = [f"tessera webhook could not check this pod: {exc}"]
+                patch = []
+            if patch:
+                response["patchType"] = "JSONPatch"
+                response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
         return {
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
             "response": response,
         }
+
+
+def _checked(
+    response: dict[str, Any], what: str, where: str, refusal: Callable[[], str | None]
+) -> None:
+    """Fill ``response`` from ``refusal()``: refused with its message, or allowed; allowed
+    with a warning when the check itself fails (the webhook's own bug never blocks a
+    user's object)."""
+    try:
+        refused = refusal()
+    except Exception as exc:
+        log.exception("could not review a %s %s", what, where)
+        response["warnings"] = [f"tessera webhook could not check this {what}: {exc}"]
+        return
+    if refused is not None:
+        response["allowed"] = False
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": refused}
+        log.info("refused a %s %s: %s", what, where, refused)
 
 
 class Server:
@@ -139,7 +147,9 @@ class Server:
             return web.json_response({"error": "not an AdmissionReview"}, status=400)
         queues = None
         asked = body.get("request") or {}
-        if not mutating and is_job(asked) and asked.get("operation") == "CREATE":
+        if not mutating and (
+            (is_job(asked) and asked.get("operation") == "CREATE") or is_queue(asked)
+        ):
             queues = await self._queues()
         return web.json_response(self.webhook.review(body, mutating, queues))
 

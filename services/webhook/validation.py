@@ -8,7 +8,11 @@ Binding. A Volcano Job (``batch.volcano.sh/v1alpha1``) whose ``schedulerName`` (
 ``volcano``) is one of ``scheduler.names`` is refused at creation when Volcano's
 admission would refuse it (shared/core/vcjob.py, and its queue missing while others
 exist, not Open, ``root`` or not a leaf), and at an update that changes more than
-Volcano lets change or breaks a rule the Job kept.
+Volcano lets change or breaks a rule the Job kept. A Volcano Queue is refused at creation
+or update when a quantity in its deserved, guarantee or capability is not one or is
+negative, when its guarantee or deserved is above its capability, and under
+``scheduler.queuePlugin: capacity`` when its parent does not exist or would close a cycle
+(shared/core/hierarchy.py: the coordinator would refuse its subtree).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from typing import Any
 from shared.config import Config
 from shared.core import annotations as ann
 from shared.core import vcjob
+from shared.core.hierarchy import TreeQueue, build
 from shared.core.model import PodRequest
+from shared.core.quantity import parse_quantity
 from shared.core.request import RequestParser, rejection
 
 GRANT_KEYS = frozenset(
@@ -38,6 +44,62 @@ def is_job(request: dict[str, Any]) -> bool:
     """Is the AdmissionReview request about a Volcano Job?"""
     kind = request.get("kind") or {}
     return bool(kind.get("group") == "batch.volcano.sh" and kind.get("kind") == "Job")
+
+
+def is_queue(request: dict[str, Any]) -> bool:
+    """Is the AdmissionReview request about a Volcano Queue?"""
+    kind = request.get("kind") or {}
+    return bool(kind.get("group") == "scheduling.volcano.sh" and kind.get("kind") == "Queue")
+
+
+QUEUE_LISTS = ("deserved", "guarantee.resource", "capability")
+"""A Queue's resource lists, under ``spec``."""
+
+
+def queue_refusal(
+    queue: dict[str, Any], queues: dict[str, dict[str, Any]] | None, capacity: bool
+) -> str | None:
+    """Why a Volcano Queue (created or updated) is refused, or None. ``queues``: every
+    Queue by name (None: not read; the tree is not checked); ``capacity``: the tree is
+    Tessera's (``scheduler.queuePlugin``)."""
+    name = str((queue.get("metadata") or {}).get("name") or "")
+    spec = queue.get("spec") or {}
+    errors: list[vcjob.JobError] = []
+    lists: dict[str, dict[str, tuple[str, float]]] = {}
+    for where in QUEUE_LISTS:
+        raw: Any = spec
+        for part in where.split("."):
+            raw = (raw or {}).get(part) if isinstance(raw, dict) else None
+        lists[where] = {}
+        for resource, value in (raw or {}).items() if isinstance(raw, dict) else ():
+            at = f"spec.{where}.{resource}"
+            try:
+                amount = float(parse_quantity(value))
+            except ValueError:
+                errors.append(vcjob.JobError(at, f"{value!r} is not a quantity"))
+                continue
+            if amount < 0:
+                errors.append(vcjob.JobError(at, f"{value} is negative"))
+            lists[where][str(resource)] = (str(value), amount)
+    capability = lists["capability"]
+    for where in ("guarantee.resource", "deserved"):
+        for resource, (value, amount) in lists[where].items():
+            if resource in capability and amount > capability[resource][1]:
+                errors.append(
+                    vcjob.JobError(
+                        f"spec.{where}.{resource}",
+                        f"{value} is above the capability ({capability[resource][0]})",
+                    )
+                )
+    if capacity and queues is not None and name:
+        parents = {n: str((q.get("spec") or {}).get("parent") or "") for n, q in queues.items()}
+        parents[name] = str(spec.get("parent") or "")
+        tree = build(TreeQueue(name=n, parent=p) for n, p in parents.items())
+        if name in tree.broken:
+            errors.append(vcjob.JobError("spec.parent", tree.broken[name]))
+    if not errors:
+        return None
+    return "invalid Volcano Queue: " + "; ".join(f"{e.field}: {e.message}" for e in errors)
 
 
 def queue_errors(name: str, queues: dict[str, dict[str, Any]]) -> list[vcjob.JobError]:

@@ -47,12 +47,20 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 from shared.core.disruption import Budget
-from shared.core.hierarchy import QueueTree, TreeQueue, build, order_key, rolled_up
+from shared.core.hierarchy import (
+    QueueTree,
+    TreeQueue,
+    build,
+    order_key,
+    over_capability,
+    rolled_up,
+)
 from shared.core.model import (
     DeviceInfo,
     GangKey,
@@ -624,15 +632,17 @@ class Gangs:
                 continue
             queue = members[0].queue
             base = used.get(queue, {})
-            limits: list[tuple[Resources, float]] = []
+            fits: Callable[[Resources], bool]
             if tree is not None:  # capacity: each ancestor's real capability, a hard cap
-                limits = _real_limits(tree, queue, rolled, base)
+                fits = partial(_within_tree, tree, queue, rolled)
             else:
+                limits: list[tuple[Resources, float]] = []
                 if queue in caps:  # capability: a hard cap, always; unnamed dimensions are free
                     limits.append((caps[queue] or {}, math.inf))
                 if self.queues and len(waiting) > 1:  # deserved: while another queue waits
                     limits.append((share.get(queue, {}), 0.0))
-            taken, need = admit(members, base, limits)
+                fits = partial(_within_limits, base, limits)
+            taken, need = admit(members, fits)
             if len(taken) < min_member:
                 continue  # over its share or capability: not now
             offered: tuple[VictimUnit, ...] = ()
@@ -748,36 +758,32 @@ class Gangs:
 
 
 def admit(
-    members: Iterable[Member], base: Resources, limits: list[tuple[Resources, float]]
+    members: Iterable[Member], fits: Callable[[Resources], bool]
 ) -> tuple[list[Member], Resources]:
-    """The members (in their order) a queue's ``limits`` allow on top of ``base``, and
-    what they need together. Each limit is (vector, what an unnamed dimension allows)."""
+    """The members (in their order) whose needs together the queue ``fits``, and what
+    they need together."""
     taken: list[Member] = []
     need: Resources = {}
     for m in members:
         more = add(need, m.vector)
-        if all(within(add(base, more), lim, absent=a) for lim, a in limits):
+        if fits(more):
             taken.append(m)
             need = more
     return taken, need
 
 
-def _real_limits(
-    tree: QueueTree, queue: str, rolled: Mapping[str, Resources], base: Resources
-) -> list[tuple[Resources, float]]:
-    """``admit``'s limits for a queue of the ``capacity`` tree: the queue's and every
-    ancestor's real capability, each less what the rest of its subtree holds (so that
-    ``base`` + the gang is checked against it); a dimension it does not name is free."""
-    limits: list[tuple[Resources, float]] = []
-    for name in tree.path(queue):
-        real = tree.real.get(name)
-        if real is None:
-            continue
-        held = rolled.get(name, {})
-        limits.append(
-            ({k: v - held.get(k, 0.0) + base.get(k, 0.0) for k, v in real.items()}, math.inf)
-        )
-    return limits
+def _within_limits(base: Resources, limits: list[tuple[Resources, float]], need: Resources) -> bool:
+    """``proportion``: the queue's ``base`` usage with ``need`` within every limit, each
+    (vector, what a dimension it does not name allows)."""
+    return all(within(add(base, need), lim, absent=a) for lim, a in limits)
+
+
+def _within_tree(
+    tree: QueueTree, queue: str, rolled: Mapping[str, Resources], need: Resources
+) -> bool:
+    """``capacity``: ``need`` more keeps the queue and every ancestor within their real
+    capability."""
+    return over_capability(tree, queue, rolled, need) is None
 
 
 def _turns(

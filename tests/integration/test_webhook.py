@@ -58,7 +58,7 @@ async def webhook(
     config.write_text(
         yaml.safe_dump(
             {
-                "scheduler": {"names": ["tessera", "volcano"]},
+                "scheduler": {"names": ["tessera", "volcano"], "queuePlugin": "capacity"},
                 "kubernetes": {"kubeconfig": service_kubeconfig(kubeconfig)},
                 "webhook": settings,
             }
@@ -315,3 +315,41 @@ async def test_a_volcano_job_volcano_refuses_is_refused_naming_the_field(
     assert proc.returncode == 0, proc.stderr
     # no job-controller runs here; a later module's would run what is left
     await kube.request(api, "DELETE", f"/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs")
+
+
+async def test_a_queue_that_would_break_the_tree_is_refused_at_kubectl_apply(
+    webhook: dict[str, Any], api: kube.Client, kubeconfig: Path
+) -> None:
+    """Under ``queuePlugin: capacity``: a missing parent and a negative deserved share
+    are refused naming the field; a child of an existing queue is created."""
+    tag = uuid.uuid4().hex[:6]
+    org, team = f"org-{tag}", f"team-{tag}"
+
+    def queue(name: str, **spec: Any) -> dict[str, Any]:
+        return {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "Queue",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    try:
+        refused = _apply(kubeconfig, "default", queue(team, parent=f"gone-{tag}"))
+        assert refused.returncode != 0
+        assert 'admission webhook "validate.queues.tessera.io" denied the request' in (
+            refused.stderr
+        )
+        assert f'spec.parent: queue "{team}": its parent "gone-{tag}" does not exist' in (
+            refused.stderr
+        )
+        negative = _apply(kubeconfig, "default", queue(org, deserved={"nvidia.com/gpu": "-2"}))
+        assert "spec.deserved.nvidia.com/gpu: -2 is negative" in negative.stderr
+        assert _apply(kubeconfig, "default", queue(org)).returncode == 0
+        made = _apply(kubeconfig, "default", queue(team, parent=org))
+        assert made.returncode == 0, made.stderr
+    finally:
+        for name in (team, org):
+            with contextlib.suppress(ApiException):
+                await kube.request(
+                    api, "DELETE", f"/apis/scheduling.volcano.sh/v1beta1/queues/{name}"
+                )

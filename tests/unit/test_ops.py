@@ -158,6 +158,40 @@ def test_queues_then_waiting_gangs_longest_first() -> None:
     assert ops.queues_text(views.QueuesView(), gangs_only=True) == "No gangs waiting.\n"
 
 
+def test_the_capacity_tree_shows_each_child_under_its_parent_and_the_real_capability() -> None:
+    gpus = {"nvidia.count": 4.0}
+    tree = views.QueuesView(
+        plugin="capacity",
+        queues=(
+            views.QueueView(name="org", deserved=gpus, capability={"nvidia.count": 6.0}),
+            views.QueueView(
+                name="team",
+                parent="org",
+                deserved={"nvidia.count": 2.0},
+                real_capability={"nvidia.count": 6.0},
+                allocated={"nvidia.count": 3.0},
+            ),
+            views.QueueView(name="lost", refused='queue "lost": its parent "x" does not exist'),
+        ),
+    )
+    lines = ops.queues_table(tree, wide=True).splitlines()
+    assert lines[0].split()[:8] == [
+        "NAME",
+        "STATE",
+        "DESERVED",
+        "GUARANTEE",
+        "CAPABILITY",
+        "REAL",
+        "CAPABILITY",
+        "ALLOCATED",
+    ]
+    assert lines[1].startswith("org ")
+    assert lines[2].startswith("  team ")
+    assert "nvidia: 6 gpu" in lines[2]
+    assert lines[3].split()[:2] == ["lost", "Refused"]
+    assert lines[3].endswith('queue "lost": its parent "x" does not exist')
+
+
 def test_totals_line() -> None:
     assert ops.totals(LEDGER, QUEUES) == (
         "nodes 3   devices 3   memory 107.5/239.6Gi (45%)   cores 130/300% (43%)   "

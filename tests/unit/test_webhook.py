@@ -201,6 +201,52 @@ def test_a_jobs_queue_must_exist_be_open_and_be_a_leaf() -> None:
     assert HOOK.validate_job(vcjob(2, queue="missing"), queues={}) is None
 
 
+def queue_review(name: str, hook: Webhook = HOOK, **spec: Any) -> dict[str, Any]:
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u2",
+            "kind": {"group": "scheduling.volcano.sh", "version": "v1beta1", "kind": "Queue"},
+            "operation": "CREATE",
+            "object": {"metadata": {"name": name}, "spec": spec},
+        },
+    }
+    queues = {"org": {"metadata": {"name": "org"}, "spec": {}}}
+    queues["team"] = {"metadata": {"name": "team"}, "spec": {"parent": "org"}}
+    return hook.review(review, mutating=False, queues=queues)["response"]
+
+
+def test_a_queue_with_a_bad_quantity_a_broken_tree_or_a_share_above_its_cap_is_refused() -> None:
+    capacity = Webhook(parse_config({"scheduler": {"queuePlugin": "capacity"}}))
+    assert queue_review("fine", capacity, parent="team", deserved={"nvidia.com/gpu": 2})["allowed"]
+    cases = {
+        "spec.deserved.nvidia.com/gpu: -1 is negative": {"deserved": {"nvidia.com/gpu": "-1"}},
+        "spec.capability.nvidia.com/gpumem: 'lots' is not a quantity": {
+            "capability": {"nvidia.com/gpumem": "lots"}
+        },
+        "spec.guarantee.resource.nvidia.com/gpu: 4 is above the capability (2)": {
+            "guarantee": {"resource": {"nvidia.com/gpu": 4}},
+            "capability": {"nvidia.com/gpu": 2},
+        },
+        'spec.parent: queue "new": its parent "nowhere" does not exist': {"parent": "nowhere"},
+    }
+    for said, spec in cases.items():
+        response = queue_review("new", capacity, **spec)
+        assert not response["allowed"], said
+        assert said in response["status"]["message"]
+        assert response["status"]["message"].startswith("invalid Volcano Queue: ")
+    # re-parenting org under team closes a cycle
+    cycle = queue_review("org", capacity, parent="team")
+    assert (
+        'spec.parent: queue "org": its parents form a cycle: org → team → org'
+        in (cycle["status"]["message"])
+    )
+    # the proportion plugin has no tree to break; quantities are still checked
+    assert queue_review("new", HOOK, parent="nowhere")["allowed"]
+    assert not queue_review("new", HOOK, deserved={"nvidia.com/gpu": "-1"})["allowed"]
+
+
 def test_the_validating_configuration_covers_volcano_jobs() -> None:
     from services.webhook.configuration import configurations
 
@@ -219,4 +265,5 @@ def test_the_validating_configuration_covers_volcano_jobs() -> None:
         }
     ]
     assert jobs["clientConfig"]["url"].endswith("/validate")
+    assert hooks["validate.queues.tessera.io"]["rules"][0]["resources"] == ["queues"]
     assert jobs["namespaceSelector"] == hooks["validate.pods.tessera.io"]["namespaceSelector"]
