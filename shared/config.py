@@ -144,6 +144,12 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     """Grace period of the pods Tessera deletes (preemption victims, a Volcano Job's
     restart or deletion); unset: each pod's own ``terminationGracePeriodSeconds``. A
     victim's devices go to the preemptor only once it is gone."""
+    preempt_min_runtime_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    """How long a pod runs before a gang of its own queue may preempt it, for queues
+    that set no ``spec.preemptMinRuntime`` (KAI's, on the queue or an ancestor). 0: at
+    once. A pod's ``volcano.sh/cooldown-time`` protects it too."""
+    reclaim_min_runtime_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    """The same before another queue reclaims it (``spec.reclaimMinRuntime``)."""
     starvation_guard_s: Annotated[float, msgspec.Meta(ge=0.0)] = 300.0
     """Smaller gangs are backfilled past a gang that does not fit; once it has waited
     this long, the nodes it would fit on (after their pods finish) are held for it.

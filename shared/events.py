@@ -213,6 +213,12 @@ class PodUpdated(Event, frozen=True, kw_only=True, tag="pod.updated"):
     Tessera's and holds no device (shared/core/annotations.py)."""
     job: str = ""
     """The Volcano Job that controls the pod (its controller ``ownerReference``), if any."""
+    started_at: float = 0.0
+    """When it was scheduled (its ``PodScheduled`` condition's ``lastTransitionTime``,
+    Unix seconds); 0: not known. Preemption protection counts from here."""
+    cooldown_s: float = 0.0
+    """Volcano's ``volcano.sh/cooldown-time`` (label, else annotation): no preemption or
+    reclaim takes it before ``started_at`` plus this."""
 
 
 class PodDeleted(Event, frozen=True, kw_only=True, tag="pod.deleted"):
@@ -342,6 +348,12 @@ class QueueUpdated(Event, frozen=True, kw_only=True, tag="queue.updated"):
     deserved: dict[str, str] = msgspec.field(default_factory=dict)
     uid: str = ""
     """Its ``metadata.uid`` (an Event about the Queue names it)."""
+    preempt_min_runtime_s: float | None = None
+    """``spec.preemptMinRuntime`` (KAI's): its pods run at least this long before a pod
+    of their own queue preempts them; None: not written (an ancestor's, else the
+    config's)."""
+    reclaim_min_runtime_s: float | None = None
+    """``spec.reclaimMinRuntime`` (KAI's): the same before another queue reclaims them."""
 
 
 class QueueDeleted(Event, frozen=True, kw_only=True, tag="queue.deleted"):
@@ -406,6 +418,9 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     hold: bool = False
     """The gang has waited past ``scheduler.starvationGuardS``: if it does not fit, hold
     the nodes it would fit on once their pods finish, so smaller gangs stop taking them."""
+    protected_s: float = 0.0
+    """Pods that would have been offered in ``victims`` have not run their minimum
+    runtime yet: the first may be evicted in this many seconds (0: none held back)."""
 
     shard: str = ""
     """The allocator shard it is offered to ("": the one allocator, unsharded)."""

@@ -64,6 +64,7 @@ def unplaced(gang: ev.GangReady, members: list[GangMember], guard: int) -> Unpla
         budgets=gang.budgets,
         hold=gang.hold,
         fragmentation_guard=guard,
+        protected_s=gang.protected_s,
     )
 
 

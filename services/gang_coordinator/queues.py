@@ -32,7 +32,7 @@ from shared import kube, views
 from shared.core.gangs import Gangs
 from shared.core.hierarchy import ROOT, QueueTree, rolled_up
 from shared.core.model import GangKey
-from shared.core.queues import resource_list
+from shared.core.queues import QueueSpec, Resources, resource_list, resource_vector
 from shared.core.request import ResourceTable
 from shared.metrics import Labels, Metrics, Reading
 
@@ -141,6 +141,27 @@ def snapshot(
             )
         )
     return out
+
+
+def queue_spec(event: ev.QueueUpdated, table: ResourceTable) -> QueueSpec:
+    """A Queue's event as the core reads it, its resource lists as vectors."""
+
+    def vector(resources: dict[str, str]) -> Resources | None:
+        return resource_vector(table, resources) if resources else None
+
+    return QueueSpec(
+        name=event.name,
+        weight=event.weight,
+        capability=vector(event.capability),
+        guarantee=vector(event.guarantee) or {},
+        reclaimable=event.reclaimable,
+        priority=event.priority,
+        state=event.state,
+        parent=event.parent,
+        deserved=vector(event.deserved),
+        preempt_min_runtime_s=event.preempt_min_runtime_s,
+        reclaim_min_runtime_s=event.reclaim_min_runtime_s,
+    )
 
 
 def tree_order(tree: QueueTree) -> list[str]:

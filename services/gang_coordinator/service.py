@@ -32,6 +32,7 @@ from services.gang_coordinator.queues import (
     Why,
     add_metrics,
     every,
+    queue_spec,
     snapshot,
 )
 from shared import events as ev
@@ -39,7 +40,7 @@ from shared import kube
 from shared.bus import through_failover
 from shared.core.gangs import Gangs, Member, Policy, ReadyGang
 from shared.core.model import GangKey, NodeName, PodUID
-from shared.core.queues import GroupSpec, QueueSpec, grant_vector, resource_vector
+from shared.core.queues import GroupSpec, grant_vector
 from shared.core.request import ResourceTable
 from shared.core.spec import GENERIC_VENDORS
 from shared.runtime import Runtime, Service, ViewHandler, handles, report_catch_up
@@ -71,6 +72,8 @@ class Coordinator(Service):
                 preemption=s.preempts(),
                 queue_plugin=s.queue_plugin,
                 ancestor_reclaim_level=s.ancestor_reclaim_level,
+                preempt_min_runtime_s=s.preempt_min_runtime_s,
+                reclaim_min_runtime_s=s.reclaim_min_runtime_s,
             ),
             split,
         )
@@ -216,7 +219,10 @@ class Coordinator(Service):
     @handles(ev.PodUpdated)
     async def on_pod_updated(self, event: ev.PodUpdated) -> None:
         """A pod is bound; its PodGroup runs once ``minMember`` are."""
-        key = self.gangs.bound_now(event.pod.uid)
+        started = None
+        if event.started_at > 0:  # on the monotonic clock the core's times are on
+            started = time.monotonic() - max(0.0, time.time() - event.started_at)
+        key = self.gangs.bound_now(event.pod.uid, started, event.cooldown_s)
         self._drop(event.pod.uid)
         if key is not None and (running := self.gangs.running(key)) is not None:
             self.status.running(key, running)
@@ -274,17 +280,7 @@ class Coordinator(Service):
         if not ev.changed(self.queues.get(event.name), event):
             return
         self.queues[event.name] = event
-        self.gangs.queues[event.name] = QueueSpec(
-            name=event.name,
-            weight=event.weight,
-            capability=resource_vector(self.table, event.capability) if event.capability else None,
-            guarantee=resource_vector(self.table, event.guarantee),
-            reclaimable=event.reclaimable,
-            priority=event.priority,
-            state=event.state,
-            parent=event.parent,
-            deserved=resource_vector(self.table, event.deserved) if event.deserved else None,
-        )
+        self.gangs.queues[event.name] = queue_spec(event, self.table)
         self._helpful(node_changed=True)  # an opened queue, a new weight or cap
 
     @handles(ev.QueueDeleted)
@@ -371,6 +367,7 @@ class Coordinator(Service):
             victims=gang.victims,
             budgets=dict(gang.budgets),
             hold=gang.hold,
+            protected_s=gang.protected_s,
             shard=route[0] if route else "",
             route=route[1:],
             offered=route,

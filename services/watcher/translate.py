@@ -18,6 +18,7 @@ from shared.core import annotations as ann
 from shared.core.hosts import PodSpec
 from shared.core.model import NodeName, PodRef, PodRequest
 from shared.core.request import GROUP_NAME, TASK_SPEC
+from shared.core.vcjob import duration_s
 
 TERMINAL = ("Succeeded", "Failed")
 """The phases of a finished pod: it holds nothing on its node any more."""
@@ -74,7 +75,32 @@ def updated_event(
         scheduler_name=spec.get("schedulerName", ""),
         signature=annotations.get(ann.SIGNATURE, ""),
         job=volcano_job(meta),
+        started_at=_scheduled_at(obj),
+        cooldown_s=_cooldown_s(meta),
     )
+
+
+COOLDOWN = "volcano.sh/cooldown-time"
+"""Volcano's ``cdp`` plugin: a pod label (or annotation) holding a Go duration."""
+
+
+def _scheduled_at(obj: dict[str, Any]) -> float:
+    """When the pod was scheduled (its ``PodScheduled`` condition), 0 if not known."""
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+            try:
+                return _timestamp(condition.get("lastTransitionTime"))
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+def _cooldown_s(meta: dict[str, Any]) -> float:
+    """``volcano.sh/cooldown-time`` in seconds (the label wins, as in Volcano); 0 when
+    absent or not a duration."""
+    text = (meta.get("labels") or {}).get(COOLDOWN) or (meta.get("annotations") or {}).get(COOLDOWN)
+    found = duration_s(str(text)) if text else None
+    return max(found or 0.0, 0.0)
 
 
 def pending_event(
@@ -135,6 +161,14 @@ def podgroup_event(obj: dict[str, Any]) -> ev.PodGroupUpdated:
     )
 
 
+def _duration_field(spec: dict[str, Any], key: str) -> float | None:
+    """A Queue's duration field (``"30s"``, ``"10m"``) in seconds; None if unset or not a
+    duration (the webhook refuses that)."""
+    text = spec.get(key)
+    found = duration_s(str(text)) if text not in (None, "") else None
+    return max(found, 0.0) if found is not None else None
+
+
 def queue_event(obj: dict[str, Any]) -> ev.QueueUpdated:
     """A Volcano Queue's event: its weight, capability, guarantee, state, parent and
     deserved share."""
@@ -151,6 +185,8 @@ def queue_event(obj: dict[str, Any]) -> ev.QueueUpdated:
         state=str(status.get("state") or spec.get("state") or "Open"),
         parent=str(spec.get("parent") or ""),
         uid=str(obj["metadata"].get("uid") or ""),
+        preempt_min_runtime_s=_duration_field(spec, "preemptMinRuntime"),
+        reclaim_min_runtime_s=_duration_field(spec, "reclaimMinRuntime"),
         deserved={str(k): str(v) for k, v in (spec.get("deserved") or {}).items()},
     )
 

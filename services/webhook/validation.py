@@ -81,6 +81,12 @@ def queue_refusal(
             if amount < 0:
                 errors.append(vcjob.JobError(at, f"{value} is negative"))
             lists[where][str(resource)] = (str(value), amount)
+    for key in ("preemptMinRuntime", "reclaimMinRuntime"):
+        text = spec.get(key)
+        if text not in (None, "") and ((found := vcjob.duration_s(str(text))) is None or found < 0):
+            errors.append(
+                vcjob.JobError(f"spec.{key}", f"{text!r} is not a duration such as 30s or 10m")
+            )
     capability = lists["capability"]
     for where in ("guarantee.resource", "deserved"):
         for resource, (value, amount) in lists[where].items():

@@ -70,7 +70,7 @@ from shared.core.model import (
     PodUID,
     VictimUnit,
 )
-from shared.core.preemption import allowances, victims
+from shared.core.preemption import Protection, allowances, victims
 from shared.core.queues import (
     GroupSpec,
     QueueShare,
@@ -127,6 +127,10 @@ class Member:
     """``spec.preemptionPolicy`` (``Never``: it evicts no one; shared/core/preemption.py)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Its labels, for the PodDisruptionBudgets that cover it once bound."""
+    started: float | None = None
+    """When it was scheduled (the ``since`` clock), once bound; None: not known."""
+    cooldown_s: float = 0.0
+    """Volcano's ``volcano.sh/cooldown-time``: no eviction before ``started`` + this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,9 @@ class ReadyGang:
     budgets: Mapping[str, int] = field(default_factory=dict)
     """What each PodDisruptionBudget ``victims`` count against allows now."""
     hold: bool = False
+    protected_s: float = 0.0
+    """Pods that would have been offered as victims are protected by their minimum
+    runtime: the first protection ends in this many seconds (0: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +170,10 @@ class Policy:
     queue_plugin: Literal["proportion", "capacity"] = "proportion"
     """``scheduler.queuePlugin``: flat shares, or the ``capacity`` tree."""
     ancestor_reclaim_level: int = -1
+    preempt_min_runtime_s: float = 0.0
+    """``scheduler.preemptMinRuntimeS``: the default minimum runtime before preemption."""
+    reclaim_min_runtime_s: float = 0.0
+    """``scheduler.reclaimMinRuntimeS``: the default before reclaim."""
 
 
 class _Sums:
@@ -363,13 +374,18 @@ class Gangs:
             self._leave(m)
             self._withdrawn[uid] = m.attempt
 
-    def bound_now(self, uid: PodUID) -> GangKey | None:
-        """The pod is bound; its gang's key (None if it was not ours to wait for)."""
+    def bound_now(
+        self, uid: PodUID, started: float | None = None, cooldown_s: float = 0.0
+    ) -> GangKey | None:
+        """The pod is bound (``started``: when it was scheduled, on the ``since`` clock;
+        ``cooldown_s``: its ``volcano.sh/cooldown-time``); its gang's key (None if it was
+        not ours to wait for)."""
         m = self.pods.pop(uid, None)
         if m is None:
             return None
         self._leave(m)
         m.state = "bound"
+        m.started, m.cooldown_s = started, cooldown_s
         m.queue = self.queue_of(m.key)
         self.bound_pods[uid] = m
         self.bound.setdefault(m.key, {})[uid] = m
@@ -647,6 +663,10 @@ class Gangs:
                 continue  # over its share or capability: not now
             offered: tuple[VictimUnit, ...] = ()
             hold = False
+            protected_s = 0.0
+            protection = Protection(
+                now, self.policy.preempt_min_runtime_s, self.policy.reclaim_min_runtime_s
+            )
             if any(m.failed for m in taken):  # it did not fit last time: what could help?
                 if self.policy.preemption:
                     offered = victims(
@@ -662,7 +682,10 @@ class Gangs:
                         budgets=self.budgets,
                         tree=tree,
                         level=self.policy.ancestor_reclaim_level,
+                        protection=protection,
                     )
+                    if math.isfinite(protection.soonest):
+                        protected_s = protection.soonest
                 guard = self.policy.starvation_guard_s
                 hold = guard > 0 and now - min(m.since for m in taken) >= guard
             first = taken[0]
@@ -683,6 +706,7 @@ class Gangs:
                 victims=offered,
                 budgets=allowances(offered, self.budgets),
                 hold=hold,
+                protected_s=protected_s,
             )
             ready.append((order, gang))
             used[queue] = add(base, need)

@@ -23,6 +23,7 @@ victims are told which budget was respected or broken (:func:`budget_note`,
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,61 @@ class Plan:
         return tuple(seen)
 
 
+@dataclass
+class Protection:
+    """Minimum runtimes before a bound pod may be evicted (KAI's ``preemptMinRuntime``
+    and ``reclaimMinRuntime``, per queue with the config's defaults; Volcano's
+    ``volcano.sh/cooldown-time`` per pod), at ``now`` (the candidates' ``started``
+    clock). :func:`victims` notes in ``soonest`` how long until the first protection
+    that kept a pod from being offered ends."""
+
+    now: float
+    preempt_s: float = 0.0
+    reclaim_s: float = 0.0
+    soonest: float = math.inf
+    """Seconds until the first protection that kept a unit out ends (inf: none did)."""
+
+    def left(self, unit: Sequence[Candidate], minimum: float) -> float:
+        """Seconds until every pod of ``unit`` has run ``minimum`` (or its own cooldown,
+        if longer) since it started; 0: it may be evicted now."""
+        left = 0.0
+        for s in unit:
+            if s.started is not None:
+                left = max(left, s.started + max(minimum, s.cooldown_s) - self.now)
+        return left
+
+    def minimum(
+        self,
+        queue: str,
+        theirs: str,
+        reclaim: bool,
+        queues: Mapping[str, QueueSpec],
+        tree: QueueTree | None,
+    ) -> float:
+        """The minimum runtime of a pod of ``theirs`` against a gang of ``queue``: for
+        preemption, the first ``preemptMinRuntime`` from its queue up to the root; for
+        reclaim, the ``reclaimMinRuntime`` of the queue just below the two queues' common
+        ancestor on its side, then up to the root (KAI's ``lca``); else the default."""
+        path: Sequence[str] = (theirs,)
+        if tree is not None and theirs in tree.parent:
+            up = tree.path(theirs)
+            if reclaim and queue in tree.parent:
+                below = kinship(tree, queue, theirs) + 1
+                path = (up[below], *reversed(up[:below])) if below < len(up) else up[::-1]
+            else:
+                path = up[::-1]
+        for name in path:
+            spec = queues.get(name)
+            found = (
+                None
+                if spec is None
+                else (spec.reclaim_min_runtime_s if reclaim else spec.preempt_min_runtime_s)
+            )
+            if found is not None:
+                return found
+        return self.reclaim_s if reclaim else self.preempt_s
+
+
 class Candidate(Protocol):
     """A bound pod as victim selection reads it (the coordinator's gang members)."""
 
@@ -84,6 +140,17 @@ class Candidate(Protocol):
     @property
     def queue(self) -> str:
         """The queue it counts against (reclaim takes from queues over their share)."""
+        ...
+
+    @property
+    def started(self) -> float | None:
+        """When it was scheduled (the caller's clock), None if not known: its minimum
+        runtime counts from here (:class:`Protection`)."""
+        ...
+
+    @property
+    def cooldown_s(self) -> float:
+        """Volcano's ``volcano.sh/cooldown-time`` of the pod, in seconds."""
         ...
 
     @property
@@ -122,6 +189,7 @@ def victims(
     budgets: Mapping[str, Mapping[str, Budget]] = NO_BUDGETS,
     tree: QueueTree | None = None,
     level: int = -1,
+    protection: Protection | None = None,
 ) -> tuple[VictimUnit, ...]:
     """Bound pods that may be evicted for the gang ``key`` (whose waiting ``members``
     need ``need``), as units, cheapest first (Volcano's preempt and reclaim).
@@ -141,6 +209,9 @@ def victims(
     ``may_take`` allows (over their deserved share up the tree to ``level`` ancestors,
     never below a guarantee), siblings first, then cousins; what a queue gives is
     counted as it is offered, so no queue is offered below what it deserves.
+
+    With ``protection``, a unit with a pod that has not run its minimum runtime yet is
+    not offered; ``protection.soonest`` says when the first such protection ends.
     """
     if not eligible(m.preemption_policy for m in members):
         return ()
@@ -197,16 +268,22 @@ def victims(
                     and under
                     and not within(still, share.get(theirs, {}), absent=0.0)
                 )
+            if priority >= top and not over:
+                continue
+            if protection is not None:
+                minimum = protection.minimum(queue, theirs, priority >= top, queues, tree)
+                left = protection.left(unit, minimum)
+                if left > 0:  # it has not run its minimum yet: not offered
+                    protection.soonest = min(protection.soonest, left)
+                    continue
             if priority < top:
                 why = f"priority {priority} < {top}"
-            elif over:
+            else:
                 why = f'queue "{theirs}" is over its deserved share'
                 reclaimed[theirs] = add(reclaimed.get(theirs, {}), vector)
                 if tree is not None:  # what it gives is counted up its tree
                     for name in tree.path(theirs):
                         accumulate(rolled.setdefault(name, {}), vector, -1)
-            else:
-                continue
             if unit is ordered and group is not None:
                 why += f"; all of gang {other.name} (never below minMember {min_member})"
             newest = max(s.created_at for s in unit)

@@ -200,6 +200,11 @@ class QueueSpec:
     """The ``capacity`` plugin's tree: empty for a child of the root queue."""
     deserved: Resources | None = None
     """The ``capacity`` plugin's deserved share as written (None: not written)."""
+    preempt_min_runtime_s: float | None = None
+    """KAI's ``preemptMinRuntime``: how long its pods run before a gang of their own
+    queue may preempt them (None: an ancestor's, else ``scheduler.preemptMinRuntimeS``)."""
+    reclaim_min_runtime_s: float | None = None
+    """KAI's ``reclaimMinRuntime``: the same before another queue reclaims them."""
 
 
 @dataclass

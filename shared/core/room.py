@@ -71,6 +71,9 @@ class Unplaced:
     fragmentation_guard: int | None = None
     """The guard its placement ran with (shared/core/pace.py): the trial placements of
     making room run with the same."""
+    protected_s: float = 0.0
+    """Pods that could have been offered have not run their minimum runtime: the first
+    may go in this many seconds (0: none)."""
 
 
 @dataclass(frozen=True, slots=True)

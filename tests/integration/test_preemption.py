@@ -179,3 +179,32 @@ async def test_a_starved_gang_gets_nodes_held_and_smaller_pods_stop_taking_them(
     for n in wide:
         await pipeline.bound(ns, n, timeout_s=60)
     assert not (await pipeline.get(ns, "late"))["spec"].get("nodeName")
+
+
+async def test_a_pod_within_its_queues_minimum_runtime_is_not_preempted_until_it_ends(
+    pipeline: Pipeline, ns: str
+) -> None:
+    """KAI's ``preemptMinRuntime`` on a Volcano Queue: the high-priority pod waits, told
+    when the protection ends, and then preempts."""
+    guarded = f"guarded-{ns}"
+    await queue(pipeline, guarded, weight=1, preemptMinRuntime="8s")
+    await podgroup(pipeline, ns, "old", 1, queue=guarded)
+    old = [f"old-{i}" for i in range(4)]
+    for n in old:
+        await pipeline.create(ns, member(n, "old", WHOLE))
+    for n in old:
+        await pipeline.bound(ns, n)
+    await podgroup(pipeline, ns, "new", 1, queue=guarded)
+    await pipeline.create(ns, high(member("new-0", "new", WHOLE)))
+
+    async def protected() -> list[str]:
+        return [
+            m
+            for m in await told(pipeline, ns, "new-0", "FailedScheduling")
+            if "protected by their minimum runtime" in m
+        ]
+
+    said = await eventually(protected, what="the wait for the minimum runtime told")
+    assert "the first may be evicted in" in said[0]
+    assert all([await exists(pipeline, ns, n) for n in old]), "none evicted while protected"
+    await pipeline.bound(ns, "new-0", timeout_s=90)  # then preemption goes ahead

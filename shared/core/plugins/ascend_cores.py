@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from shared.core.families import (
-    DeviceFit,
-    FitContext,
-    Picks,
-    template_picks,
-)
+from shared.core.families import DeviceFit, FitContext, Picks, template_picks
 from shared.core.ledger import Dev, NodeState, PoolIndex, PoolKey
-from shared.core.model import (
-    Constraints,
-    DeviceRequest,
-)
+from shared.core.model import Constraints, DeviceRequest
 from shared.core.spec import VnpuTemplate
 from shared.core.status import UNRESOLVABLE, Reason
 

@@ -21,14 +21,7 @@ from shared.core.families import (
     static_filter,
 )
 from shared.core.ledger import Dev, NodeState, PoolIndex, PoolKey
-from shared.core.model import (
-    MPS_ALONE,
-    Constraints,
-    DeviceGrant,
-    DeviceRequest,
-    Policy,
-    gpu_type,
-)
+from shared.core.model import MPS_ALONE, Constraints, DeviceGrant, DeviceRequest, Policy, gpu_type
 from shared.core.policy import Workload, device_score, prefer_high
 from shared.core.spec import GENERIC_VENDORS, DeviceSpecs
 from shared.core.status import UNRESOLVABLE, Reason

@@ -13,10 +13,7 @@ from shared.core.families import (
     usable,
 )
 from shared.core.ledger import Dev, MigSlot, PoolIndex, PoolKey, geometry_id
-from shared.core.model import (
-    Constraints,
-    DeviceRequest,
-)
+from shared.core.model import Constraints, DeviceRequest
 from shared.core.status import UNRESOLVABLE, Reason
 
 # --- MIG --------------------------------------------------------------------------------
