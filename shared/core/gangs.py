@@ -57,6 +57,7 @@ from shared.core.hierarchy import (
     QueueTree,
     TreeQueue,
     build,
+    may_reclaim,
     order_key,
     over_capability,
     rolled_up,
@@ -688,6 +689,10 @@ class Gangs:
                         protected_s = protection.soonest
                 guard = self.policy.starvation_guard_s
                 hold = guard > 0 and now - min(m.since for m in taken) >= guard
+                if hold and tree is not None:  # capacity: only a gang within its share
+                    # holds nodes; one borrowing beyond it would keep them from the
+                    # queues that deserve them (bench/fairness.py found it starving them)
+                    hold = may_reclaim(tree, queue, rolled, need, 0)
             first = taken[0]
             order: tuple[object, ...]
             if tree is not None:
