@@ -264,8 +264,8 @@ class Placer:
         order (the same for every request of one shape: kept per shape, until the
         profile changes: every entry point looks, ``_fresh``)."""
         c = pod.constraints
-        shape = _shape(request, c)
-        known = self._routes.get(shape)
+        shape = (request.kind, request.vendor, request.chip, c.mode, request.mig_profile is None)
+        known = self._routes.get(shape)  # the key is _shape's, inline: every fit's path
         if known is not None:
             return known
         self._fresh()
