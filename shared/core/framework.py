@@ -31,7 +31,8 @@ Two points are Tessera's own, for what kube-scheduler has no notion of:
   by their weight; FragmentationGuard, when enabled, re-weighs the first nodes of
   Binpack's or Spread's walk by FGD's measure. They are listed with the scores.
 
-Both are made per ledger (they hold its device specs and FGD's memo), the others once.
+Both are made per placer (a family holds its ledger's device specs) and are given the
+placer per call; the others are made once per profile.
 
 Plugins live one per module in shared/core/plugins/ and are found there by name: a new
 filter or score is a new module there plus its name in a profile (the defaults below,
