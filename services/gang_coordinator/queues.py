@@ -84,8 +84,7 @@ def snapshot(
     ``STATUS_INTERVAL_S`` with thousands of pods behind, was most of what it cost."""
     used, request, deserved = gangs.shares()
     tree = gangs.tree()
-    if tree is not None:  # the capacity tree: its deserved; a parent holds its children's
-        deserved = dict(tree.deserved)
+    if tree is not None:  # the capacity tree: a parent holds its children's
         used, request = rolled_up(tree, used), rolled_up(tree, request)
     by_gang: dict[GangKey, list[Any]] = {}
     for m in gangs.pods.values() if with_gangs else ():

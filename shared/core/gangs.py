@@ -548,13 +548,17 @@ class Gangs:
     def shares(self) -> tuple[dict[str, Resources], dict[str, Resources], dict[str, Resources]]:
         """Per queue, what it holds (bound, placed and in flight: Volcano's
         ``allocated``), what it asks (that and its pending pods: ``request``), and its
-        deserved share by that demand."""
+        deserved share: by that demand (``proportion``), or as the ``capacity`` tree has
+        it (no division to compute)."""
         used = {q: dict(v) for q, v in self.bound_use.items()}
         demand = {q: dict(v) for q, v in self.bound_use.items()}
         for q, v in self._waiting.held.items():
             accumulate(used.setdefault(q, {}), v)
         for q, v in self._waiting.demand.items():
             accumulate(demand.setdefault(q, {}), v)
+        tree = self.tree()
+        if tree is not None:
+            return used, demand, dict(tree.deserved)
         open_queues = [
             QueueShare(
                 name=q.name,
