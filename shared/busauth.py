@@ -29,6 +29,8 @@ LEASE_BUCKET = "tessera-leases"
 """Leader leases (shared/bus.py ``Lease``)."""
 RESERVATION_BUCKET = "tessera-reservations"
 """The allocator's reservations (services/device_allocator/reservations.py)."""
+USAGE_BUCKET = "tessera-usage"
+"""The coordinator's memory of each queue's past use (services/gang_coordinator/usage.py)."""
 
 ADMIN = "admin"
 READER = "reader"
@@ -86,6 +88,7 @@ ROLES: Mapping[str, Role] = {
     ),
     "gang-coordinator": Role(
         publishes=(ev.GangReady, ev.PodWaiting),
+        writes=(USAGE_BUCKET,),
         requests=(ev.CONTROL_RESYNC_SUBJECT,),
         answers=(ev.CONTROL_PING_SUBJECT, views.VIEW_QUEUES_SUBJECT),
     ),

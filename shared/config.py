@@ -58,6 +58,27 @@ class ShardConfig(_Cfg, frozen=True, kw_only=True):
     node matches owns it; an empty selector takes every node left."""
 
 
+class UsageConfig(_Cfg, frozen=True, kw_only=True):
+    """The memory of each queue's past use (shared/core/usage.py, docs/queues.md): kept and
+    shown always, it moves shares only with ``weight`` above 0."""
+
+    weight: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    """KAI's ``kValue``: how far a queue's past use moves its part of the surplus above
+    what queues are owed (``proportion``: the weighted division above guarantees;
+    ``capacity``: the division above deserved that orders queues). 0, the default,
+    leaves shares as without a memory, so existing queues behave as before; 1 is KAI's."""
+    half_life_s: Annotated[float, msgspec.Meta(ge=0.0)] = 3600.0
+    """Past use halves every this many seconds. One hour by default: an hour-old burst
+    weighs half, one from yesterday nearly nothing (a zero default, as Kueue has, would
+    turn the feature off without a word). 0 means no decay: a plain sum over ``windowS``,
+    as KAI reads an unset half-life."""
+    window_s: Annotated[float, msgspec.Meta(gt=0.0)] = 604800.0
+    """Only use within this many seconds counts (KAI's default window, a week)."""
+    sample_s: Annotated[float, msgspec.Meta(gt=0.0)] = 30.0
+    """The coordinator counts what each queue holds this often, and stores the memory
+    (the ``tessera-usage`` bucket) so that a restart forgets nothing."""
+
+
 class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     """Which pods are ours and how they are placed."""
 
@@ -167,6 +188,9 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     ancestor must be over their own deserved share too (Volcano's argument of that
     name). -1, the default: all of them, so a parent's deserved bounds its children's
     reclaim; 0 is Volcano's default (only the victim's own queue is checked)."""
+    usage: UsageConfig = msgspec.field(default_factory=UsageConfig)
+    """Each queue's past use, decayed by a half-life, and how much it moves the division of
+    the surplus among queues (KAI's time-based fair share)."""
     shards: list[ShardConfig] = msgspec.field(default_factory=list)
     """Split the cluster into node pools, each placed by its own device-allocator (one
     Deployment per shard, ``--shard NAME``); empty: one allocator for every node. At

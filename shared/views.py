@@ -151,6 +151,10 @@ class QueueView(_View, frozen=True, kw_only=True):
     ancestors' capabilities counted (None: unlimited)."""
     refused: str = ""
     """``capacity``: why the tree refuses it (a missing parent, a cycle): its pods wait."""
+    usage: dict[str, float] = msgspec.field(default_factory=dict)
+    """Its past use, decayed by ``scheduler.usage.halfLifeS``, over the cluster's
+    capacity over the same time (0.25: a quarter of the cluster, of late): per
+    dimension (shared/core/usage.py). A parent's is its children's together."""
 
 
 class GangView(_View, frozen=True, kw_only=True):

@@ -470,7 +470,8 @@ def queues_table(view: views.QueuesView, wide: bool = False) -> str:
     follows from them side by side (the three are easily confused)."""
     if view.plugin == "capacity":
         return _queue_tree_table(view, wide)
-    headers = ["NAME", "STATE", "WEIGHT", "DESERVED", "ALLOCATED", "REQUEST", "PODGROUPS"]
+    headers = ["NAME", "STATE", "WEIGHT", "DESERVED", "ALLOCATED", "REQUEST", "PAST USE"]
+    headers += ["PODGROUPS"]
     if wide:
         headers += ["PRIORITY", "CAPABILITY"]
     rows = []
@@ -482,6 +483,7 @@ def queues_table(view: views.QueuesView, wide: bool = False) -> str:
             vector(q.deserved),
             vector(q.allocated),
             vector(q.request),
+            past_use(q.usage),
             counts(q.podgroups, PHASES),
         ]
         if wide:
@@ -492,7 +494,7 @@ def queues_table(view: views.QueuesView, wide: bool = False) -> str:
 
 def _queue_tree_table(view: views.QueuesView, wide: bool) -> str:
     headers = ["NAME", "STATE", "DESERVED", "GUARANTEE", "CAPABILITY", "REAL CAPABILITY"]
-    headers += ["ALLOCATED", "REQUEST", "PODGROUPS"]
+    headers += ["ALLOCATED", "REQUEST", "PAST USE", "PODGROUPS"]
     if wide:
         headers += ["PRIORITY", "REFUSED"]
     parent = {q.name: q.parent for q in view.queues}
@@ -510,12 +512,19 @@ def _queue_tree_table(view: views.QueuesView, wide: bool) -> str:
             vector(q.real_capability) if q.real_capability is not None else "unlimited",
             vector(q.allocated),
             vector(q.request),
+            past_use(q.usage),
             counts(q.podgroups, PHASES),
         ]
         if wide:
             row += [str(q.priority), q.refused or NONE]
         rows.append(row)
     return table(headers, rows)
+
+
+def past_use(usage: dict[str, float]) -> str:
+    """A queue's past use as a part of the cluster (shared/views.py ``QueueView.usage``):
+    its largest dimension, in percent."""
+    return f"{100 * max(usage.values()):.1f}%" if usage else NONE
 
 
 def gangs_table(view: views.QueuesView) -> str:

@@ -83,9 +83,11 @@ def snapshot(
     clock). Queue status needs no gangs: one view per waiting gang, every
     ``STATUS_INTERVAL_S`` with thousands of pods behind, was most of what it cost."""
     used, request, deserved = gangs.shares()
+    past = gangs.usage.normalized
     tree = gangs.tree()
     if tree is not None:  # the capacity tree: a parent holds its children's
         used, request = rolled_up(tree, used), rolled_up(tree, request)
+        past = rolled_up(tree, past)
     by_gang: dict[GangKey, list[Any]] = {}
     for m in gangs.pods.values() if with_gangs else ():
         by_gang.setdefault(m.key, []).append(m)
@@ -113,6 +115,7 @@ def snapshot(
                 allocated=used.get(name, {}),
                 request=request.get(name, {}),
                 podgroups=groups.get(name, {}),
+                usage=past.get(name, {}),
                 **(_in_tree(tree, name) if tree is not None else {}),
             )
         )
@@ -299,6 +302,19 @@ def add_metrics(m: Metrics, latest: Callable[[], Snapshot], table: ResourceTable
     def each(value: Callable[[views.QueueView], float]) -> Reading:
         return lambda: [(value(q), {"queue_name": q.name}) for q in latest().queues]
 
+    def usage() -> list[tuple[float, Labels]]:
+        return [
+            (value, {"queue_name": q.name, "resource": name})
+            for q in latest().queues
+            for name, value in resource_list(table, q.usage).items()
+        ]
+
+    m.gauge(
+        "tessera_queue_usage",
+        "One queue's past use, decayed by its half-life, over the cluster's capacity "
+        "over the same time (shared/core/usage.py).",
+        usage,
+    )
     m.gauge("volcano_queue_weight", "Weight for one queue.", each(lambda q: q.weight))
     m.gauge(
         "volcano_queue_share",

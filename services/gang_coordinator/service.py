@@ -22,8 +22,10 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
 
+from services.gang_coordinator import usage
 from services.gang_coordinator.podgroups import PodGroupStatus
 from services.gang_coordinator.queues import (
     STATUS_INTERVAL_S,
@@ -35,14 +37,15 @@ from services.gang_coordinator.queues import (
     queue_spec,
     snapshot,
 )
+from shared import busauth, kube
 from shared import events as ev
-from shared import kube
 from shared.bus import through_failover
 from shared.core.gangs import Gangs, Member, Policy, ReadyGang
 from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.queues import GroupSpec, grant_vector
 from shared.core.request import ResourceTable
 from shared.core.spec import GENERIC_VENDORS
+from shared.core.usage import UsageParams
 from shared.runtime import Runtime, Service, ViewHandler, handles, report_catch_up
 from shared.views import VIEW_QUEUES_SUBJECT, QueuesView
 
@@ -74,6 +77,11 @@ class Coordinator(Service):
                 ancestor_reclaim_level=s.ancestor_reclaim_level,
                 preempt_min_runtime_s=s.preempt_min_runtime_s,
                 reclaim_min_runtime_s=s.reclaim_min_runtime_s,
+                usage=UsageParams(
+                    weight=s.usage.weight,
+                    half_life_s=s.usage.half_life_s,
+                    window_s=s.usage.window_s,
+                ),
             ),
             split,
         )
@@ -90,6 +98,8 @@ class Coordinator(Service):
         self.queue_status = QueueStatus(api if s.queue_status else None, self.table)
         self.why: dict[GangKey, Why] = {}
         """What each waiting gang was last told by the allocator (views, metrics)."""
+        self.usage_kv: KeyValue | None = None
+        """The ``tessera-usage`` bucket, opened at start (services/gang_coordinator/usage.py)."""
         self.wake = asyncio.Event()
         self.stage = rt.metrics.stages()
         self._scraped = Snapshot()
@@ -115,6 +125,11 @@ class Coordinator(Service):
         inventories = await through_failover("inventories", self.rt.bus.inventories)
         for inventory in inventories.values():
             self.gangs.set_node(inventory.node, inventory.devices)
+        kv = self.usage_kv = await through_failover(
+            "usage bucket", lambda: self.rt.bus.bucket(busauth.USAGE_BUCKET)
+        )
+        loaded = await usage.load(self.gangs, kv)
+        log.info("usage memory: %d entries loaded", loaded)
         self.rt.spawn(self.request_resync(), "resync-once", finite=True)
         self.rt.spawn(report_catch_up(self.rt, self.durable()), "catch-up", finite=True)
 
@@ -126,7 +141,12 @@ class Coordinator(Service):
             "podgroup-status": self.status.writer(),
             "reconcile-inventory": self.inventory_loop(),
             "queue-status": every(STATUS_INTERVAL_S, self.write_queue_status),
+            "usage": usage.keep(self.gangs, self._usage_kv(), self.rt.cfg.scheduler.usage.sample_s),
         }
+
+    def _usage_kv(self) -> KeyValue:
+        assert self.usage_kv is not None, "start() opens the usage bucket before the tasks run"
+        return self.usage_kv
 
     def views(self) -> dict[str, ViewHandler]:
         """The queues view, answered while this replica is active."""

@@ -57,6 +57,7 @@ from shared.core.hierarchy import (
     QueueTree,
     TreeQueue,
     build,
+    fair,
     may_reclaim,
     order_key,
     over_capability,
@@ -85,6 +86,7 @@ from shared.core.queues import (
     within,
 )
 from shared.core.status import UNRESOLVABLE, Code, Reason, Status
+from shared.core.usage import UsageMemory, UsageParams
 
 MAX_BACKOFF_S = 60.0
 INFLIGHT_TIMEOUT_S = 20.0
@@ -175,6 +177,8 @@ class Policy:
     """``scheduler.preemptMinRuntimeS``: the default minimum runtime before preemption."""
     reclaim_min_runtime_s: float = 0.0
     """``scheduler.reclaimMinRuntimeS``: the default before reclaim."""
+    usage: UsageParams = field(default_factory=UsageParams)
+    """``scheduler.usage``: the memory of past use and how much it moves shares."""
 
 
 class _Sums:
@@ -295,6 +299,9 @@ class Gangs:
         """The queue each of those gangs' pods was last counted in."""
         self._withdrawn: dict[PodUID, int] = {}
         """The attempts of each withdrawn pod (``withdraw``), until it comes back or goes."""
+        self.usage = UsageMemory(self.policy.usage)
+        """Each queue's past use (shared/core/usage.py), sampled by the caller
+        (:meth:`sample_usage`)."""
 
     # --- what happened ----------------------------------------------------------------
 
@@ -543,6 +550,11 @@ class Gangs:
         count = len(self.bound.get(key, {}))
         return count if group is not None and count >= group.min_member else None
 
+    def sample_usage(self, now: float) -> None:
+        """Count what each queue's bound pods hold now in its past use (``now``: the
+        usage memory's clock, wall-clock seconds in the service)."""
+        self.usage.sample(now, self.bound_use, self.capacity()[0])
+
     # --- shares -----------------------------------------------------------------------
 
     def shares(self) -> tuple[dict[str, Resources], dict[str, Resources], dict[str, Resources]]:
@@ -570,7 +582,8 @@ class Gangs:
             for q in self.queues.values()
             if q.state == "Open"
         ]
-        return used, demand, deserved(self.capacity()[0], open_queues)
+        k = self.policy.usage.weight
+        return used, demand, deserved(self.capacity()[0], open_queues, self.usage.normalized, k)
 
     def tree(self) -> QueueTree | None:
         """The queues as the ``capacity`` plugin's tree (shared/core/hierarchy.py); None
@@ -593,6 +606,7 @@ class Gangs:
                     guarantee=q.guarantee,
                     capability=q.capability,
                     priority=q.priority,
+                    weight=q.weight,
                 )
                 for q in specs
             )
@@ -624,9 +638,14 @@ class Gangs:
             self._account(m)
         if not groups:
             return Dispatch()
-        used, _, share = self.shares()
+        used, demand, share = self.shares()
         tree = self.tree()
         rolled = rolled_up(tree, used) if tree is not None else {}
+        owed = None  # capacity with a memory of past use: the fair shares order queues
+        if tree is not None and self.policy.usage.weight > 0:
+            past = rolled_up(tree, self.usage.normalized)
+            k = self.policy.usage.weight
+            owed = fair(tree, self.capacity()[0], rolled_up(tree, demand), past, k)
         told: list[tuple[Member, Status]] = []
         ready: list[tuple[tuple[object, ...], ReadyGang]] = []
         caps = {q.name: q.capability for q in self.queues.values() if q.capability}
@@ -645,7 +664,7 @@ class Gangs:
                 floor.append(min((m.priority for m in self.bound_pods.values()), default=2**31))
             return floor[0]
 
-        turns = by_priority if tree is None else _turns(by_priority, tree, rolled)
+        turns = by_priority if tree is None else _turns(by_priority, tree, rolled, owed)
         for key, members in turns:
             here = [*self._placed.get(key, {}).values(), *self.bound.get(key, {}).values()]
             min_member = self.readiness(key, members, here, told, tree)
@@ -700,7 +719,7 @@ class Gangs:
             first = taken[0]
             order: tuple[object, ...]
             if tree is not None:
-                order = (order_key(tree, queue, rolled), -first.priority, first.created_at)
+                order = (order_key(tree, queue, rolled, owed), -first.priority, first.created_at)
             else:
                 mine = share.get(queue, {})
                 rank = max((base.get(k, 0.0) / v for k, v in mine.items() if v), default=0.0)
@@ -820,10 +839,13 @@ def _within_tree(
 
 
 def _turns(
-    gangs: list[tuple[GangKey, list[Member]]], tree: QueueTree, rolled: Mapping[str, Resources]
+    gangs: list[tuple[GangKey, list[Member]]],
+    tree: QueueTree,
+    rolled: Mapping[str, Resources],
+    owed: Mapping[str, Resources] | None,
 ) -> Iterator[tuple[GangKey, list[Member]]]:
     """``gangs`` (each queue's in its order) queue by queue, one gang at a time, the
-    queue first by ``order_key`` as ``rolled`` is then (the caller adds each gang it
+    queue first by ``order_key`` (of ``owed``) as ``rolled`` is then (the caller adds each gang it
     admits): Volcano's allocate loop, so a burst in one queue does not fill a shared
     ancestor's capability before its siblings' turn. Gangs of queues not in the tree
     come first (readiness tells them why they wait)."""
@@ -834,7 +856,7 @@ def _turns(
     def rank(name: str) -> tuple[object, ...]:
         if name not in tree.parent or not tree.leaf(name):
             return (0, name)
-        return (1, order_key(tree, name, rolled))
+        return (1, order_key(tree, name, rolled, owed))
 
     while queued:
         name = min(queued, key=rank)

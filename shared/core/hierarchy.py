@@ -32,7 +32,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shared.core.queues import EPS, Resources, accumulate, add, within
+from shared.core.queues import EPS, QueueShare, Resources, accumulate, add, deserved, within
 
 ROOT = "root"
 
@@ -49,6 +49,8 @@ class TreeQueue:
     capability: Resources | None = None
     """``None``: none written; a dimension the vector does not name is unlimited."""
     priority: int = 0
+    weight: float = 1.0
+    """Its part of its parent's surplus, among its siblings (``fair``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class QueueTree:
     real: Mapping[str, Resources | None]
     """Real capability; ``None``: unlimited in every dimension."""
     priority: Mapping[str, int]
+    weight: Mapping[str, float] = field(default_factory=dict)
 
     def leaf(self, queue: str) -> bool:
         """Whether ``queue`` may hold jobs: it has no children (``ROOT`` never may)."""
@@ -133,6 +136,7 @@ def build(queues: Iterable[TreeQueue]) -> QueueTree:
         guarantee=guarantee,
         real={n: v or None for n, v in limit.items()},
         priority={ROOT: root.priority, **{n: specs[n].priority for n in parent}},
+        weight={n: specs[n].weight for n in parent},
     )
 
 
@@ -197,22 +201,88 @@ def over_capability(
     return None
 
 
-def share(tree: QueueTree, queue: str, rolled: Mapping[str, Resources]) -> float:
-    """Usage over deserved, the largest over the dimensions ``queue`` deserves; 1.0 for a
-    queue that deserves nothing."""
-    deserved = {d: v for d, v in tree.deserved[queue].items() if v > EPS}
+def share(
+    tree: QueueTree,
+    queue: str,
+    rolled: Mapping[str, Resources],
+    owed: Mapping[str, Resources] | None = None,
+) -> float:
+    """Usage over deserved (over ``owed`` when given: ``fair``), the largest over the
+    dimensions ``queue`` is owed; 1.0 for a queue owed nothing."""
+    mine = (owed if owed is not None else tree.deserved).get(queue, {})
     used = rolled.get(queue, {})
-    return max((used.get(d, 0.0) / v for d, v in deserved.items()), default=1.0)
+    return max((used.get(d, 0.0) / v for d, v in mine.items() if v > EPS), default=1.0)
 
 
-def order_key(tree: QueueTree, queue: str, rolled: Mapping[str, Resources]) -> tuple[object, ...]:
+def order_key(
+    tree: QueueTree,
+    queue: str,
+    rolled: Mapping[str, Resources],
+    owed: Mapping[str, Resources] | None = None,
+) -> tuple[object, ...]:
     """Sort key for leaf queues, lowest first: higher priority, then at the first level
-    where two paths diverge the lower share, then the queue that deserves something, then
-    the name (so a tie there is not decided by deeper levels)."""
+    where two paths diverge the lower share (of ``owed`` when given: ``fair``), then the
+    queue that deserves something, then the name (so a tie there is not decided by
+    deeper levels)."""
     levels = (
-        (share(tree, x, rolled), 0 if _deserves(tree, x) else 1, x) for x in tree.path(queue)[1:]
+        (share(tree, x, rolled, owed), 0 if _deserves(tree, x) else 1, x)
+        for x in tree.path(queue)[1:]
     )
     return (-tree.priority[queue], *levels)
+
+
+def fair(
+    tree: QueueTree,
+    total: Resources,
+    demand: Mapping[str, Resources],
+    usage: Mapping[str, Resources],
+    k: float,
+) -> dict[str, Resources]:
+    """Each healthy queue's fair share of ``total``, top down as KAI divides it: among a
+    parent's children, each first gets its deserved (up to its ``demand``, rolled up,
+    and its real capability), then what is left of the parent's fair share is divided by
+    ``weight`` among those wanting more, each weight moved by the queue's past use
+    (``usage``, rolled up and normalized: shared/core/usage.py) with ``k``. Below the top
+    level a child's use counts as its part of what its parent used."""
+    out: dict[str, Resources] = {ROOT: _capped(total, tree.real[ROOT])}
+    todo = [ROOT]
+    while todo:
+        p = todo.pop()
+        kids = tree.children.get(p, ())
+        if not kids:
+            continue
+        left = dict(out[p])
+        wants: list[QueueShare] = []
+        for c in kids:
+            want = _capped(demand.get(c, {}), tree.real[c])
+            given = {d: min(v, want.get(d, 0.0)) for d, v in tree.deserved[c].items()}
+            out[c] = given
+            accumulate(left, given, -1)
+            wants.append(
+                QueueShare(name=c, weight=tree.weight.get(c, 1.0), demand=add(want, given, -1))
+            )
+        parent_use = usage.get(p, {})
+        past = {
+            c: {
+                d: v / parent_use[d]
+                for d, v in usage.get(c, {}).items()
+                if parent_use.get(d, 0.0) > EPS
+            }
+            if p != ROOT
+            else usage.get(c, {})
+            for c in kids
+        }
+        more = deserved({d: max(v, 0.0) for d, v in left.items()}, wants, past, k)
+        for c in kids:
+            accumulate(out[c], more.get(c, {}))
+            todo.append(c)
+    return out
+
+
+def _capped(vector: Mapping[str, float], limit: Resources | None) -> Resources:
+    """``vector`` within ``limit`` (a dimension ``limit`` does not name is not capped)."""
+    cap = limit or {}
+    return {d: min(v, cap.get(d, v)) for d, v in vector.items()}
 
 
 def may_reclaim(

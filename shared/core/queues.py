@@ -219,8 +219,33 @@ class QueueShare:
     guarantee: Resources = field(default_factory=dict)
 
 
-def deserved(total: Mapping[str, float], queues: Iterable[QueueShare]) -> dict[str, Resources]:
-    """Each queue's deserved share of ``total`` (see the module docstring)."""
+def weigh(weights: Mapping[str, float], usage: Mapping[str, float], k: float) -> dict[str, float]:
+    """The weights of queues dividing a surplus in one dimension, moved by their normalized
+    ``usage`` in it (shared/core/usage.py): ``max(0, nW + k·(nW - nU))`` scaled back to the sum
+    of ``weights``. Unchanged with ``k`` 0; if every queue would weigh 0, unchanged too
+    (the surplus is still divided)."""
+    total = sum(max(w, 0.0) for w in weights.values())
+    if k <= 0 or total <= 0:
+        return dict(weights)
+    moved = {
+        name: max(0.0, w / total + k * (w / total - usage.get(name, 0.0)))
+        for name, w in ((n, max(w, 0.0)) for n, w in weights.items())
+    }
+    scale = sum(moved.values())
+    if scale <= EPS:
+        return dict(weights)
+    return {name: v * total / scale for name, v in moved.items()}
+
+
+def deserved(
+    total: Mapping[str, float],
+    queues: Iterable[QueueShare],
+    usage: Mapping[str, Resources] | None = None,
+    k: float = 0.0,
+) -> dict[str, Resources]:
+    """Each queue's deserved share of ``total`` (see the module docstring). With ``usage``
+    (each queue's normalized past use) and ``k`` > 0, each round's weights are moved by
+    it, dimension by dimension (``weigh``); guarantees are not."""
     shares = list(queues)
     result: dict[str, Resources] = {q.name: {} for q in shares}
 
@@ -236,7 +261,13 @@ def deserved(total: Mapping[str, float], queues: Iterable[QueueShare]) -> dict[s
     for _ in range(64):
         if not active:
             break
-        weights = sum(max(q.weight, 0.0) for q in active) or 1.0
+        base = {q.name: max(q.weight, 0.0) for q in active}
+        weights = sum(base.values()) or 1.0
+        moved: dict[str, dict[str, float]] = {}
+        if usage and k > 0:  # the surplus divided by weights moved by past use
+            for dim in remaining:
+                past = {n: usage.get(n, {}).get(dim, 0.0) for n in base}
+                moved[dim] = weigh(base, past, k)
         progressed = False
         for q in list(active):
             mine = result[q.name]
@@ -244,7 +275,8 @@ def deserved(total: Mapping[str, float], queues: Iterable[QueueShare]) -> dict[s
                 want = caps[q.name].get(dim, 0.0) - mine.get(dim, 0.0)
                 if want <= EPS or left <= EPS:
                     continue
-                give = min(want, left * max(q.weight, 0.0) / weights)
+                weight = moved[dim][q.name] if moved else base[q.name]
+                give = min(want, left * weight / weights)
                 if give > EPS:
                     mine[dim] = mine.get(dim, 0.0) + give
                     progressed = True

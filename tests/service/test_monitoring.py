@@ -137,6 +137,7 @@ def _fill(service: runtime.Service, metrics: Metrics, cache_dir: Path) -> None:
             allocated=vector,
             request=vector,
             podgroups={"Pending": 1},
+            usage={"nvidia.count": 0.25},
         )
         gang = views.GangView(namespace="ml", name="g", pods={"pending": 1, "parked": 1})
         service.snapshot = lambda: Snapshot(queues=[queue], gangs=[gang])  # type: ignore[method-assign]

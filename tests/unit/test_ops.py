@@ -72,6 +72,7 @@ QUEUES = views.QueuesView(
             allocated={"nvidia.count": 2, "nvidia.memory": 28192, "nvidia.cores": 30},
             request={"nvidia.count": 3, "nvidia.memory": 110112, "ascend.count": 1},
             podgroups={"Running": 1, "Pending": 1},
+            usage={"nvidia.count": 0.25, "nvidia.memory": 0.125},
         ),
         views.QueueView(name="research", state="Closed", weight=2.5),
     ),
@@ -143,11 +144,11 @@ def test_devices_wide_adds_uuid_vendor_and_podgroup() -> None:
 def test_queues_then_waiting_gangs_longest_first() -> None:
     assert ops.queues_text(QUEUES) == (
         "NAME       STATE    WEIGHT   DESERVED                     ALLOCATED"
-        "                    REQUEST                                 PODGROUPS\n"
+        "                    REQUEST                                 PAST USE   PODGROUPS\n"
         "default    Open     1        nvidia: 3 gpu, 120Gi, 250%   nvidia: 2 gpu, 27.5Gi, 30%"
-        "   ascend: 1 npu; nvidia: 3 gpu, 107.5Gi   1 Pending, 1 Running\n"
+        "   ascend: 1 npu; nvidia: 3 gpu, 107.5Gi   25.0%      1 Pending, 1 Running\n"
         "research   Closed   2.5      <none>                       <none>"
-        "                       <none>                                  <none>\n"
+        "                       <none>                                  <none>     <none>\n"
         "\n"
         "GANG            QUEUE     MIN   PODS                 WAITING   WHY\n"
         "ml/train        default   4     3 pending, 1 bound   2m05s"

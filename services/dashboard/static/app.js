@@ -238,6 +238,12 @@ function dimension(key, q) {
   return meter(key, barNode, `${amount(allocated)} / ${amount(deserved)}${unit}${wants}`);
 }
 
+// Its past use, decayed, as a part of the cluster (shared/views.py QueueView.usage).
+function pastUse(usage) {
+  const values = Object.values(usage || {});
+  return values.length ? ` · past use ${(100 * Math.max(...values)).toFixed(1)}%` : "";
+}
+
 function queue(q) {
   const vectors = [q.deserved, q.allocated, q.request].map((v) => Object.keys(v || {}));
   const keys = [...new Set(vectors.flat())].sort();
@@ -251,7 +257,7 @@ function queue(q) {
       q.name,
       (q.state || "Open") !== "Open" && el("span", { class: "badge warn" }, q.state),
       el("small", {}, ` weight ${num(q.weight ?? 1)}`,
-        q.priority ? ` · priority ${q.priority}` : "", groups),
+        q.priority ? ` · priority ${q.priority}` : "", pastUse(q.usage), groups),
     ),
     keys.length ? keys.map((k) => dimension(k, q)) : el("p", { class: "dim" }, "nothing asked"),
   );
