@@ -77,7 +77,9 @@ class Webhook(Mutation, Validation):
         where = f"in {request.get('namespace')}"
         if isinstance(pod, dict) and is_podgroup(request):
             if not mutating:
-                _checked(response, "PodGroup", where, lambda: podgroup_refusal(pod))
+                old = request.get("oldObject") if operation == "UPDATE" else None
+                was = old if isinstance(old, dict) else None
+                _checked(response, "PodGroup", where, lambda: podgroup_refusal(pod, was))
         elif isinstance(pod, dict) and is_queue(request):
             if not mutating:
                 capacity = self.cfg.scheduler.queue_plugin == "capacity"

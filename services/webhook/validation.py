@@ -55,13 +55,22 @@ def is_podgroup(request: dict[str, Any]) -> bool:
     return bool(kind.get("group") == "scheduling.volcano.sh" and kind.get("kind") == "PodGroup")
 
 
-def podgroup_refusal(podgroup: dict[str, Any]) -> str | None:
-    """Why a Volcano PodGroup (created or updated) is refused, or None: a
-    ``spec.subGroupPolicy`` entry that breaks a rule (shared/core/subgroups.py)."""
+def podgroup_refusal(podgroup: dict[str, Any], old: dict[str, Any] | None = None) -> str | None:
+    """Why a Volcano PodGroup (created, or updated from ``old``) is refused, or None: a
+    ``spec.subGroupPolicy`` entry that breaks a rule (shared/core/subgroups.py). An
+    update is refused only for a rule ``old`` kept (one that got in while the webhook
+    was down may still be mended, or its other fields changed)."""
+    errors = _policy_errors(podgroup)
+    if old is not None:
+        kept = {e.field for e in _policy_errors(old)}
+        errors = [e for e in errors if e.field not in kept]
+    return subgroups.refusal(errors) if errors else None
+
+
+def _policy_errors(podgroup: dict[str, Any]) -> list[vcjob.JobError]:
     spec = podgroup.get("spec")
     policies = spec.get("subGroupPolicy") if isinstance(spec, dict) else None
-    _, errors = subgroups.read_policies(policies)
-    return subgroups.refusal(errors) if errors else None
+    return subgroups.read_policies(policies)[1]
 
 
 def is_queue(request: dict[str, Any]) -> bool:

@@ -346,13 +346,14 @@ def test_the_watcher_reads_the_policies_and_passes_a_broken_one_on_with_why() ->
 def test_the_webhook_refuses_a_broken_policy_naming_the_field() -> None:
     hook = Webhook(parse_config({"scheduler": {"names": ["tessera"]}}))
 
-    def review(obj: dict[str, Any]) -> dict[str, Any]:
+    def review(obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
         request = {
             "uid": "1",
             "kind": {"group": "scheduling.volcano.sh", "kind": "PodGroup"},
-            "operation": "CREATE",
+            "operation": "CREATE" if old is None else "UPDATE",
             "namespace": "ns",
             "object": obj,
+            "oldObject": old,
         }
         response: dict[str, Any] = hook.review({"request": request}, False)["response"]
         return response
@@ -366,6 +367,11 @@ def test_the_webhook_refuses_a_broken_policy_naming_the_field() -> None:
     bad = {"matchExpressions": [{"key": "k", "operator": "Exists", "values": ["x"]}]}
     message = review(podgroup_object({**PREFILL, "labelSelector": bad}))["status"]["message"]
     assert "labelSelector.matchExpressions[0].values: must be empty for Exists" in message
+    # an update is refused for a rule the PodGroup kept, not for one it broke already
+    broken = podgroup_object({**PREFILL, "minSubGroups": -1})
+    assert review({**broken, "metadata": {"name": "pd", "labels": {"a": "b"}}}, broken)["allowed"]
+    worse = podgroup_object({**PREFILL, "minSubGroups": -1, "subGroupSize": 0})
+    assert "subGroupSize: 0 must be at least 1" in review(worse, broken)["status"]["message"]
     cfg = parse_config({"webhook": {"url": "https://127.0.0.1:8443"}})
     _, (_, validating) = configurations(cfg, b"ca")
     hooks = {h["name"]: h for h in validating["webhooks"]}
