@@ -914,8 +914,8 @@ class Placer:
                             got += 1
                 if got < least:
                     context = f'{least - got}/{least} subgroups of "{policy}" unschedulable'
-                    status = last.status if last is not None else fail(_NO_SUBGROUP)
-                    return GangResult(status=status.with_context(context), failures=failures)
+                    status = (last.status if last else fail(_NO_SUBGROUP)).with_context(context)
+                    return GangResult(status=status, failures=failures or _all(members, status))
             for m in members:
                 its = part_of.get(m.pod.uid)
                 if its is None:
@@ -925,10 +925,16 @@ class Placer:
             required = min(max(min_member, 1), len(members))
             if len(placed) < required:
                 context = f"{required - len(placed)}/{len(members)} tasks in gang unschedulable"
-                status = failures[-1].status if failures else fail(_NO_SUBGROUP)
-                return GangResult(status=status.with_context(context), failures=failures)
+                last = failures[-1] if failures else None
+                status = (last.status if last else fail(_NO_SUBGROUP)).with_context(context)
+                return GangResult(status=status, failures=failures or _all(members, status))
             gang.commit()
         return GangResult(status=SUCCESS, placed=placed, failures=failures)
+
+
+def _all(members: Sequence[GangMember], status: Status) -> list[Failure]:
+    """Every member failed for ``status``."""
+    return [Failure(pod=m.pod, status=status) for m in members]
 
 
 _EMPTY = NodeState(NodeName(""))
