@@ -40,6 +40,7 @@ from shared.core.model import (
     VictimUnit,
 )
 from shared.core.status import Status
+from shared.core.subgroups import SubGroupPolicy, SubGroups
 
 SUBJECT_PREFIX = "tessera.v1"
 STREAM_SUBJECTS = f"{SUBJECT_PREFIX}.>"
@@ -306,6 +307,11 @@ class PodGroupUpdated(Event, frozen=True, kw_only=True, tag="podgroup.updated"):
     queue: str = "default"
     priority_class: str = ""
     min_resources: dict[str, str] = msgspec.field(default_factory=dict)
+    sub_group_policy: tuple[SubGroupPolicy, ...] = ()
+    """``spec.subGroupPolicy``: gangs of gangs (shared/core/subgroups.py)."""
+    invalid: str = ""
+    """Why ``spec.subGroupPolicy`` breaks a rule (the fields named): its pods wait, told
+    this; "" when it is valid."""
 
 
 class PodGroupDeleted(Event, frozen=True, kw_only=True, tag="podgroup.deleted"):
@@ -421,6 +427,9 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     protected_s: float = 0.0
     """Pods that would have been offered in ``victims`` have not run their minimum
     runtime yet: the first may be evicted in this many seconds (0: none held back)."""
+    subgroups: SubGroups | None = None
+    """Its PodGroup's subgroups among ``members``: each placed whole or not at all, and
+    how many of each policy are required (None: no ``subGroupPolicy``, a plain gang)."""
 
     shard: str = ""
     """The allocator shard it is offered to ("": the one allocator, unsharded)."""

@@ -1,6 +1,7 @@
 """Placing a gang: the allocator's answer to ``gang.ready``.
 
-The gang is placed all-or-nothing by the core (``Placer.place_gang``, one statement),
+The gang is placed all-or-nothing by the core (``Placer.place_gang``, one statement;
+a gang of subgroups each subgroup whole or not at all, shared/core/subgroups.py),
 its grants reserved durably (services/device_allocator/reservations.py) before one
 ``AllocationDecided`` per pod goes out. One that does not fit goes on to the next shard
 of its route (services/device_allocator/span.py), or is refused, with room made for it
@@ -149,7 +150,11 @@ class Gangs:
                 context = str(m.pod) if len(members) > 1 else ""
                 return [], [], checked.with_context(context), False
         result = self.placer.place_gang(
-            members, gang.min_member, owner=key, fragmentation_guard=guard
+            members,
+            gang.min_member,
+            owner=key,
+            fragmentation_guard=guard,
+            subgroups=gang.subgroups,
         )
         if result.ok:
             self.room.placed(key)

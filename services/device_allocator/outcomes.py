@@ -65,6 +65,7 @@ def unplaced(gang: ev.GangReady, members: list[GangMember], guard: int) -> Unpla
         hold=gang.hold,
         fragmentation_guard=guard,
         protected_s=gang.protected_s,
+        subgroups=gang.subgroups,
     )
 
 

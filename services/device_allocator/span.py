@@ -75,7 +75,9 @@ class Span:
         tried = status if gang.tried is None else combined([gang.tried, status])
         if gang.route:
             return self._pass(gang, gang.route, tried=tried)
-        if len(gang.members) > 1 and len(gang.offered) > 1:
+        # A gang of subgroups is not split across shards: a part would not know
+        # which of its subgroups the other parts hold whole.
+        if len(gang.members) > 1 and len(gang.offered) > 1 and gang.subgroups is None:
             rest = tuple(s for s in gang.offered if s != self.shard)
             return self._pass(gang, (self.shard, *rest), tried=tried, spanning=())
         return None

@@ -272,7 +272,11 @@ class Coordinator(Service):
             min_member=event.min_member,
             min_task_member=event.min_task_member,
             queue=event.queue,
+            subgroups=event.sub_group_policy,
+            invalid=event.invalid,
         )
+        if event.invalid:
+            log.warning("PodGroup %s: %s; its pods wait until it is mended", key, event.invalid)
         self._helpful(node_changed=True)  # a changed group may be ready now
 
     @handles(ev.PodGroupDeleted)
@@ -358,6 +362,11 @@ class Coordinator(Service):
             ready, [self.contexts.get(g.members[0].pod.uid) for g in decided.ready]
         )
         if decided.told:
+            said: dict[tuple[GangKey, str], int] = {}
+            for m, status in decided.told:  # one line per gang and reason, not per pod
+                said[m.key, status.message()] = said.get((m.key, status.message()), 0) + 1
+            for (key, message), count in said.items():
+                log.info("gang %s: %d pod(s) wait: %s", key, count, message)
             await self.rt.bus.publish_many(
                 [
                     ev.PodWaiting.of((m.pod,), status, attempt=m.attempt)
@@ -388,6 +397,7 @@ class Coordinator(Service):
             budgets=dict(gang.budgets),
             hold=gang.hold,
             protected_s=gang.protected_s,
+            subgroups=gang.subgroups,
             shard=route[0] if route else "",
             route=route[1:],
             offered=route,

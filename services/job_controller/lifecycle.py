@@ -214,12 +214,12 @@ def _kill_target(
         chosen = [target] if target is not None else []
     else:
         task = job.task(decision.task)
-        size = task.partition_size if task is not None else 0
-        if target is None or size <= 0:
+        part = task.partition(target.index) if task is not None and target is not None else None
+        if task is None or target is None or part is None:
             chosen = []  # no partitions: Volcano skips it
         else:
-            part = target.index // size
-            chosen = [p for p in pods.values() if p.task == target.task and p.index // size == part]
+            mates = (p for p in pods.values() if p.task == target.task)
+            chosen = [p for p in mates if task.partition(p.index) == part]
     kill = sorted(p.name for p in chosen if not p.deleting)
     counted = _counted(status, pods, set(kill))
     return Plan(status=_apply(counted, update), kill=tuple(kill))

@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from services.job_controller import podview as pv
 from services.job_controller.api import JobApi
 from services.job_controller.made import JobRef
 from services.job_controller.tracked import Tracked
@@ -24,10 +25,11 @@ def path(namespace: str, name: str) -> str:
 
 def podgroup(ref: JobRef, job: vcjob.JobSpec) -> dict[str, Any]:
     """The Job's PodGroup: its name, ``minMember`` = ``minAvailable``, the queue and
-    priority class, and each task's ``minAvailable`` as ``minTaskMember`` where
+    priority class, each task's ``minAvailable`` as ``minTaskMember`` where
     Volcano's scheduler holds a gang to it: when the Job's ``minAvailable`` is at least
     the tasks' together (below, Volcano checks no task's, and a task that ``dependsOn``
-    another could never start beside it)."""
+    another could never start beside it), and a ``subGroupPolicy`` per task with a
+    ``partitionPolicy``."""
     spec: dict[str, Any] = {
         "minMember": job.min_available,
         "queue": job.queue,
@@ -35,11 +37,27 @@ def podgroup(ref: JobRef, job: vcjob.JobSpec) -> dict[str, Any]:
     }
     if job.min_available >= job.task_min_available:
         spec["minTaskMember"] = {t.name: t.min_available for t in job.tasks}
+    policies = [subgroup_policy(t) for t in job.tasks if t.partition_size > 0]
+    if policies:
+        spec["subGroupPolicy"] = policies
     return {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "PodGroup",
         "metadata": {"name": ref.name, "ownerReferences": ref.owner()},
         "spec": spec,
+    }
+
+
+def subgroup_policy(task: vcjob.Task) -> dict[str, Any]:
+    """A task's ``partitionPolicy`` as the PodGroup's subgroup policy, as Volcano's
+    controller writes it: each partition (its pods' ``volcano.sh/partition-id``, pods.py)
+    a subgroup of ``partitionSize`` placed whole, ``minPartitions`` of them required."""
+    return {
+        "name": task.name,
+        "subGroupSize": task.partition_size,
+        "minSubGroups": task.min_partitions,
+        "labelSelector": {"matchLabels": {pv.TASK_SPEC: task.name}},
+        "matchLabelKeys": [pv.PARTITION_ID],
     }
 
 

@@ -59,6 +59,9 @@ def pod(
         pv.TEMPLATE_KEY: f"{ref.name}-{task.name}",
         pv.RETRY_COUNT: str(status.retry_count),
     }
+    partition = task.partition(index)
+    if partition is not None:  # its subgroup in the PodGroup (podgroup.py)
+        labels[pv.PARTITION_ID] = str(partition)
     if task.topology_policy:
         annotations[NUMA_POLICY] = task.topology_policy
     inherited = [k for k in FROM_JOB if k in ref.annotations]

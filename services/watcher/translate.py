@@ -15,6 +15,7 @@ import msgspec
 
 from shared import events as ev
 from shared.core import annotations as ann
+from shared.core import subgroups
 from shared.core.hosts import PodSpec
 from shared.core.model import NodeName, PodRef, PodRequest
 from shared.core.request import GROUP_NAME, TASK_SPEC
@@ -144,9 +145,11 @@ def namespace_event(obj: dict[str, Any]) -> ev.NamespaceUpdated:
 
 
 def podgroup_event(obj: dict[str, Any]) -> ev.PodGroupUpdated:
-    """A Volcano PodGroup's event: its members, queue, priority and minimum resources."""
+    """A Volcano PodGroup's event: its members, queue, priority, minimum resources and
+    subgroup policies (a broken policy is passed on with why, for its pods to be told)."""
     namespace, name = namespaced(obj)
     spec = obj.get("spec") or {}
+    policies, errors = subgroups.read_policies(spec.get("subGroupPolicy"))
     return ev.PodGroupUpdated(
         namespace=namespace,
         name=name,
@@ -158,6 +161,8 @@ def podgroup_event(obj: dict[str, Any]) -> ev.PodGroupUpdated:
         queue=spec.get("queue") or "default",
         priority_class=spec.get("priorityClassName") or "",
         min_resources={str(k): str(v) for k, v in (spec.get("minResources") or {}).items()},
+        sub_group_policy=policies,
+        invalid=subgroups.refusal(errors) if errors else "",
     )
 
 

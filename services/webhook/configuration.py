@@ -1,7 +1,7 @@
 """The webhook's Mutating- and ValidatingWebhookConfiguration: what the API server sends
-it (pods at creation; Volcano Jobs and Queues at creation and update), with its CA, failure policy
-and the namespaces it serves: never ``kube-system``, never its own namespace, never one
-labelled ``tessera.io/webhook: disabled``.
+it (pods at creation; Volcano Jobs, Queues and PodGroups at creation and update), with
+its CA, failure policy and the namespaces it serves: never ``kube-system``, never its own
+namespace, never one labelled ``tessera.io/webhook: disabled``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ QUEUE_RULE = {
     "scope": "Cluster",
 }
 """The Volcano Queues it checks (cluster-scoped: the namespace selector never skips one)."""
+
+
+PODGROUP_RULE = {
+    "apiGroups": ["scheduling.volcano.sh"],
+    "apiVersions": ["v1beta1"],
+    "operations": ["CREATE", "UPDATE"],
+    "resources": ["podgroups"],
+    "scope": "Namespaced",
+}
+"""The Volcano PodGroups it checks (their ``subGroupPolicy``; not their status)."""
 
 
 def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -88,6 +98,9 @@ def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
         else:
             hooks.append({**hook, "name": "validate.jobs.tessera.io", "rules": [JOB_RULE]})
             hooks.append({**hook, "name": "validate.queues.tessera.io", "rules": [QUEUE_RULE]})
+            hooks.append(
+                {**hook, "name": "validate.podgroups.tessera.io", "rules": [PODGROUP_RULE]}
+            )
         obj = {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": kind,

@@ -34,7 +34,14 @@ from kubernetes_asyncio.client import ApiException
 from services.webhook import certs
 from services.webhook.configuration import apply_configurations
 from services.webhook.mutation import Mutation
-from services.webhook.validation import Validation, is_job, is_queue, queue_refusal
+from services.webhook.validation import (
+    Validation,
+    is_job,
+    is_podgroup,
+    is_queue,
+    podgroup_refusal,
+    queue_refusal,
+)
 from shared import kube
 from shared.config import Config, request_parser
 from shared.health import API_CHECK_TTL_S, Cached, Health
@@ -68,7 +75,12 @@ class Webhook(Mutation, Validation):
         pod = request.get("object")
         operation = request.get("operation")
         where = f"in {request.get('namespace')}"
-        if isinstance(pod, dict) and is_queue(request):
+        if isinstance(pod, dict) and is_podgroup(request):
+            if not mutating:
+                old = request.get("oldObject") if operation == "UPDATE" else None
+                was = old if isinstance(old, dict) else None
+                _checked(response, "PodGroup", where, lambda: podgroup_refusal(pod, was))
+        elif isinstance(pod, dict) and is_queue(request):
             if not mutating:
                 capacity = self.cfg.scheduler.queue_plugin == "capacity"
                 _checked(response, "Queue", "", lambda: queue_refusal(pod, queues, capacity))

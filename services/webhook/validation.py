@@ -12,7 +12,10 @@ Volcano lets change or breaks a rule the Job kept. A Volcano Queue is refused at
 or update when a quantity in its deserved, guarantee or capability is not one or is
 negative, when its guarantee or deserved is above its capability, and under
 ``scheduler.queuePlugin: capacity`` when its parent does not exist or would close a cycle
-(shared/core/hierarchy.py: the coordinator would refuse its subtree).
+(shared/core/hierarchy.py: the coordinator would refuse its subtree). A Volcano PodGroup
+is refused at creation or update when an entry of its ``subGroupPolicy`` breaks a rule
+(a ``subGroupSize`` below 1, a negative ``minSubGroups``, a malformed ``labelSelector``:
+shared/core/subgroups.py), naming the field.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.core import annotations as ann
-from shared.core import vcjob
+from shared.core import subgroups, vcjob
 from shared.core.hierarchy import TreeQueue, build
 from shared.core.model import PodRequest
 from shared.core.quantity import parse_quantity
@@ -44,6 +47,30 @@ def is_job(request: dict[str, Any]) -> bool:
     """Is the AdmissionReview request about a Volcano Job?"""
     kind = request.get("kind") or {}
     return bool(kind.get("group") == "batch.volcano.sh" and kind.get("kind") == "Job")
+
+
+def is_podgroup(request: dict[str, Any]) -> bool:
+    """Is the AdmissionReview request about a Volcano PodGroup?"""
+    kind = request.get("kind") or {}
+    return bool(kind.get("group") == "scheduling.volcano.sh" and kind.get("kind") == "PodGroup")
+
+
+def podgroup_refusal(podgroup: dict[str, Any], old: dict[str, Any] | None = None) -> str | None:
+    """Why a Volcano PodGroup (created, or updated from ``old``) is refused, or None: a
+    ``spec.subGroupPolicy`` entry that breaks a rule (shared/core/subgroups.py). An
+    update is refused only for a rule ``old`` kept (one that got in while the webhook
+    was down may still be mended, or its other fields changed)."""
+    errors = _policy_errors(podgroup)
+    if old is not None:
+        kept = {e.field for e in _policy_errors(old)}
+        errors = [e for e in errors if e.field not in kept]
+    return subgroups.refusal(errors) if errors else None
+
+
+def _policy_errors(podgroup: dict[str, Any]) -> list[vcjob.JobError]:
+    spec = podgroup.get("spec")
+    policies = spec.get("subGroupPolicy") if isinstance(spec, dict) else None
+    return subgroups.read_policies(policies)[1]
 
 
 def is_queue(request: dict[str, Any]) -> bool:

@@ -7,7 +7,9 @@ PodGroup, Queue or node changed) and asks :meth:`Gangs.dispatch` what to send no
 Readiness. A lone pod is a gang of one and is ready at once. Pods of a PodGroup
 (``scheduling.k8s.io/group-name``) wait until the PodGroup is known (as Volcano's do),
 then go together once ``minMember`` of them (and ``minTaskMember`` per task role) are
-pending or already placed.
+pending or already placed. A PodGroup with ``subGroupPolicy`` also waits for
+``minSubGroups`` whole subgroups of each policy, and its queue admits whole subgroups
+only (shared/core/subgroups.py).
 
 Queues (Volcano's). With queues known, the pods of a gang whose queue is missing or
 not Open wait and are told why. Each queue gets its deserved share of the cluster's
@@ -86,6 +88,7 @@ from shared.core.queues import (
     within,
 )
 from shared.core.status import UNRESOLVABLE, Code, Reason, Status
+from shared.core.subgroups import Shaped, SubGroups, shape
 from shared.core.usage import UsageMemory, UsageParams
 
 MAX_BACKOFF_S = 60.0
@@ -152,6 +155,8 @@ class ReadyGang:
     protected_s: float = 0.0
     """Pods that would have been offered as victims are protected by their minimum
     runtime: the first protection ends in this many seconds (0: none)."""
+    subgroups: SubGroups | None = None
+    """Its PodGroup's subgroups among ``members`` (None: it has no ``subGroupPolicy``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +307,9 @@ class Gangs:
         self.usage = UsageMemory(self.policy.usage)
         """Each queue's past use (shared/core/usage.py), sampled by the caller
         (:meth:`sample_usage`)."""
+        self._shaped: dict[GangKey, Shaped[Member]] = {}
+        """What ``readiness`` found of the gangs with subgroups it let go, for this
+        dispatch's admission (shared/core/subgroups.py)."""
 
     # --- what happened ----------------------------------------------------------------
 
@@ -619,6 +627,7 @@ class Gangs:
         """Every gang ready and allowed by its queue, in the order to send them; the
         members sent become in flight."""
         self._requeue()
+        self._shaped.clear()
         due = self._due
         while due and due[0][0] <= now:
             entry = heapq.heappop(due)
@@ -682,7 +691,15 @@ class Gangs:
                 if self.queues and len(waiting) > 1:  # deserved: while another queue waits
                     limits.append((share.get(queue, {}), 0.0))
                 fits = partial(_within_limits, base, limits)
-            taken, need = admit(members, fits)
+            shaped = self._shaped.pop(key, None)
+            laid: SubGroups | None = None
+            if shaped is None:
+                taken, need = admit(members, fits)
+            else:  # whole subgroups only
+                taken, need, laid = shaped.admit(fits)
+                if laid.short() is not None:
+                    continue
+                laid = laid if laid.subgroups else None
             if len(taken) < min_member:
                 continue  # over its share or capability: not now
             offered: tuple[VictimUnit, ...] = ()
@@ -735,6 +752,7 @@ class Gangs:
                 budgets=allowances(offered, self.budgets),
                 hold=hold,
                 protected_s=protected_s,
+                subgroups=laid,
             )
             ready.append((order, gang))
             used[queue] = add(base, need)
@@ -777,6 +795,9 @@ class Gangs:
                 if sum(1 for m in [*members, *settled] if m.task == task) < needed:
                     return None
             min_member = max(group.min_member - len(settled), 1)
+            subgrouped = group.subgroups or group.invalid
+            if subgrouped and not self._subgroups(key, group, members, settled, told):
+                return None
             if len(members) < min_member:
                 return None
         if self.queues:
@@ -807,6 +828,44 @@ class Gangs:
                 return None
         members.sort(key=lambda m: (-m.priority, m.created_at))
         return min_member
+
+    # --- subgroups (shared/core/subgroups.py) -----------------------------------------
+
+    def _subgroups(
+        self,
+        key: GangKey,
+        group: GroupSpec,
+        members: list[Member],
+        settled: list[Member],
+        told: list[tuple[Member, Status]],
+    ) -> bool:
+        """Whether a PodGroup's subgroups let its pending ``members`` go now; if so
+        ``members`` keeps only the pods that may (no pod of a subgroup that cannot be
+        whole yet) and what admission needs is kept for ``dispatch``. Its pods are told
+        when its policies are invalid, or can never have their ``minSubGroups`` with the
+        pods that exist."""
+        why: str | None = group.invalid
+        if not why:
+            members.sort(key=lambda m: (-m.priority, m.created_at))
+            shaped = shape(
+                group.subgroups,
+                members,
+                settled,
+                lambda: [*self._grouped.get(key, {}).values(), *self.bound.get(key, {}).values()],
+            )
+            if isinstance(shaped, Shaped):
+                members[:] = shaped.members
+                self._shaped[key] = shaped
+                return True
+            why = shaped
+        if why:
+            code = Code.UNRESOLVABLE if group.invalid else Code.UNSCHEDULABLE
+            status = Status(code=code, reasons=(Reason(kind="waiting", code=code, detail=why),))
+            for m in members:
+                if m.told != why:
+                    m.told = why
+                    told.append((m, status))
+        return False
 
 
 def admit(

@@ -18,12 +18,15 @@ no change of load can help, only a new node or a changed pod.
 ``Placer.place_gang`` is a transaction (a :class:`~shared.core.ledger.Statement`):
 members are reserved one by one; if one of the first ``min_member`` cannot be placed,
 every reservation made is undone in reverse order, leaving the ledger exactly as before.
+A gang of subgroups (shared/core/subgroups.py) nests a statement per subgroup, so each
+is placed whole or not at all inside the gang's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import zip_longest
 from typing import Literal
 
@@ -65,6 +68,7 @@ from shared.core.status import (
     counted,
     fail,
 )
+from shared.core.subgroups import SubGroups
 
 
 @dataclass(frozen=True, slots=True)
@@ -785,10 +789,25 @@ class Placer:
         trial: bool = False,
         statement: Statement | None = None,
         fragmentation_guard: int | None = None,
+        subgroups: SubGroups | None = None,
     ) -> GangResult:
         """Place the first ``min_member`` members all together or none; extras if they fit.
         Given a ``statement``, a placed gang's grants are committed into it;
-        ``fragmentation_guard`` is each member's (see :meth:`place`)."""
+        ``fragmentation_guard`` is each member's (see :meth:`place`). With ``subgroups``
+        (a PodGroup's ``subGroupPolicy``), see :meth:`_place_subgroups`."""
+        if subgroups is not None and subgroups.subgroups:
+            return self._place_subgroups(
+                members,
+                min_member,
+                subgroups,
+                partial(
+                    self._place_member,
+                    owner=owner,
+                    trial=trial,
+                    fragmentation_guard=fragmentation_guard,
+                ),
+                statement,
+            )
         placed: list[Placement] = []
         failures: list[Failure] = []
         required = min(max(min_member, 1), len(members))
@@ -816,8 +835,110 @@ class Placer:
             gang.commit()
         return GangResult(status=SUCCESS, placed=placed, failures=failures)
 
+    def _place_member(
+        self,
+        m: GangMember,
+        statement: Statement,
+        *,
+        owner: GangKey | None,
+        trial: bool,
+        fragmentation_guard: int | None,
+    ) -> Placement | Failure:
+        return self.place(
+            m.pod,
+            m.request,
+            m.group,
+            spec=m.spec,
+            owner=owner,
+            trial=trial,
+            statement=statement,
+            fragmentation_guard=fragmentation_guard,
+        )
+
+    def _place_subgroups(
+        self,
+        members: Sequence[GangMember],
+        min_member: int,
+        layout: SubGroups,
+        place: Callable[[GangMember, Statement], Placement | Failure],
+        statement: Statement | None,
+    ) -> GangResult:
+        """A gang of subgroups, in one statement: first the subgroups each policy
+        requires, each whole in a nested statement (its first ``need`` pods together,
+        then its further pods each if they fit), trying the policy's subgroups in order
+        until enough fit; then every other loose pod and subgroup in the members' order,
+        a subgroup again whole or not at all. Placed only if every policy got its
+        subgroups and ``min_member`` pods are placed; otherwise nothing is."""
+        placed: list[Placement] = []
+        failures: list[Failure] = []
+        by_uid = {m.pod.uid: m for m in members}
+        parts = {s.name: (s, [by_uid[u] for u in s.pods if u in by_uid]) for s in layout.subgroups}
+        part_of = {u: s.name for s in layout.subgroups for u in s.pods}
+        tried: set[str] = set()
+
+        def keep(result: Placement | Failure) -> None:
+            if isinstance(result, Placement):
+                placed.append(result)
+            else:
+                failures.append(result)
+
+        def whole(name: str, st: Statement) -> Failure | None:
+            """Place one subgroup whole, or none of it (every pod of it then fails)."""
+            tried.add(name)
+            sub, pods = parts[name]
+            core: list[Placement] = []
+            with Statement(self.ledger, st) as part:
+                for m in pods[: sub.need]:
+                    result = place(m, part)
+                    if isinstance(result, Failure):
+                        context = f"subgroup {name}: {sub.need} pods together"
+                        status = result.status.with_context(context)
+                        failures.extend(Failure(pod=p.pod, status=status) for p in pods)
+                        return Failure(pod=m.pod, status=status)
+                    core.append(result)
+                part.commit()
+            placed.extend(core)
+            for m in pods[sub.need :]:
+                keep(place(m, st))
+            return None
+
+        with Statement(self.ledger, statement) as gang:
+            for policy, least in layout.required.items():
+                got, last = 0, None
+                for name, (sub, _) in parts.items():
+                    if got >= least:
+                        break
+                    if sub.policy == policy and sub.need and name not in tried:
+                        last = whole(name, gang)
+                        if last is None:
+                            got += 1
+                if got < least:
+                    context = f'{least - got}/{least} subgroups of "{policy}" unschedulable'
+                    status = (last.status if last else fail(_NO_SUBGROUP)).with_context(context)
+                    return GangResult(status=status, failures=failures or _all(members, status))
+            for m in members:
+                its = part_of.get(m.pod.uid)
+                if its is None:
+                    keep(place(m, gang))
+                elif its not in tried:
+                    whole(its, gang)
+            required = min(max(min_member, 1), len(members))
+            if len(placed) < required:
+                context = f"{required - len(placed)}/{len(members)} tasks in gang unschedulable"
+                last = failures[-1] if failures else None
+                status = (last.status if last else fail(_NO_SUBGROUP)).with_context(context)
+                return GangResult(status=status, failures=failures or _all(members, status))
+            gang.commit()
+        return GangResult(status=SUCCESS, placed=placed, failures=failures)
+
+
+def _all(members: Sequence[GangMember], status: Status) -> list[Failure]:
+    """Every member failed for ``status``."""
+    return [Failure(pod=m.pod, status=status) for m in members]
+
 
 _EMPTY = NodeState(NodeName(""))
+_NO_SUBGROUP = Reason(kind="waiting", detail="no subgroup left to place")
 _NO_DEVICES = Reason(kind="no-devices", code=UNRESOLVABLE)
 _TRIAL_MISS = fail(Reason(kind="waiting", detail="does not fit"))
 

@@ -38,6 +38,7 @@ from shared.core.ledger import PodGrant, Statement
 from shared.core.model import GangKey, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placement, Placer
 from shared.core.queues import GroupSpec, QueueSpec, Resources, accumulate, add, within
+from shared.core.subgroups import SubGroups
 
 MAX_UNITS = 256
 """Units a plan considers (cheapest first); each one costs a trial placement."""
@@ -397,6 +398,7 @@ def plan(
     *,
     owner: GangKey | None = None,
     fragmentation_guard: int | None = None,
+    subgroups: SubGroups | None = None,
 ) -> Plan | None:
     """The cheapest prefix-then-pruned set of ``units`` after whose removal the gang fits;
     None when even all of them are not enough. The ledger is left as it was: every
@@ -413,6 +415,7 @@ def plan(
                 trial=True,
                 statement=probe,
                 fragmentation_guard=fragmentation_guard,
+                subgroups=subgroups,
             )
         return tuple(result.placed) if result.ok else None
 

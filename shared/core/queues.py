@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.core.model import ContainerGrant, ContainerRequest, DeviceInfo, PodRequest
 from shared.core.quantity import parse_quantity
 from shared.core.request import ResourceTable, Role
 from shared.core.spec import names
+
+if TYPE_CHECKING:
+    from shared.core.subgroups import SubGroupPolicy
 
 Resources = dict[str, float]
 EPS = 1e-6
@@ -183,6 +187,10 @@ class GroupSpec:
     min_member: int = 1
     min_task_member: Mapping[str, int] = field(default_factory=dict)
     queue: str = "default"
+    subgroups: tuple[SubGroupPolicy, ...] = ()
+    """``spec.subGroupPolicy`` (shared/core/subgroups.py); none: a plain gang."""
+    invalid: str = ""
+    """Why its ``subGroupPolicy`` is refused: its pods wait, told this."""
 
 
 @dataclass(frozen=True, slots=True)

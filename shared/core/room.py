@@ -38,6 +38,7 @@ from shared.core.model import GangKey, NodeName, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placer
 from shared.core.preemption import Plan, budget_note, marked, plan
 from shared.core.status import Status
+from shared.core.subgroups import SubGroups
 
 HOLD_S = 120.0
 """A nomination or node hold lapses if its gang has not come back in this time."""
@@ -74,6 +75,8 @@ class Unplaced:
     protected_s: float = 0.0
     """Pods that could have been offered have not run their minimum runtime: the first
     may go in this many seconds (0: none)."""
+    subgroups: SubGroups | None = None
+    """Its subgroups (shared/core/subgroups.py): room is made for it placed by them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +226,7 @@ class Room:
             units,
             owner=gang.key,
             fragmentation_guard=gang.fragmentation_guard,
+            subgroups=gang.subgroups,
         )
 
     def placed(self, key: GangKey) -> None:

@@ -126,12 +126,19 @@ class Task:
     partition_size: int = 0
     """``partitionPolicy.partitionSize`` (0: none): ``RestartPartition`` restarts the
     pods whose index falls in the same partition."""
+    min_partitions: int = 0
+    """``partitionPolicy.minPartitions``: the whole partitions its gang needs (the
+    PodGroup's ``minSubGroups`` for this task)."""
     topology_policy: str = ""
     """``topologyPolicy``: the NUMA policy its pods are annotated with."""
 
     def pod_name(self, job: str, index: int) -> str:
         """The name of this task's pod ``index`` of Job ``job``."""
         return pod_name(job, self.name, index)
+
+    def partition(self, index: int) -> int | None:
+        """The partition of its pod ``index`` (None: the task has no ``partitionPolicy``)."""
+        return index // self.partition_size if self.partition_size > 0 else None
 
 
 @dataclass(frozen=True)
@@ -206,6 +213,7 @@ def read(spec: Mapping[str, Any], default_scheduler: str = DEFAULT_SCHEDULER) ->
                 depends_on=tuple(_list(depends.get("name"))),
                 any_dependency=depends.get("iteration") == "any",
                 partition_size=_int(partition.get("partitionSize")),
+                min_partitions=_int(partition.get("minPartitions")),
                 topology_policy=str(raw.get("topologyPolicy") or ""),
             )
         )
@@ -304,7 +312,7 @@ def check(name: str, spec: Mapping[str, Any]) -> list[JobError]:
     # The CRD schema's types and minimums (minAvailable >= 0, maxRetry >= 0, minSuccess
     # >= 1, ttlSecondsAfterFinished >= 0), as the validating admission policy repeats.
     whole = {
-        key: _whole(spec.get(key), f"spec.{key}", least, err)
+        key: whole_field(spec.get(key), f"spec.{key}", least, err)
         for key, least in (
             ("minAvailable", 0),
             ("maxRetry", 0),
@@ -344,14 +352,14 @@ def check(name: str, spec: Mapping[str, Any]) -> list[JobError]:
         if tname in seen:  # webhook and policy: task names are unique
             err(f"{where}.name", f"duplicated task name {tname!r}: each task needs its own")
         seen.add(tname)
-        replicas = _whole(task.get("replicas"), f"{where}.replicas", 0, err)
+        replicas = whole_field(task.get("replicas"), f"{where}.replicas", 0, err)
         total += replicas or 0
-        least = _whole(task.get("minAvailable"), f"{where}.minAvailable", 0, err)
+        least = whole_field(task.get("minAvailable"), f"{where}.minAvailable", 0, err)
         if least is not None and replicas is not None and least > replicas:
             err(
                 f"{where}.minAvailable", f"{least} is greater than the task's replicas ({replicas})"
             )
-        _whole(task.get("maxRetry"), f"{where}.maxRetry", 0, err)
+        whole_field(task.get("maxRetry"), f"{where}.maxRetry", 0, err)
         _check_policies(task.get("policies"), f"{where}.policies", err)
         if _qualified(name) and _label(tname) and replicas:  # webhook: pod names valid
             last = pod_name(name, tname, max(replicas - 1, 0))
@@ -557,9 +565,11 @@ def _check_partition(
     if not isinstance(policy, dict):
         err(at, "must be an object")
         return
-    total = _whole(policy.get("totalPartitions"), f"{at}.totalPartitions", 1, err, required=True)
-    size = _whole(policy.get("partitionSize"), f"{at}.partitionSize", 1, err, required=True)
-    minimum = _whole(policy.get("minPartitions"), f"{at}.minPartitions", 0, err)
+    total = whole_field(
+        policy.get("totalPartitions"), f"{at}.totalPartitions", 1, err, required=True
+    )
+    size = whole_field(policy.get("partitionSize"), f"{at}.partitionSize", 1, err, required=True)
+    minimum = whole_field(policy.get("minPartitions"), f"{at}.minPartitions", 0, err)
     if total and size and replicas is not None and replicas != total * size:
         err(
             f"{where}.replicas",
@@ -726,7 +736,7 @@ def duration_s(text: str) -> float | None:
 # --- helpers -----------------------------------------------------------------------------
 
 
-def _whole(
+def whole_field(
     value: Any, where: str, least: int, err: Report, *, required: bool = False
 ) -> int | None:
     """``value`` as an int32 of at least ``least`` (None, reported, when it is not)."""

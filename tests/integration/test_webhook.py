@@ -353,3 +353,29 @@ async def test_a_queue_that_would_break_the_tree_is_refused_at_kubectl_apply(
                 await kube.request(
                     api, "DELETE", f"/apis/scheduling.volcano.sh/v1beta1/queues/{name}"
                 )
+
+
+async def test_a_podgroup_whose_subgroup_policy_breaks_a_rule_is_refused_naming_the_field(
+    webhook: dict[str, Any], api: kube.Client, kubeconfig: Path
+) -> None:
+    ns = await _namespace(api, LABEL)
+
+    def podgroup(name: str, size: int) -> dict[str, Any]:
+        policy = {"name": "prefill", "subGroupSize": size, "matchLabelKeys": ["replica"]}
+        return {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": name},
+            "spec": {"minMember": 2, "subGroupPolicy": [policy]},
+        }
+
+    refused = _apply(kubeconfig, ns, podgroup("broken", 0))
+    assert refused.returncode != 0
+    assert 'admission webhook "validate.podgroups.tessera.io" denied the request' in (
+        refused.stderr
+    )
+    assert "spec.subGroupPolicy[0].subGroupSize: 0 must be at least 1" in refused.stderr
+    made = _apply(kubeconfig, ns, podgroup("fine", 2))
+    assert made.returncode == 0, made.stderr
+    podgroups = f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups"
+    await kube.request(api, "DELETE", podgroups)
