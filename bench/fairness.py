@@ -109,9 +109,12 @@ from shared.core.placement import GangMember, PlacementConfig, Placer
 from shared.core.queues import GroupSpec, QueueShare, QueueSpec, deserved, grant_vector
 from shared.core.request import RequestParser
 from shared.core.room import Room, Unplaced
+from shared.core.usage import UsageParams
 
-Mode = Literal["proportion", "capacity"]
-MODES: tuple[Mode, ...] = ("proportion", "capacity")
+Mode = Literal["proportion", "capacity", "capacity+usage"]
+MODES: tuple[Mode, ...] = ("proportion", "capacity", "capacity+usage")
+USAGE_SAMPLE_S = 30.0
+"""The coordinator samples each queue's use this often (``scheduler.usage.sampleS``)."""
 NAMESPACE = "openb"
 RESUBMIT_S = 30.0
 """An evicted pod is created again this long after it went (its Job's controller)."""
@@ -329,9 +332,16 @@ def queues(mode: Mode, tenants: Sequence[Tenant], gpus: int) -> list[QueueSpec]:
         return [
             QueueSpec(name=t.name, weight=t.deserved, guarantee=of(t.guarantee)) for t in tenants
         ]
-    out = [QueueSpec(name=p, deserved=of(share)) for p, share in PARENTS.items()]
+    # ``weight`` divides the surplus above deserved with a memory of past use: as deserved
+    out = [QueueSpec(name=p, weight=share, deserved=of(share)) for p, share in PARENTS.items()]
     out += [
-        QueueSpec(name=t.name, parent=t.parent, deserved=of(t.deserved), guarantee=of(t.guarantee))
+        QueueSpec(
+            name=t.name,
+            parent=t.parent,
+            weight=t.deserved,
+            deserved=of(t.deserved),
+            guarantee=of(t.guarantee),
+        )
         for t in tenants
     ]
     return out
@@ -383,10 +393,19 @@ class Replay:
         parsed: Mapping[str, tuple[PodRequest, PodSpec]],
         *,
         starvation_guard_s: float = 300.0,
+        usage: UsageParams | None = None,
     ) -> None:
         self.mode = mode
         self.parsed = parsed
-        self.gangs = Gangs(Policy(queue_plugin=mode, starvation_guard_s=starvation_guard_s), SPLIT)
+        remembers = UsageParams()  # kept, weighing nothing
+        if mode == "capacity+usage":
+            remembers = usage or UsageParams(weight=1.0)
+        policy = Policy(
+            queue_plugin="proportion" if mode == "proportion" else "capacity",
+            starvation_guard_s=starvation_guard_s,
+            usage=remembers,
+        )
+        self.gangs = Gangs(policy, SPLIT)
         self.ledger = Ledger(SPECS)
         for node in nodes:
             self.ledger.set_node(node.name, node.devices)
@@ -557,6 +576,8 @@ class Replay:
             while following is not None and following.offer.arrival <= now + EPS:
                 self.submit(following, now)
                 following = next(upcoming, None)
+            if k % max(1, round(USAGE_SAMPLE_S / step)) == 0:
+                self.gangs.sample_usage(now)
             if self.room.lapsed(now).freed:
                 self.gangs.helpful(node_changed=False)
             for gang in self.gangs.dispatch(now).ready:
@@ -597,12 +618,14 @@ def replay(
     parsed: Mapping[str, tuple[PodRequest, PodSpec]] | None = None,
     *,
     starvation_guard_s: float = 300.0,
+    usage: UsageParams | None = None,
 ) -> Outcome:
-    """Replay ``offers`` on ``nodes`` for ``horizon`` seconds in ``mode``."""
+    """Replay ``offers`` on ``nodes`` for ``horizon`` seconds in ``mode`` (``usage``: the
+    memory of past use of ``capacity+usage``)."""
     if parsed is None:
         parser = RequestParser(SPECS)
         parsed = {o.task.name: parse(o.task, parser) for o in offers}
-    sim = Replay(mode, nodes, tenants, parsed, starvation_guard_s=starvation_guard_s)
+    sim = Replay(mode, nodes, tenants, parsed, starvation_guard_s=starvation_guard_s, usage=usage)
     return sim.run(offers, horizon, step)
 
 
@@ -781,6 +804,12 @@ def main() -> None:
     parser.add_argument(
         "--starvation-guard", type=float, default=300.0, help="scheduler.starvationGuardS"
     )
+    parser.add_argument(
+        "--usage-weight", type=float, default=1.0, help="capacity+usage: scheduler.usage.weight"
+    )
+    parser.add_argument(
+        "--half-life", type=float, default=3600.0, help="capacity+usage: usage.halfLifeS"
+    )
     parser.add_argument("--pod-list", type=Path, default=TRACE / "openb_pod_list_default.csv")
     parser.add_argument("--node-list", type=Path, default=TRACE / "openb_node_list_gpu_node.csv")
     parser.add_argument(
@@ -859,6 +888,7 @@ def main() -> None:
             args.step,
             parsed,
             starvation_guard_s=args.starvation_guard,
+            usage=UsageParams(weight=args.usage_weight, half_life_s=args.half_life),
         )
         print(f"{mode}: replayed in {out.seconds:.1f} s", flush=True)
         outs.append(out)

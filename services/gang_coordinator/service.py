@@ -42,7 +42,7 @@ from shared import events as ev
 from shared.bus import through_failover
 from shared.core.gangs import Gangs, Member, Policy, ReadyGang
 from shared.core.model import GangKey, NodeName, PodUID
-from shared.core.queues import GroupSpec, grant_vector
+from shared.core.queues import GroupSpec, grant_vector, resource_vector
 from shared.core.request import ResourceTable
 from shared.core.spec import GENERIC_VENDORS
 from shared.core.usage import UsageParams
@@ -274,6 +274,7 @@ class Coordinator(Service):
             queue=event.queue,
             subgroups=event.sub_group_policy,
             invalid=event.invalid,
+            min_resources=resource_vector(self.table, event.min_resources),
         )
         if event.invalid:
             log.warning("PodGroup %s: %s; its pods wait until it is mended", key, event.invalid)

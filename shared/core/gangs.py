@@ -15,7 +15,8 @@ Queues (Volcano's). With queues known, the pods of a gang whose queue is missing
 not Open wait and are told why. Each queue gets its deserved share of the cluster's
 devices (shared/core/queues.py); a gang whose queue's allocated + in-flight + gang
 would pass its capability (always) or its deserved share (while another queue has a
-gang waiting) waits while the others are served. A group may be sent in part: the
+gang waiting) waits while the others are served; a PodGroup not yet started counts as
+at least its ``minResources`` there (Volcano's enqueue check). A group may be sent in part: the
 members its queue allows, if they reach ``minMember``.
 
 Order. Ready gangs go by queue priority, then the queue furthest below its share, then
@@ -702,6 +703,13 @@ class Gangs:
                 laid = laid if laid.subgroups else None
             if len(taken) < min_member:
                 continue  # over its share or capability: not now
+            group = None if key.lone or here else self.groups.get(key)
+            if group is not None and group.min_resources:  # Volcano's enqueue check
+                least = group.min_resources
+                if not fits(_at_least(need, least)):
+                    self._never(members, queue, least, caps, tree, told)
+                    continue
+                need = _at_least(need, least)  # what this dispatch counts it for
             offered: tuple[VictimUnit, ...] = ()
             hold = False
             protected_s = 0.0
@@ -724,6 +732,7 @@ class Gangs:
                         tree=tree,
                         level=self.policy.ancestor_reclaim_level,
                         protection=protection,
+                        owed=owed,
                     )
                     if math.isfinite(protection.soonest):
                         protected_s = protection.soonest
@@ -732,7 +741,7 @@ class Gangs:
                 if hold and tree is not None:  # capacity: only a gang within its share
                     # holds nodes; one borrowing beyond it would keep them from the
                     # queues that deserve them (bench/fairness.py found it starving them)
-                    hold = may_reclaim(tree, queue, rolled, need, 0)
+                    hold = may_reclaim(tree, queue, rolled, need, 0, owed)
             first = taken[0]
             order: tuple[object, ...]
             if tree is not None:
@@ -829,6 +838,37 @@ class Gangs:
         members.sort(key=lambda m: (-m.priority, m.created_at))
         return min_member
 
+    def _never(
+        self,
+        members: list[Member],
+        queue: str,
+        floor: Resources,
+        caps: Mapping[str, Resources | None],
+        tree: QueueTree | None,
+        told: list[tuple[Member, Status]],
+    ) -> None:
+        """Tell a PodGroup's pods when its ``minResources`` exceed what its queue (or an
+        ancestor) may ever hold: it waits for the Queue or the PodGroup to change."""
+        if tree is not None:
+            x = over_capability(tree, queue, {}, floor)
+            limit = (tree.real.get(x) or {}) if x is not None else {}
+        else:
+            x, limit = queue, caps.get(queue) or {}
+        over = sorted(
+            f"{d} {v:g} > {limit[d]:g}" for d, v in floor.items() if v > limit.get(d, math.inf)
+        )
+        if x is None or not over:
+            return  # it fits once the queue has room: it waits, as over its capability
+        why = (
+            f'its PodGroup\'s minResources exceed what queue "{x}" may ever hold '
+            f"({', '.join(over)}): lower spec.minResources or raise the queue's capability"
+        )
+        status = Status(reasons=(Reason(kind="queue", detail=why),))
+        for m in members:
+            if m.told != why:
+                m.told = why
+                told.append((m, status))
+
     # --- subgroups (shared/core/subgroups.py) -----------------------------------------
 
     def _subgroups(
@@ -866,6 +906,11 @@ class Gangs:
                     m.told = why
                     told.append((m, status))
         return False
+
+
+def _at_least(need: Resources, floor: Mapping[str, float]) -> Resources:
+    """``need``, raised to ``floor`` in every dimension ``floor`` names."""
+    return {d: max(need.get(d, 0.0), floor.get(d, 0.0)) for d in need.keys() | floor.keys()}
 
 
 def admit(

@@ -243,7 +243,10 @@ def fair(
     and its real capability), then what is left of the parent's fair share is divided by
     ``weight`` among those wanting more, each weight moved by the queue's past use
     (``usage``, rolled up and normalized: shared/core/usage.py) with ``k``. Below the top
-    level a child's use counts as its part of what its parent used."""
+    level a child's use counts as its part of what its parent used. Only the dimensions
+    some sibling deserves are divided: a dimension no queue is owed stays free for all,
+    as without fair shares (owed on one and not on another, two queues could each
+    reclaim from the other)."""
     out: dict[str, Resources] = {ROOT: _capped(total, tree.real[ROOT])}
     todo = [ROOT]
     while todo:
@@ -251,7 +254,8 @@ def fair(
         kids = tree.children.get(p, ())
         if not kids:
             continue
-        left = dict(out[p])
+        named = {d for c in kids for d, v in tree.deserved[c].items() if v > EPS}
+        left = {d: v for d, v in out[p].items() if d in named}  # only what queues are owed
         wants: list[QueueShare] = []
         for c in kids:
             want = _capped(demand.get(c, {}), tree.real[c])
@@ -291,16 +295,19 @@ def may_reclaim(
     rolled: Mapping[str, Resources],
     need: Resources,
     level: int = -1,
+    owed: Mapping[str, Resources] | None = None,
 ) -> bool:
     """Whether ``queue`` may reclaim ``need`` from others: it stays within its real
     capability, and within its deserved on one dimension of ``need`` that it deserves
     (dimensions deserving 0 do not count). With ``level`` N > 0, one of its N nearest
     ancestors below ``ROOT`` staying within that ancestor's deserved also qualifies it;
-    -1 or 0 weighs the queue alone."""
+    -1 or 0 weighs the queue alone. With ``owed`` (``fair``: a memory of past use), its
+    fair share stands for its deserved, as KAI's reclaim follows the fair share."""
     if not within(_after(rolled, queue, need), tree.real[queue] or {}, absent=math.inf):
         return False
     ancestors = tuple(reversed(tree.path(queue)[1:-1]))[: max(level, 0)]
-    return any(_under_deserved(tree, x, rolled, need) for x in (queue, *ancestors))
+    bar = owed if owed is not None else tree.deserved
+    return any(_under(bar, x, rolled, need) for x in (queue, *ancestors))
 
 
 def kinship(tree: QueueTree, a: str, b: str) -> int:
@@ -321,6 +328,7 @@ def may_take(
     rolled: Mapping[str, Resources],
     victim: Resources,
     level: int = -1,
+    owed: Mapping[str, Resources] | None = None,
 ) -> str | None:
     """None if a pod holding ``victim`` in ``victim_queue`` may be reclaimed for a pod of
     ``reclaimer``'s queue, else why not.
@@ -338,16 +346,17 @@ def may_take(
     for d, v in victim.items():
         if v > EPS and floor.get(d, 0.0) > EPS and used.get(d, 0.0) - v < floor[d] - EPS:
             return f'queue "{victim_queue}" would fall below its guarantee'
-    if not _over_deserved(tree, victim_queue, rolled, victim):
-        return f'queue "{victim_queue}" is within its deserved share'
+    bar, what = (tree.deserved, "deserved") if owed is None else (owed, "fair")
+    if not _over(bar, victim_queue, rolled, victim):
+        return f'queue "{victim_queue}" is within its {what} share'
     below = kinship(tree, reclaimer, victim_queue) + 1
     diverging = tuple(reversed(tree.path(victim_queue)[below:-1]))
     if level >= 0:
         diverging = diverging[:level]
     for i, x in enumerate(diverging):
-        if not _over_deserved(tree, x, rolled, victim):
+        if not _over(bar, x, rolled, victim):
             kin = "parent" if i == 0 else "ancestor"
-            return f'its {kin} queue "{x}" is within its deserved share'
+            return f'its {kin} queue "{x}" is within its {what} share'
     return None
 
 
@@ -361,11 +370,12 @@ def _deserves(tree: QueueTree, queue: str) -> bool:
     return any(v > EPS for v in tree.deserved[queue].values())
 
 
-def _under_deserved(
-    tree: QueueTree, queue: str, rolled: Mapping[str, Resources], need: Resources
+def _under(
+    bar: Mapping[str, Resources], queue: str, rolled: Mapping[str, Resources], need: Resources
 ) -> bool:
-    """On one dimension of ``need`` that ``queue`` deserves, ``need`` more stays within."""
-    deserved = tree.deserved[queue]
+    """On one dimension of ``need`` that ``queue`` is owed (``bar``: deserved or fair),
+    ``need`` more stays within."""
+    deserved = bar.get(queue, {})
     after = _after(rolled, queue, need)
     return any(
         after[d] <= deserved[d] + EPS
@@ -374,12 +384,12 @@ def _under_deserved(
     )
 
 
-def _over_deserved(
-    tree: QueueTree, queue: str, rolled: Mapping[str, Resources], victim: Resources
+def _over(
+    bar: Mapping[str, Resources], queue: str, rolled: Mapping[str, Resources], victim: Resources
 ) -> bool:
-    """``queue`` deserves none of the dimensions ``victim`` uses, or is over its deserved
-    on one of them."""
-    deserved = tree.deserved[queue]
+    """``queue`` is owed (``bar``: deserved or fair) none of the dimensions ``victim``
+    uses, or is over what it is owed on one of them."""
+    deserved = bar.get(queue, {})
     used = rolled.get(queue, {})
     dims = [d for d, v in victim.items() if v > EPS and deserved.get(d, 0.0) > EPS]
     return not dims or any(used.get(d, 0.0) > deserved[d] + EPS for d in dims)

@@ -191,6 +191,7 @@ def victims(
     tree: QueueTree | None = None,
     level: int = -1,
     protection: Protection | None = None,
+    owed: Mapping[str, Resources] | None = None,
 ) -> tuple[VictimUnit, ...]:
     """Bound pods that may be evicted for the gang ``key`` (whose waiting ``members``
     need ``need``), as units, cheapest first (Volcano's preempt and reclaim).
@@ -209,7 +210,8 @@ def victims(
     reclaims while it and its ancestors allow (``may_reclaim``), from queues whose pods
     ``may_take`` allows (over their deserved share up the tree to ``level`` ancestors,
     never below a guarantee), siblings first, then cousins; what a queue gives is
-    counted as it is offered, so no queue is offered below what it deserves.
+    counted as it is offered, so no queue is offered below what it deserves. With
+    ``owed`` (a memory of past use: ``hierarchy.fair``), fair shares stand for deserved.
 
     With ``protection``, a unit with a pod that has not run its minimum runtime yet is
     not offered; ``protection.soonest`` says when the first such protection ends.
@@ -221,7 +223,7 @@ def victims(
     rolled: dict[str, Resources] = {}
     if tree is not None:
         rolled = rolled_up(tree, used)
-        under = may_reclaim(tree, queue, rolled, need, level)
+        under = may_reclaim(tree, queue, rolled, need, level, owed)
         reclaim = under
     else:
         under = bool(queues) and within(
@@ -259,7 +261,7 @@ def victims(
                     theirs != queue
                     and under
                     and theirs in tree.parent
-                    and may_take(tree, queue, theirs, rolled, vector, level) is None
+                    and may_take(tree, queue, theirs, rolled, vector, level, owed) is None
                 )
                 kin = kinship(tree, queue, theirs) if over else 0
             else:
@@ -280,7 +282,8 @@ def victims(
             if priority < top:
                 why = f"priority {priority} < {top}"
             else:
-                why = f'queue "{theirs}" is over its deserved share'
+                bar = "deserved" if owed is None else "fair"
+                why = f'queue "{theirs}" is over its {bar} share'
                 reclaimed[theirs] = add(reclaimed.get(theirs, {}), vector)
                 if tree is not None:  # what it gives is counted up its tree
                     for name in tree.path(theirs):

@@ -191,6 +191,9 @@ class GroupSpec:
     """``spec.subGroupPolicy`` (shared/core/subgroups.py); none: a plain gang."""
     invalid: str = ""
     """Why its ``subGroupPolicy`` is refused: its pods wait, told this."""
+    min_resources: Resources = field(default_factory=dict)
+    """``spec.minResources`` as a vector: what its queue must have room for before it
+    goes, whatever its pods ask (Volcano's enqueue check)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -261,10 +261,13 @@ async def podgroup(
     min_member: int,
     queue: str = "default",
     min_task_member: dict[str, int] | None = None,
+    min_resources: dict[str, Any] | None = None,
 ) -> None:
     spec: dict[str, Any] = {"minMember": min_member, "queue": queue}
     if min_task_member:
         spec["minTaskMember"] = min_task_member
+    if min_resources:
+        spec["minResources"] = min_resources
     await kube.request(
         p.api,
         "POST",

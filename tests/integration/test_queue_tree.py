@@ -15,8 +15,8 @@ from kubernetes_asyncio.client import ApiException
 from shared import kube
 from shared.config import NatsConfig
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, start_pipeline
-from tests.integration.test_batch import member, podgroup, queue
+from tests.integration.pipeline import Pipeline, podgroup, start_pipeline
+from tests.integration.test_batch import member, queue
 
 pytestmark = pytest.mark.integration
 WHOLE = {"nvidia.com/gpu": 1}
@@ -158,3 +158,23 @@ async def test_a_parents_deserved_share_bounds_its_childrens_reclaim(
     await asyncio.sleep(3.0)
     assert all([await exists(pipeline, ns, n) for n in held]), "nothing was reclaimed"
     assert not (await pipeline.get(ns, "t2-1"))["spec"].get("nodeName")
+
+
+async def test_min_resources_enter_the_enqueue_check(pipeline: Pipeline, ns: str) -> None:
+    # A queue of two cards at most. A PodGroup whose minResources ask three waits and
+    # is told why, though its one pod asks a single card; one asking two goes, and
+    # then one asking two more waits (the queue has no room), untold.
+    small = f"small-{ns}"
+    await queue(pipeline, small, capability={"nvidia.com/gpu": 2})
+    await podgroup(pipeline, ns, "greedy", 1, queue=small, min_resources={"nvidia.com/gpu": 3})
+    await pipeline.create(ns, member("greedy", "greedy", WHOLE))
+    await podgroup(pipeline, ns, "modest", 1, queue=small, min_resources={"nvidia.com/gpu": 2})
+    await pipeline.create(ns, member("modest", "modest", WHOLE))
+    await pipeline.bound(ns, "modest")
+    told = await eventually(lambda: failed(pipeline, ns, "greedy"), what="greedy told why")
+    assert f'minResources exceed what queue "{small}" may ever hold' in told
+    assert not (await pipeline.get(ns, "greedy"))["spec"].get("nodeName")
+    await podgroup(pipeline, ns, "later", 1, queue=small, min_resources={"nvidia.com/gpu": 2})
+    await pipeline.create(ns, member("later", "later", WHOLE))
+    await asyncio.sleep(3.0)
+    assert not (await pipeline.get(ns, "later"))["spec"].get("nodeName")

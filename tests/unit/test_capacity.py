@@ -153,3 +153,32 @@ def test_the_emptier_subtree_goes_first() -> None:
     g.pending(into(g, "x1", "x-new", created=0.0))
     g.pending(into(g, "y1", "y-new", created=1.0))
     assert [name for name, _ in sent(g)] == ["y-new", "x-new"]
+
+
+def test_min_resources_enter_the_enqueue_check_and_too_much_is_told() -> None:
+    """A PodGroup's ``spec.minResources`` must fit its queue's room before it goes,
+    whatever its pods ask (Volcano's enqueue check); more than the queue (or an
+    ancestor) may ever hold is told, naming the queue."""
+    g = tree(8, q("org", capability=cores(300)), q("a", parent="org"))
+    small, big, plain = (into(g, "a", n) for n in ("small", "big", "plain"))
+    g.groups[small.key] = GroupSpec(queue="a", min_resources=cores(200))
+    g.groups[big.key] = GroupSpec(queue="a", min_resources=cores(400))
+    for m in (small, big, plain):
+        g.pending(m)
+    out = g.dispatch(0.0)
+    # small counts as 200 cores of org's 300: plain's card still fits, big never does
+    assert sorted(r.key.name for r in out.ready) == ["plain", "small"]
+    [(m, status)] = out.told
+    assert m.key.name == "big"
+    assert 'minResources exceed what queue "a" may ever hold (nvidia.cores 400 > 300)' in (
+        status.message()
+    )
+    g2 = tree(8, q("org", capability=cores(300)), q("a", parent="org"))
+    first, second = (into(g2, "a", n) for n in ("first", "second"))
+    for m in (first, second):
+        g2.groups[m.key] = GroupSpec(queue="a", min_resources=cores(200))
+        g2.pending(m)
+    # each fits alone; together they would pass org's capability: one waits, untold
+    out = g2.dispatch(0.0)
+    assert len(out.ready) == 1
+    assert out.told == ()

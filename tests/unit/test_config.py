@@ -156,6 +156,14 @@ def test_the_preemption_and_starvation_switches_are_the_profiles_postfilters() -
             {"scheduler": {"plugins": {"filter": {"enabled": [{"name": "Spread"}]}}}},
             ["'Spread' has no filter extension point"],
         ),
+        (
+            {"scheduler": {"usage": {"halfLifeS": -1}}},
+            ["Expected `float` >= 0.0", "$.scheduler.usage.halfLifeS"],
+        ),
+        (
+            {"scheduler": {"usage": {"weight": -0.5}}},
+            ["Expected `float` >= 0.0", "$.scheduler.usage.weight"],
+        ),
     ],
 )
 def test_bad_config_names_the_key_and_the_fix(data: dict[str, Any], expected: list[str]) -> None:

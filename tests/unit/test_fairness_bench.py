@@ -86,7 +86,7 @@ def runs(fairness: Any) -> dict[str, tuple[Any, list[Any]]]:
 def test_both_modes_hold_no_more_than_the_cluster_and_account_for_every_pod(
     runs: dict[str, tuple[Any, list[Any]]],
 ) -> None:
-    assert set(runs) == {"proportion", "capacity"}
+    assert set(runs) == {"proportion", "capacity", "capacity+usage"}
     for mode, (out, workload) in runs.items():
         assert out.peak <= out.gpus + 1e-9, mode
         assert sum(out.used.values()) <= out.available + 1e-6, mode
