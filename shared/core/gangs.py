@@ -77,6 +77,7 @@ from shared.core.model import (
 )
 from shared.core.preemption import Protection, allowances, victims
 from shared.core.queues import (
+    EPS,
     GroupSpec,
     QueueShare,
     QueueSpec,
@@ -703,10 +704,13 @@ class Gangs:
                 laid = laid if laid.subgroups else None
             if len(taken) < min_member:
                 continue  # over its share or capability: not now
-            group = None if key.lone or here else self.groups.get(key)
+            started = here or any(
+                m.state == "inflight" for m in self._grouped.get(key, {}).values()
+            )
+            group = None if key.lone or started else self.groups.get(key)
             if group is not None and group.min_resources:  # Volcano's enqueue check
                 least = group.min_resources
-                if not fits(_at_least(need, least)):
+                if not fits(_at_least(need, least)) or not within(least, self.capacity()[0]):
                     self._never(members, queue, least, caps, tree, told)
                     continue
                 need = _at_least(need, least)  # what this dispatch counts it for
@@ -848,7 +852,8 @@ class Gangs:
         told: list[tuple[Member, Status]],
     ) -> None:
         """Tell a PodGroup's pods when its ``minResources`` exceed what its queue (or an
-        ancestor) may ever hold: it waits for the Queue or the PodGroup to change."""
+        ancestor) may ever hold, or the whole cluster: it waits for the Queue, the
+        PodGroup or the nodes to change."""
         if tree is not None:
             x = over_capability(tree, queue, {}, floor)
             limit = (tree.real.get(x) or {}) if x is not None else {}
@@ -857,11 +862,21 @@ class Gangs:
         over = sorted(
             f"{d} {v:g} > {limit[d]:g}" for d, v in floor.items() if v > limit.get(d, math.inf)
         )
-        if x is None or not over:
+        fix = "lower spec.minResources or raise the queue's capability"
+        if x is None or not over:  # within the queue's bounds: within the cluster's?
+            total = self.capacity()[0]
+            over = sorted(
+                f"{d} {v:g} > {total.get(d, 0.0):g}"
+                for d, v in floor.items()
+                if v > total.get(d, 0.0) + EPS
+            )
+            x, fix = None, "lower spec.minResources or add nodes"
+        if not over:
             return  # it fits once the queue has room: it waits, as over its capability
+        where = f'queue "{x}"' if x is not None else "the cluster"
         why = (
-            f'its PodGroup\'s minResources exceed what queue "{x}" may ever hold '
-            f"({', '.join(over)}): lower spec.minResources or raise the queue's capability"
+            f"its PodGroup's minResources exceed what {where} may ever hold "
+            f"({', '.join(over)}): {fix}"
         )
         status = Status(reasons=(Reason(kind="queue", detail=why),))
         for m in members:

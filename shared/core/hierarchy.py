@@ -23,6 +23,10 @@ each level of the path, so a team's queues together stay within the team's own b
   checks none of those ancestors by default, so a child over its deserved is reclaimed from
   while its parent is under the parent's; Tessera checks all of them unless told a level.
 
+- **Fair shares** (``fair``), with a memory of past use (shared/core/usage.py): the
+  surplus above deserved divided top down as KAI divides it; given as ``owed``, they
+  stand for deserved in the order of turns and in reclaim.
+
 Nothing here reads the cluster: the caller gives the queues and what each leaf uses.
 """
 
@@ -32,7 +36,16 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shared.core.queues import EPS, QueueShare, Resources, accumulate, add, deserved, within
+from shared.core.queues import (
+    EPS,
+    QueueShare,
+    Resources,
+    accumulate,
+    add,
+    capped,
+    deserved,
+    within,
+)
 
 ROOT = "root"
 
@@ -240,14 +253,18 @@ def fair(
 ) -> dict[str, Resources]:
     """Each healthy queue's fair share of ``total``, top down as KAI divides it: among a
     parent's children, each first gets its deserved (up to its ``demand``, rolled up,
-    and its real capability), then what is left of the parent's fair share is divided by
-    ``weight`` among those wanting more, each weight moved by the queue's past use
-    (``usage``, rolled up and normalized: shared/core/usage.py) with ``k``. Below the top
-    level a child's use counts as its part of what its parent used. Only the dimensions
-    some sibling deserves are divided: a dimension no queue is owed stays free for all,
-    as without fair shares (owed on one and not on another, two queues could each
-    reclaim from the other)."""
-    out: dict[str, Resources] = {ROOT: _capped(total, tree.real[ROOT])}
+    and its real capability); then what is left of the parent's fair share goes to the
+    children wanting more, higher ``priority`` first, within one priority divided by
+    ``weight``, each weight moved by the queue's past use (``usage``, rolled up and
+    normalized: shared/core/usage.py) with ``k``.
+
+    At the top level a queue's use is its part of the cluster's, as KAI counts it; below,
+    its part of the part its parent is owed (KAI divides by the cluster at every level,
+    where children's uses, small beside their weights among siblings, hardly move the
+    division). Only the dimensions some sibling deserves are divided: a dimension no
+    queue is owed stays free for all, as without fair shares (owed on one and not on
+    another, two queues could each reclaim from the other)."""
+    out: dict[str, Resources] = {ROOT: capped(total, tree.real[ROOT])}
     todo = [ROOT]
     while todo:
         p = todo.pop()
@@ -256,37 +273,26 @@ def fair(
             continue
         named = {d for c in kids for d, v in tree.deserved[c].items() if v > EPS}
         left = {d: v for d, v in out[p].items() if d in named}  # only what queues are owed
-        wants: list[QueueShare] = []
+        wants: dict[int, list[QueueShare]] = {}
         for c in kids:
-            want = _capped(demand.get(c, {}), tree.real[c])
+            want = capped(demand.get(c, {}), tree.real[c])
             given = {d: min(v, want.get(d, 0.0)) for d, v in tree.deserved[c].items()}
             out[c] = given
             accumulate(left, given, -1)
-            wants.append(
-                QueueShare(name=c, weight=tree.weight.get(c, 1.0), demand=add(want, given, -1))
-            )
-        parent_use = usage.get(p, {})
+            more = QueueShare(name=c, weight=tree.weight.get(c, 1.0), demand=add(want, given, -1))
+            wants.setdefault(tree.priority[c], []).append(more)
+        part = {d: out[p].get(d, 0.0) / v for d, v in total.items() if v > EPS}
         past = {
-            c: {
-                d: v / parent_use[d]
-                for d, v in usage.get(c, {}).items()
-                if parent_use.get(d, 0.0) > EPS
-            }
-            if p != ROOT
-            else usage.get(c, {})
+            c: {d: v / part[d] for d, v in usage.get(c, {}).items() if part.get(d, 0.0) > EPS}
             for c in kids
         }
-        more = deserved({d: max(v, 0.0) for d, v in left.items()}, wants, past, k)
-        for c in kids:
-            accumulate(out[c], more.get(c, {}))
-            todo.append(c)
+        for priority in sorted(wants, reverse=True):
+            got = deserved({d: max(v, 0.0) for d, v in left.items()}, wants[priority], past, k)
+            for c, extra in got.items():
+                accumulate(out[c], extra)
+                accumulate(left, extra, -1)
+        todo.extend(kids)
     return out
-
-
-def _capped(vector: Mapping[str, float], limit: Resources | None) -> Resources:
-    """``vector`` within ``limit`` (a dimension ``limit`` does not name is not capped)."""
-    cap = limit or {}
-    return {d: min(v, cap.get(d, v)) for d, v in vector.items()}
 
 
 def may_reclaim(

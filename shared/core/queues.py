@@ -230,6 +230,12 @@ class QueueShare:
     guarantee: Resources = field(default_factory=dict)
 
 
+def capped(vector: Mapping[str, float], limit: Mapping[str, float] | None) -> Resources:
+    """``vector`` within ``limit`` (a dimension ``limit`` does not name is not capped)."""
+    cap = limit or {}
+    return {d: min(v, cap.get(d, v)) for d, v in vector.items()}
+
+
 def weigh(weights: Mapping[str, float], usage: Mapping[str, float], k: float) -> dict[str, float]:
     """The weights of queues dividing a surplus in one dimension, moved by their normalized
     ``usage`` in it (shared/core/usage.py): ``max(0, nW + k·(nW - nU))`` scaled back to the sum
@@ -259,14 +265,7 @@ def deserved(
     it, dimension by dimension (``weigh``); guarantees are not."""
     shares = list(queues)
     result: dict[str, Resources] = {q.name: {} for q in shares}
-
-    def cap(q: QueueShare) -> Resources:
-        limit = dict(q.demand)
-        if q.capability is not None:  # a dimension it does not name is not limited
-            limit = {k: min(v, q.capability.get(k, v)) for k, v in limit.items()}
-        return limit
-
-    caps = {q.name: cap(q) for q in shares}
+    caps = {q.name: capped(q.demand, q.capability) for q in shares}
     remaining = dict(total)
     active = [q for q in shares if any(v > EPS for v in caps[q.name].values())]
     for _ in range(64):

@@ -105,6 +105,8 @@ def read_policies(raw: Any) -> tuple[tuple[SubGroupPolicy, ...], list[JobError]]
             name = str(name or i)
         elif name in names:
             err(f"{where}.name", f'"{name}" names another policy too')
+        elif "/" in name:  # a subgroup is named "<policy>/<label values>"
+            err(f"{where}.name", f'"{name}": a policy name has no "/"')
         names.add(name)
         size = whole_field(entry.get("subGroupSize"), f"{where}.subGroupSize", 1, err)
         least = whole_field(entry.get("minSubGroups"), f"{where}.minSubGroups", 0, err)

@@ -17,10 +17,13 @@ forgets nothing (services/gang_coordinator/usage.py).
   of the surplus, one that used less gets more; guarantees and deserved quotas are
   untouched. ``k`` 0 keeps usage shown but out of every share.
 
-Time is kept in buckets of ``window_s / BUCKETS`` (at least ``MIN_BUCKET_S``): what a
-queue held during a bucket is summed in it, and decayed from the bucket's middle when
-read. Nothing here reads a clock: the caller passes ``now`` (wall-clock seconds, so a
-stored memory means the same after a restart).
+Time is kept in buckets of ``window_s / BUCKETS`` (at least ``MIN_BUCKET_S``), so that
+use older than the window can be dropped: what a queue held during a bucket is
+integrated into it exactly, decayed to the bucket's end (``∫ A · 0.5^((end - t) / t½)
+dt`` over each stretch at one rate), and decayed from that end when read. The decay is
+exact whatever the bucket's length against the half-life; only the window's edge is
+kept to a bucket. Nothing here reads a clock: the caller passes ``now`` (wall-clock
+seconds, so a stored memory means the same after a restart).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class UsageParams:
 
 
 class Bucket(msgspec.Struct, array_like=True, frozen=True):
-    """What was held during one bucket (resource-seconds per dimension)."""
+    """What was held during one bucket (resource-seconds per dimension, decayed to the
+    bucket's end)."""
 
     start: float
     held: dict[str, float]
@@ -72,12 +76,14 @@ class Stored(msgspec.Struct, frozen=True):
     """What it held at the last sample (held since then, until the next one)."""
     at: float = 0.0
     """When that sample was taken."""
+    half_life_s: float = 0.0
+    """The half-life its buckets were decayed with (another's are not taken back)."""
 
 
 @dataclass(slots=True)
 class _Track:
     buckets: dict[int, Resources] = field(default_factory=dict)
-    """Resource-seconds by bucket index (``start // bucket_s``)."""
+    """Resource-seconds by bucket index (``start // bucket_s``), decayed to its end."""
     rate: Resources = field(default_factory=dict)
 
 
@@ -106,14 +112,17 @@ class UsageMemory:
                     self.dirty.add(name)
         if self._at is None or now > self._at:
             self._at = now
-        for name in self._tracks.keys() - held.keys() - {CAPACITY}:
-            self._tracks[name].rate = {}
+        rates: dict[str, Resources] = {n: {} for n in self._tracks.keys() - {CAPACITY}}
         for name, vector in (*held.items(), (CAPACITY, capacity)):
-            rate = {d: v for d, v in vector.items() if v > EPS}
-            if name in self._tracks:
+            rates[name] = {d: v for d, v in vector.items() if v > EPS}
+        for name, rate in rates.items():
+            if name not in self._tracks:
+                if not rate:
+                    continue
+                self._tracks[name] = _Track()
+            if self._tracks[name].rate != rate:
                 self._tracks[name].rate = rate
-            elif rate:
-                self._tracks[name] = _Track(rate=rate)
+                self.dirty.add(name)  # stored: a restart counts its outage at this rate
         self._expire(now)
         self.normalized = self._normalize(now)
 
@@ -123,16 +132,23 @@ class UsageMemory:
         return {name: self._decayed(track, now) for name, track in self._tracks.items()}
 
     def _integrate(self, track: _Track, since: float, until: float) -> None:
-        size = self.params.bucket_s
+        """Add ``track.rate`` held from ``since`` to ``until`` into its buckets."""
+        size, half = self.params.bucket_s, self.params.half_life_s
         t = since
         while t < until - EPS:
             index = math.floor(t / size)
             if (index + 1) * size <= t + EPS:  # ``t`` on a boundary, rounded below it
                 index += 1
-            end = min(until, (index + 1) * size)
-            slot = track.buckets.setdefault(index, {})
-            accumulate(slot, track.rate, end - t)
-            t = end
+            end = (index + 1) * size
+            stop = min(until, end)
+            if half > 0:  # ∫ 0.5^((end - u) / h) du from t to stop, exactly
+                weight = (
+                    half / math.log(2) * (0.5 ** ((end - stop) / half) - 0.5 ** ((end - t) / half))
+                )
+            else:
+                weight = stop - t
+            accumulate(track.buckets.setdefault(index, {}), track.rate, weight)
+            t = stop
 
     def _expire(self, now: float) -> None:
         """Drop buckets wholly older than the window, and queues with nothing left."""
@@ -148,11 +164,12 @@ class UsageMemory:
                 self.dirty.add(name)
 
     def _decayed(self, track: _Track, now: float) -> Resources:
+        """Its buckets decayed from their ends to ``now`` (the bucket in progress ends
+        after ``now``: its factor is above 1, undoing the decay to an end not reached)."""
         size, half = self.params.bucket_s, self.params.half_life_s
         out: Resources = {}
         for index, held in track.buckets.items():
-            middle = (index + 0.5) * size
-            factor = 0.5 ** (max(0.0, now - middle) / half) if half > 0 else 1.0
+            factor = 0.5 ** ((now - (index + 1) * size) / half) if half > 0 else 1.0
             accumulate(out, held, factor)
         return out
 
@@ -180,16 +197,21 @@ class UsageMemory:
                     buckets=[Bucket(i * size, dict(h)) for i, h in sorted(track.buckets.items())],
                     rate=dict(track.rate),
                     at=self._at or 0.0,
+                    half_life_s=self.params.half_life_s,
                 )
             )
         return out
 
     def restore(self, stored: Mapping[str, Stored]) -> None:
         """Take back what was stored (before any sample): the time since it was stored
-        counts at the rates it held then (up to a window), at the next sample."""
+        counts at the rates it held then (up to a window), at the next sample. Buckets
+        decayed with another half-life (the config changed) are not taken back."""
         size = self.params.bucket_s
         for name, entry in stored.items():
             track = self._tracks[name] = _Track(rate=dict(entry.rate))
+            if entry.half_life_s != self.params.half_life_s:
+                self.dirty.add(name)
+                continue
             for b in entry.buckets:
                 accumulate(track.buckets.setdefault(math.floor(b.start / size + EPS), {}), b.held)
         ats = [e.at for e in stored.values() if e.at > 0]

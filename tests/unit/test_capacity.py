@@ -182,3 +182,16 @@ def test_min_resources_enter_the_enqueue_check_and_too_much_is_told() -> None:
     out = g2.dispatch(0.0)
     assert len(out.ready) == 1
     assert out.told == ()
+
+
+def test_min_resources_beyond_the_whole_cluster_are_told() -> None:
+    g = tree(2, q("a"))
+    m = into(g, "a", "huge")
+    g.groups[m.key] = GroupSpec(queue="a", min_resources=cores(300))
+    g.pending(m)
+    out = g.dispatch(0.0)
+    assert out.ready == ()
+    [(_, status)] = out.told
+    assert "minResources exceed what the cluster may ever hold (nvidia.cores 300 > 200)" in (
+        status.message()
+    )

@@ -73,6 +73,7 @@ def test_a_broken_policy_is_refused_naming_each_field_and_read_without_raising()
         {"labelSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}},
         {"name": "b", "labelSelector": {"matchLabels": {"k": 1}}, "matchLabelKeys": "k"},
         "junk",
+        {"name": "c/d"},
     ]
     read, errors = read_policies(raw)
     said = {e.field: e.message for e in errors}
@@ -90,6 +91,7 @@ def test_a_broken_policy_is_refused_naming_each_field_and_read_without_raising()
         "spec.subGroupPolicy[3].labelSelector.matchLabels": "must map label keys to values",
         "spec.subGroupPolicy[3].matchLabelKeys": "must be a list of label keys",
         "spec.subGroupPolicy[4]": "must be an object",
+        "spec.subGroupPolicy[5].name": '"c/d": a policy name has no "/"',
     }
     assert read[0].size == 1  # read as best it can be
     assert read[1].subgroup({"k": "x"}) is None  # a malformed selector takes no pod

@@ -127,12 +127,27 @@ def test_capacity_fair_shares_give_the_surplus_above_deserved_by_past_use() -> N
     assert even["team"][GPU] == pytest.approx(11.0)
     assert even["a"][GPU] == pytest.approx(5.5)
     assert even["b"][GPU] == pytest.approx(5.5)
-    # "a" used a lot lately, within its team: "b" gets more of the team's surplus; the
-    # deserved 2 each is untouched.
+    # "a" used 40 % of the cluster lately, within its team, which is owed 11 of 12
+    # cards: its use counts as 0.4 / (11/12) of the team's part, so "b" gets more of
+    # the team's surplus of 7; the deserved 2 each is untouched.
     past = {"team": {GPU: 0.4}, "a": {GPU: 0.4}, "b": {GPU: 0.0}}
     moved = fair(tree, {GPU: 12.0}, demand, past, 1.0)
-    assert moved["a"][GPU] == pytest.approx(2.0)  # its parent's use was all its own
-    assert moved["b"][GPU] == pytest.approx(9.0)
+    nu = 0.4 / (11 / 12)
+    wa, wb = 0.5 + (0.5 - nu), 0.5 + 0.5
+    assert moved["team"][GPU] == pytest.approx(11.0)
+    assert moved["a"][GPU] == pytest.approx(2.0 + 7.0 * wa / (wa + wb))
+    assert moved["b"][GPU] == pytest.approx(2.0 + 7.0 * wb / (wa + wb))
+    # A higher-priority sibling takes the surplus first, whatever its past use.
+    ranked = build(
+        [
+            TreeQueue(name="a", deserved={GPU: 2.0}, priority=1),
+            TreeQueue(name="b", deserved={GPU: 2.0}),
+        ]
+    )
+    wanting = {"a": {GPU: 10.0}, "b": {GPU: 10.0}}
+    first = fair(ranked, {GPU: 12.0}, wanting, {"a": {GPU: 0.9}}, 1.0)
+    assert first["a"][GPU] == pytest.approx(10.0)
+    assert first["b"][GPU] == pytest.approx(2.0)
 
 
 def _gangs(plugin: Literal["proportion", "capacity"]) -> Gangs:
@@ -163,3 +178,72 @@ def test_proportion_shares_follow_the_memory() -> None:
     # "a" used the whole cluster: at k 1, KAI's formula leaves it nothing of the surplus.
     assert share["b"][GPU] == pytest.approx(8.0)
     assert share["a"].get(GPU, 0.0) == 0.0
+
+
+def test_with_a_memory_reclaim_follows_the_fair_share() -> None:
+    """KAI's reclaim follows the fair share: a queue over its deserved but within its
+    fair share keeps its pods; one over its fair share gives them up to a queue under
+    its own; without ``owed`` it is the deserved share, as before."""
+    from shared.core.hierarchy import may_reclaim, may_take, rolled_up
+
+    tree = build(
+        [
+            TreeQueue(name="a", deserved={GPU: 2.0}),
+            TreeQueue(name="b", deserved={GPU: 2.0}),
+        ]
+    )
+    rolled = rolled_up(tree, {"a": {GPU: 5.0}, "b": {GPU: 2.0}})
+    card = {GPU: 1.0}
+    assert may_take(tree, "b", "a", rolled, card) is None  # a is over its deserved 2
+    assert not may_reclaim(tree, "b", rolled, card)  # b is at its deserved 2
+    owed = {"a": {GPU: 5.0}, "b": {GPU: 3.0}}  # a's surplus, b's share of it
+    assert may_take(tree, "b", "a", rolled, card, owed=owed) == (
+        'queue "a" is within its fair share'
+    )
+    owed = {"a": {GPU: 4.0}, "b": {GPU: 4.0}}  # a used more lately: b's surplus grows
+    assert may_reclaim(tree, "b", rolled, card, owed=owed)
+    assert may_take(tree, "b", "a", rolled, card, owed=owed) is None
+
+
+@pytest.mark.parametrize(("half_life", "read_at"), [(3600.0, 0.0), (3600.0, 1800.0), (60.0, 900.0)])
+def test_the_decay_is_exact_whatever_the_bucket_against_the_half_life(
+    half_life: float, read_at: float
+) -> None:
+    """Hour-long buckets (the default week's) and any half-life: a queue that held the
+    whole cluster for the last 10 minutes of a week has ``1 - 0.5^(600 / h)`` of the
+    decayed capacity, wherever in its hour it is read."""
+    memory = UsageMemory(UsageParams(half_life_s=half_life))
+    assert memory.params.bucket_s == 3600.0
+    end = 604800.0 + read_at
+    t = 0.0
+    while t < end - 600.0:
+        memory.sample(t, {}, {GPU: 4.0})
+        t = min(t + 600.0, end - 600.0)
+    memory.sample(end - 600.0, {"a": {GPU: 4.0}}, {GPU: 4.0})
+    memory.sample(end, {"a": {GPU: 4.0}}, {GPU: 4.0})
+    assert memory.normalized["a"][GPU] == pytest.approx(1 - 0.5 ** (600.0 / half_life), rel=1e-3)
+
+
+def test_a_new_rate_is_stored_so_a_restart_counts_the_outage_at_it() -> None:
+    memory = UsageMemory(MINUTE_BUCKETS)
+    memory.sample(0.0, {"a": {GPU: 1.0}}, {GPU: 4.0})
+    memory.stored(sorted(memory.dirty))
+    memory.sample(10.0, {"a": {GPU: 1.0}, "b": {GPU: 2.0}}, {GPU: 4.0})
+    assert "b" in memory.dirty
+    stored = {n: e for n, e in memory.stored(sorted(memory.dirty)).items() if e is not None}
+    again = UsageMemory(MINUTE_BUCKETS)
+    again.restore(stored)
+    again.sample(610.0, {}, {GPU: 4.0})  # back 600 s later: b held 2 GPUs meanwhile
+    assert again.usage(610.0)["b"][GPU] == pytest.approx(
+        2.0 * 3600 / math.log(2) * (1 - 0.5 ** (600 / 3600)), rel=1e-6
+    )
+
+
+def test_every_queue_name_has_a_key_the_bucket_takes_and_back() -> None:
+    from services.gang_coordinator.usage import key_of, name_of
+
+    for name in ["default", "Team A", "a:b", "_capacity", "q.x", "é", CAPACITY]:
+        key = key_of(name)
+        assert all(c.isalnum() or c in "-_." for c in key), key
+        assert name_of(key) == name
+    assert name_of("other") is None
