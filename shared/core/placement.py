@@ -813,15 +813,8 @@ class Placer:
         required = min(max(min_member, 1), len(members))
         with Statement(self.ledger, statement) as gang:
             for i, m in enumerate(members):
-                result = self.place(
-                    m.pod,
-                    m.request,
-                    m.group,
-                    spec=m.spec,
-                    owner=owner,
-                    trial=trial,
-                    statement=gang,
-                    fragmentation_guard=fragmentation_guard,
+                result = self._place_member(
+                    m, gang, owner=owner, trial=trial, fragmentation_guard=fragmentation_guard
                 )
                 if isinstance(result, Placement):
                     placed.append(result)
@@ -844,6 +837,7 @@ class Placer:
         trial: bool,
         fragmentation_guard: int | None,
     ) -> Placement | Failure:
+        """One member, within the gang's ``statement``."""
         return self.place(
             m.pod,
             m.request,
