@@ -129,11 +129,14 @@ def test_domains_derive_from_labels_top_tier_first() -> None:
 
 def test_network_topology_is_read_from_the_spec_or_the_annotations() -> None:
     read, errors = nw.read_topology({"mode": "soft", "highestTierAllowed": 2})
-    assert read == nw.NetworkTopology(mode="soft", highest_tier=2) and not errors
+    assert read == nw.NetworkTopology(mode="soft", highest_tier=2)
+    assert not errors
     read, errors = nw.read_topology({"highestTierAllowed": 1, "highestTierName": "rack"})
-    assert errors and "both set" in errors[0].message
+    assert errors
+    assert "both set" in errors[0].message
     read, errors = nw.read_topology(None, {nw.TIER_ANNOTATION: "2"})
-    assert read == nw.NetworkTopology(highest_tier=2) and not errors
+    assert read == nw.NetworkTopology(highest_tier=2)
+    assert not errors
     assert nw.read_topology(None, {})[0] is None
     assert nw.read_topology({"mode": "loose"})[1][0].field == "spec.networkTopology.mode"
 
@@ -170,9 +173,11 @@ def test_a_hard_gang_goes_to_the_rack_it_fills_best() -> None:
     take(p, "r2n0", 3)
     hard = nw.NetworkTopology(highest_tier=1)
     result = nw.place_gang(p, fabric, hard, members(6), 6)
-    assert result.ok and rack_of(result) == {"r0"}  # 6 of 7: less room left than rack-1
+    assert result.ok
+    assert rack_of(result) == {"r0"}
     result = nw.place_gang(p, fabric, hard, members(8), 8)
-    assert result.ok and rack_of(result) == {"r1"}
+    assert result.ok
+    assert rack_of(result) == {"r1"}
 
 
 def test_a_hard_gang_no_rack_holds_waits_saying_what_is_missing() -> None:
@@ -180,7 +185,8 @@ def test_a_hard_gang_no_rack_holds_waits_saying_what_is_missing() -> None:
     take(p, "r0n0", 1)
     take(p, "r1n1", 2)
     result = nw.place_gang(p, fabric, nw.NetworkTopology(highest_tier_name="rack"), members(8), 8)
-    assert not result.ok and not result.status.unresolvable
+    assert not result.ok
+    assert not result.status.unresolvable
     assert result.message == (
         "no tier-1 HyperNode (rack) or below has room for all 8 pods of the gang: "
         "the best, rack-0, fits 7"
@@ -189,7 +195,8 @@ def test_a_hard_gang_no_rack_holds_waits_saying_what_is_missing() -> None:
     assert len(p.ledger.pods) == 3  # nothing of the gang stays reserved
     # the spine allows it
     spine = nw.place_gang(p, fabric, nw.NetworkTopology(highest_tier=2), members(8), 8)
-    assert spine.ok and rack_of(spine) == {"r0", "r1"}
+    assert spine.ok
+    assert rack_of(spine) == {"r0", "r1"}
 
 
 def test_a_gang_larger_than_any_domain_is_unresolvable() -> None:
@@ -214,16 +221,19 @@ def test_a_soft_gang_prefers_one_rack_and_else_goes_across() -> None:
     take(p, "r0n0", 1)  # rack-0: 7 free, rack-1: 8
     soft = nw.NetworkTopology(mode="soft")
     one = nw.place_gang(p, fabric, soft, members(8), 8)
-    assert one.ok and rack_of(one) == {"r1"}
+    assert one.ok
+    assert rack_of(one) == {"r1"}
     rest = nw.place_gang(p, fabric, soft, members(7), 7)
-    assert rest.ok and rack_of(rest) == {"r0"}
+    assert rest.ok
+    assert rack_of(rest) == {"r0"}
     p2, fabric2 = racks(2)
     take(p2, "r0n0", 1)
     take(p2, "r1n0", 1)
     spread = nw.place_gang(
         p2, fabric2, nw.NetworkTopology(mode="soft", highest_tier=1), members(10), 10
     )
-    assert spread.ok and rack_of(spread) == {"r0", "r1"}
+    assert spread.ok
+    assert rack_of(spread) == {"r0", "r1"}
 
 
 def test_without_hypernodes_or_topology_a_gang_is_placed_as_before() -> None:

@@ -37,5 +37,6 @@ def test_a_small_stream_keeps_gangs_in_one_rack(topology: Any) -> None:
     assert blind.placed + blind.dropped == aware.placed + aware.dropped
     assert len(aware.decisions) == aware.placed
     lines = topology.report(outcomes, 64, 60)
-    assert "topology-blind" in lines[1] and "topology-aware" in lines[1]
+    assert "topology-blind" in lines[1]
+    assert "topology-aware" in lines[1]
     assert any(line.startswith("placed in one rack") for line in lines)
