@@ -76,6 +76,8 @@ ROLES: Mapping[str, Role] = {
             ev.NamespaceUpdated,
             ev.PodGroupUpdated,
             ev.PodGroupDeleted,
+            ev.HyperNodeUpdated,
+            ev.HyperNodeDeleted,
             ev.PdbUpdated,
             ev.PdbDeleted,
             ev.QueueUpdated,

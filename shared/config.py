@@ -101,6 +101,12 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     set (NVLinks, NVSwitch, then the PCIe path); for one card, the one whose use splits
     the least linked group; ``devicePolicy`` orders equals (shared/core/topology.py).
     Off as in HAMi; nodes whose agents report no links are placed as without it."""
+    network_topology_labels: list[str] = msgspec.field(default_factory=list)
+    """Node label keys, from the top tier down (``[example.com/spine, example.com/rack]``),
+    whose values make network domains for gangs with ``networkTopology``, for clusters
+    that write no HyperNodes (Volcano's ``label`` discovery source; shared/core/network.py
+    ``from_labels``): the last key's values are tier 1. Empty (the default): only the
+    HyperNode objects written count."""
     allow_more_devices_than_cards: bool = False
     """Let a container ask for more vGPUs than the node has cards (several slices of one
     card). Upstream refuses; off by default for the same behaviour."""

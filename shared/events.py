@@ -39,6 +39,7 @@ from shared.core.model import (
     RequestError,
     VictimUnit,
 )
+from shared.core.network import HyperNode, NetworkTopology
 from shared.core.status import Status
 from shared.core.subgroups import SubGroupPolicy, SubGroups
 
@@ -310,8 +311,26 @@ class PodGroupUpdated(Event, frozen=True, kw_only=True, tag="podgroup.updated"):
     sub_group_policy: tuple[SubGroupPolicy, ...] = ()
     """``spec.subGroupPolicy``: gangs of gangs (shared/core/subgroups.py)."""
     invalid: str = ""
-    """Why ``spec.subGroupPolicy`` breaks a rule (the fields named): its pods wait, told
-    this; "" when it is valid."""
+    """Why ``spec.subGroupPolicy`` or ``spec.networkTopology`` breaks a rule (the fields
+    named): its pods wait, told this; "" when it is valid."""
+    network_topology: NetworkTopology | None = None
+    """``spec.networkTopology`` (or its annotations): its gang inside one HyperNode
+    (shared/core/network.py); None: anywhere."""
+
+
+class HyperNodeUpdated(Event, frozen=True, kw_only=True, tag="hypernode.updated"):
+    """A Volcano HyperNode (``topology.volcano.sh/v1alpha1``) as the watcher read it: one
+    network domain of the fabric (shared/core/network.py)."""
+
+    hypernode: HyperNode
+    invalid: str = ""
+    """Why its spec breaks a rule (the fields named; what could be read is kept)."""
+
+
+class HyperNodeDeleted(Event, frozen=True, kw_only=True, tag="hypernode.deleted"):
+    """A HyperNode is gone: its domain with it."""
+
+    name: str
 
 
 class PodGroupDeleted(Event, frozen=True, kw_only=True, tag="podgroup.deleted"):
@@ -430,6 +449,9 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     subgroups: SubGroups | None = None
     """Its PodGroup's subgroups among ``members``: each placed whole or not at all, and
     how many of each policy are required (None: no ``subGroupPolicy``, a plain gang)."""
+    network_topology: NetworkTopology | None = None
+    """Its PodGroup's ``networkTopology``: placed inside one HyperNode
+    (shared/core/network.py); None: anywhere."""
 
     shard: str = ""
     """The allocator shard it is offered to ("": the one allocator, unsharded)."""
@@ -632,6 +654,8 @@ AnyEvent = (
     | NamespaceUpdated
     | PodGroupUpdated
     | PodGroupDeleted
+    | HyperNodeUpdated
+    | HyperNodeDeleted
     | PdbUpdated
     | PdbDeleted
     | QueueUpdated

@@ -22,6 +22,7 @@ from shared.core.model import (
     PodUID,
     RequestError,
 )
+from shared.core.network import HyperNode, Member, NetworkTopology
 from shared.core.status import Code, Reason, Status
 
 
@@ -248,8 +249,21 @@ def sample_events() -> list[ev.Event]:
             queue="research",
             priority_class="high",
             min_resources={"nvidia.com/gpu": "2"},
+            network_topology=NetworkTopology(mode="hard", highest_tier=1),
         ),
         ev.PodGroupDeleted(namespace="ml", name="job-a"),
+        ev.HyperNodeUpdated(
+            hypernode=HyperNode(
+                name="rack-0",
+                tier=1,
+                tier_name="rack",
+                members=(
+                    Member(type="Node", pattern="^gpu-0"),
+                    Member(type="Node", labels=label_selector({"matchLabels": {"rack": "0"}})),
+                ),
+            )
+        ),
+        ev.HyperNodeDeleted(name="rack-0"),
         ev.PdbUpdated(
             budget=Budget(
                 namespace="ml",

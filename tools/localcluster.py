@@ -218,6 +218,7 @@ def install_crds(kubeconfig: Path) -> None:
             "crd/podgroups.scheduling.volcano.sh",
             "crd/queues.scheduling.volcano.sh",
             "crd/jobs.batch.volcano.sh",
+            "crd/hypernodes.topology.volcano.sh",
         ],
         check=True,
         capture_output=True,

@@ -1,7 +1,8 @@
 """Placing a gang: the allocator's answer to ``gang.ready``.
 
 The gang is placed all-or-nothing by the core (``Placer.place_gang``, one statement;
-a gang of subgroups each subgroup whole or not at all, shared/core/subgroups.py),
+a gang of subgroups each subgroup whole or not at all, shared/core/subgroups.py; a gang
+with ``networkTopology`` inside one HyperNode, shared/core/network.py),
 its grants reserved durably (services/device_allocator/reservations.py) before one
 ``AllocationDecided`` per pod goes out. One that does not fit goes on to the next shard
 of its route (services/device_allocator/span.py), or is refused, with room made for it
@@ -20,11 +21,12 @@ from collections.abc import Collection
 import msgspec
 
 from services.device_allocator import outcomes
+from services.device_allocator.fabric import Fabric
 from services.device_allocator.metrics import AllocatorMetrics
 from services.device_allocator.reservations import Reservations
 from services.device_allocator.span import Span
 from shared import events as ev
-from shared.core import pace
+from shared.core import network, pace
 from shared.core.ledger import PodGrant
 from shared.core.placement import GangMember, Placer
 from shared.core.room import Room
@@ -47,6 +49,7 @@ class Gangs:
         spans: Span,
         stats: AllocatorMetrics,
         refused: Collection[str],
+        fabric: Fabric,
     ) -> None:
         self.rt = rt
         self.placer = placer
@@ -57,6 +60,8 @@ class Gangs:
         self.stats = stats
         self.refused = refused
         """The nodes refused for their config (services/device_allocator/nodes.py)."""
+        self.fabric = fabric
+        """The HyperNodes, for gangs with ``networkTopology`` (fabric.py)."""
         self.window = rt.cfg.scheduler.guard_window()
         """The configured window (0 without FragmentationGuard in the profile)."""
         self.guard = self.window
@@ -149,13 +154,25 @@ class Gangs:
             if not checked.ok:
                 context = str(m.pod) if len(members) > 1 else ""
                 return [], [], checked.with_context(context), False
-        result = self.placer.place_gang(
-            members,
-            gang.min_member,
-            owner=key,
-            fragmentation_guard=guard,
-            subgroups=gang.subgroups,
-        )
+        if gang.network_topology is not None:  # inside one HyperNode
+            result = network.place_gang(
+                self.placer,
+                self.fabric.tree(),
+                gang.network_topology,
+                members,
+                gang.min_member,
+                owner=key,
+                fragmentation_guard=guard,
+                subgroups=gang.subgroups,
+            )
+        else:
+            result = self.placer.place_gang(
+                members,
+                gang.min_member,
+                owner=key,
+                fragmentation_guard=guard,
+                subgroups=gang.subgroups,
+            )
         if result.ok:
             self.room.placed(key)
             grants = [self.ledger.pods[p.pod.uid] for p in result.placed]

@@ -38,6 +38,7 @@ from typing import Any
 import msgspec
 
 from services.device_allocator import outcomes
+from services.device_allocator.fabric import Fabric
 from services.device_allocator.gangs import Gangs
 from services.device_allocator.metrics import AllocatorMetrics
 from services.device_allocator.nodes import Nodes
@@ -136,8 +137,17 @@ class Allocator(Service):
             self.key,
             self.managed,
         )
+        self.fabric = Fabric(rt, self.ledger)
+        """The HyperNodes, for gangs with ``networkTopology`` (fabric.py)."""
         self.gangs = Gangs(
-            rt, self.placer, self.room, self.reserved, self.span, self.stats, self.nodes.refused
+            rt,
+            self.placer,
+            self.room,
+            self.reserved,
+            self.span,
+            self.stats,
+            self.nodes.refused,
+            self.fabric,
         )
         rt.metrics.gauge(
             "tessera_fragmentation_guard_nodes",
@@ -182,6 +192,7 @@ class Allocator(Service):
         with kube.bulk():
             self.reserved.kv = await self.rt.bus.bucket(busauth.RESERVATION_BUCKET)
             await self.nodes.read(self.api)
+            await self.fabric.read(self.api)
             log.info("startup phase nodes: %.2f s", time.monotonic() - started)
             inventories = asyncio.create_task(
                 through_failover("inventories", self.rt.bus.inventories)
@@ -260,6 +271,7 @@ class Allocator(Service):
         has the pods on it taken in."""
         if self.nodes.updated(event):
             self.rt.spawn(self._adopt(event.node), f"adopt-{event.node}", finite=True)
+        self.fabric.nodes_changed()
 
     async def _adopt(self, node: NodeName) -> None:
         found = await self.pods.adopt(node)
@@ -269,6 +281,17 @@ class Allocator(Service):
     async def on_node_deleted(self, event: ev.NodeDeleted) -> None:
         """Nothing more is placed on a deleted node."""
         self.nodes.deleted(event.node)
+        self.fabric.nodes_changed()
+
+    @handles(ev.HyperNodeUpdated)
+    async def on_hypernode_updated(self, event: ev.HyperNodeUpdated) -> None:
+        """A network domain written or changed (fabric.py)."""
+        self.fabric.updated(event)
+
+    @handles(ev.HyperNodeDeleted)
+    async def on_hypernode_deleted(self, event: ev.HyperNodeDeleted) -> None:
+        """A network domain is gone."""
+        self.fabric.deleted(event.name)
 
     @handles(ev.NamespaceUpdated)
     async def on_namespace_updated(self, event: ev.NamespaceUpdated) -> None:

@@ -387,6 +387,7 @@ class Coordinator(Service):
             )
             or self.pools.names
         )
+        group = self.podgroups.get(key)  # its networkTopology rides along, as is
         return ev.GangReady(
             gang=ev.GangRef(
                 namespace=key.namespace, name=key.name, queue=gang.queue, lone=key.lone
@@ -399,6 +400,7 @@ class Coordinator(Service):
             hold=gang.hold,
             protected_s=gang.protected_s,
             subgroups=gang.subgroups,
+            network_topology=group.network_topology if group is not None else None,
             shard=route[0] if route else "",
             route=route[1:],
             offered=route,

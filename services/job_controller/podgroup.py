@@ -28,8 +28,8 @@ def podgroup(ref: JobRef, job: vcjob.JobSpec) -> dict[str, Any]:
     priority class, each task's ``minAvailable`` as ``minTaskMember`` where
     Volcano's scheduler holds a gang to it: when the Job's ``minAvailable`` is at least
     the tasks' together (below, Volcano checks no task's, and a task that ``dependsOn``
-    another could never start beside it), and a ``subGroupPolicy`` per task with a
-    ``partitionPolicy``."""
+    another could never start beside it), a ``subGroupPolicy`` per task with a
+    ``partitionPolicy``, and the Job's ``networkTopology``."""
     spec: dict[str, Any] = {
         "minMember": job.min_available,
         "queue": job.queue,
@@ -40,6 +40,8 @@ def podgroup(ref: JobRef, job: vcjob.JobSpec) -> dict[str, Any]:
     policies = [subgroup_policy(t) for t in job.tasks if t.partition_size > 0]
     if policies:
         spec["subGroupPolicy"] = policies
+    if job.network_topology is not None:  # as Volcano's controller passes it on
+        spec["networkTopology"] = dict(job.network_topology)
     return {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "PodGroup",

@@ -1,9 +1,10 @@
-"""The watcher's mirrored objects: namespaces, PodGroups, Queues and Volcano Jobs.
+"""The watcher's mirrored objects: namespaces, PodGroups, Queues, Volcano Jobs and
+HyperNodes.
 
 Each kind is kept as its last announced event by one generic :class:`Mirror`, fed by a
 list-watch of its own; Volcano's kinds are watched once their API is served (the CRDs
-may come after the watcher: :meth:`Mirrors.watch_volcano`). How each object reads as
-an event is translate.py's.
+may come after the watcher: :meth:`Mirrors.watch_volcano`, and for HyperNodes
+:meth:`Mirrors.watch_topology`). How each object reads as an event is translate.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kubernetes_asyncio.client import ApiException
 from services.watcher.claims import Spawn
 from services.watcher.translate import (
     UNREADABLE,
+    hypernode_event,
     job_event,
     namespace_event,
     namespaced,
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
 VOLCANO_BATCH = "/apis/batch.volcano.sh/v1alpha1"
+VOLCANO_TOPOLOGY = "/apis/topology.volcano.sh/v1alpha1"
 DISCOVERY_RETRY_S = 30.0
 
 K = TypeVar("K")
@@ -94,16 +97,17 @@ class Mirror(Generic[K, U]):
 
 @dataclass
 class Mirrors:
-    """Owns the four mirrored kinds, each announced through one ``publish``."""
+    """Owns the mirrored kinds, each announced through one ``publish``."""
 
     namespaces: Mirror[str, ev.NamespaceUpdated]
     podgroups: Mirror[tuple[str, str], ev.PodGroupUpdated]
     queues: Mirror[str, ev.QueueUpdated]
     jobs: Mirror[tuple[str, str], ev.JobUpdated]
+    hypernodes: Mirror[str, ev.HyperNodeUpdated]
 
     @classmethod
     def publishing(cls, publish: Publish) -> Mirrors:
-        """The four mirrors, each announcing its changes through ``publish``."""
+        """The mirrors, each announcing its changes through ``publish``."""
         return cls(
             namespaces=Mirror(
                 publish,
@@ -135,6 +139,13 @@ class Mirrors:
                 ),
                 what="Job",
             ),
+            hypernodes=Mirror(
+                publish,
+                lambda o: str(o["metadata"]["name"]),
+                hypernode_event,
+                lambda k, _: ev.HyperNodeDeleted(name=k),
+                what="HyperNode",
+            ),
         )
 
     def watch_namespaces(self, api: kube.Client) -> Coroutine[Any, Any, None]:
@@ -149,14 +160,7 @@ class Mirrors:
     async def watch_volcano(self, api: kube.Client, spawn: Spawn) -> None:
         """Watch PodGroups, Queues and Jobs once their API is served (the CRDs may come
         later)."""
-        while True:
-            try:
-                await kube.request(api, "GET", VOLCANO)
-                break
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-            await asyncio.sleep(DISCOVERY_RETRY_S)
+        await _served(api, VOLCANO)
         for path, mirror in (
             (f"{VOLCANO}/podgroups", self.podgroups),
             (f"{VOLCANO}/queues", self.queues),
@@ -168,10 +172,45 @@ class Mirrors:
             )
         log.info("watching Volcano PodGroups, Queues and Jobs")
 
+    async def watch_topology(self, api: kube.Client, spawn: Spawn) -> None:
+        """Watch HyperNodes once their API is served (a cluster may never have it)."""
+        await _served(api, VOLCANO_TOPOLOGY)
+        mirror = self.hypernodes
+        spawn(
+            kube.list_watch(
+                api, f"{VOLCANO_TOPOLOGY}/hypernodes", self._hypernode, on_relist=mirror.on_relist
+            ),
+            "watch-hypernodes",
+        )
+        log.info("watching Volcano HyperNodes")
+
+    async def _hypernode(self, kind: str, obj: dict[str, Any]) -> None:
+        """A HyperNode's change, mirrored; one that breaks a rule is said in the log (no
+        pod to tell: the webhook refuses it where it runs)."""
+        await self.hypernodes.on_event(kind, obj)
+        known = self.hypernodes.known.get(str((obj.get("metadata") or {}).get("name")))
+        if kind != "DELETED" and known is not None and known.invalid:
+            log.warning("%s; what can be read of it is used", known.invalid)
+
     def known(self) -> list[ev.Event]:
-        """What a resync announces again: every Queue, PodGroup and Job, in that order."""
+        """What a resync announces again: every HyperNode, Queue, PodGroup and Job, in that
+        order."""
         return [
+            *self.hypernodes.known.values(),
             *self.queues.known.values(),
             *self.podgroups.known.values(),
             *self.jobs.known.values(),
         ]
+
+
+async def _served(api: kube.Client, group: str) -> None:
+    """Return once the API server serves ``group`` (an API path), asking every
+    ``DISCOVERY_RETRY_S``."""
+    while True:
+        try:
+            await kube.request(api, "GET", group)
+            return
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        await asyncio.sleep(DISCOVERY_RETRY_S)

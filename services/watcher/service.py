@@ -110,7 +110,7 @@ class Watcher(Service):
         self.budgets = BudgetWatch(publish)
         """PodDisruptionBudgets and the pods they count (budgets.py)."""
         self.mirrors = Mirrors.publishing(publish)
-        """Namespaces, PodGroups, Queues and Jobs (mirrors.py)."""
+        """Namespaces, PodGroups, Queues, Jobs and HyperNodes (mirrors.py)."""
 
     async def start(self) -> None:
         """Answer the coordinators' resync requests (``tessera.ctl.resync``), publish what is queued
@@ -119,6 +119,9 @@ class Watcher(Service):
         await self.rt.bus.nc.subscribe(ev.CONTROL_RESYNC_SUBJECT, cb=self.on_resync_request)
         self.rt.spawn(
             self.mirrors.watch_volcano(self.api, self.rt.spawn), "discover-volcano", finite=True
+        )
+        self.rt.spawn(
+            self.mirrors.watch_topology(self.api, self.rt.spawn), "discover-topology", finite=True
         )
         log.info(
             "watching every pod and node; placing the pods of schedulers %s",

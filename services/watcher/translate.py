@@ -15,7 +15,7 @@ import msgspec
 
 from shared import events as ev
 from shared.core import annotations as ann
-from shared.core import subgroups
+from shared.core import network, subgroups
 from shared.core.hosts import PodSpec
 from shared.core.model import NodeName, PodRef, PodRequest
 from shared.core.request import GROUP_NAME, TASK_SPEC
@@ -150,6 +150,9 @@ def podgroup_event(obj: dict[str, Any]) -> ev.PodGroupUpdated:
     namespace, name = namespaced(obj)
     spec = obj.get("spec") or {}
     policies, errors = subgroups.read_policies(spec.get("subGroupPolicy"))
+    annotations = obj["metadata"].get("annotations") or {}
+    topology, wrong = network.read_topology(spec.get("networkTopology"), annotations)
+    errors += wrong
     return ev.PodGroupUpdated(
         namespace=namespace,
         name=name,
@@ -163,6 +166,19 @@ def podgroup_event(obj: dict[str, Any]) -> ev.PodGroupUpdated:
         min_resources={str(k): str(v) for k, v in (spec.get("minResources") or {}).items()},
         sub_group_policy=policies,
         invalid=subgroups.refusal(errors) if errors else "",
+        network_topology=topology,
+    )
+
+
+def hypernode_event(obj: dict[str, Any]) -> ev.HyperNodeUpdated:
+    """A Volcano HyperNode's event: its tier and members (what breaks a rule is read as
+    best it can be, and said)."""
+    hypernode, errors = network.read_hypernode(obj)
+    if not hypernode.name:
+        raise KeyError("metadata.name")
+    return ev.HyperNodeUpdated(
+        hypernode=hypernode,
+        invalid=network.refusal("HyperNode", errors) if errors else "",
     )
 
 

@@ -1,7 +1,7 @@
 """The webhook's Mutating- and ValidatingWebhookConfiguration: what the API server sends
-it (pods at creation; Volcano Jobs, Queues and PodGroups at creation and update), with
-its CA, failure policy and the namespaces it serves: never ``kube-system``, never its own
-namespace, never one labelled ``tessera.io/webhook: disabled``.
+it (pods at creation; Volcano Jobs, Queues, PodGroups and HyperNodes at creation and
+update), with its CA, failure policy and the namespaces it serves: never ``kube-system``,
+never its own namespace, never one labelled ``tessera.io/webhook: disabled``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,16 @@ PODGROUP_RULE = {
     "scope": "Namespaced",
 }
 """The Volcano PodGroups it checks (their ``subGroupPolicy``; not their status)."""
+
+
+HYPERNODE_RULE = {
+    "apiGroups": ["topology.volcano.sh"],
+    "apiVersions": ["v1alpha1"],
+    "operations": ["CREATE", "UPDATE"],
+    "resources": ["hypernodes"],
+    "scope": "Cluster",
+}
+"""The Volcano HyperNodes it checks (their members and cycles; not their status)."""
 
 
 def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -100,6 +110,9 @@ def configurations(cfg: Config, ca: bytes) -> list[tuple[str, dict[str, Any]]]:
             hooks.append({**hook, "name": "validate.queues.tessera.io", "rules": [QUEUE_RULE]})
             hooks.append(
                 {**hook, "name": "validate.podgroups.tessera.io", "rules": [PODGROUP_RULE]}
+            )
+            hooks.append(
+                {**hook, "name": "validate.hypernodes.tessera.io", "rules": [HYPERNODE_RULE]}
             )
         obj = {
             "apiVersion": "admissionregistration.k8s.io/v1",

@@ -36,6 +36,8 @@ from services.webhook.configuration import apply_configurations
 from services.webhook.mutation import Mutation
 from services.webhook.validation import (
     Validation,
+    hypernode_refusal,
+    is_hypernode,
     is_job,
     is_podgroup,
     is_queue,
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 
 NAME = "webhook"
 QUEUES = "/apis/scheduling.volcano.sh/v1beta1/queues"
+HYPERNODES = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
 
 
 class Webhook(Mutation, Validation):
@@ -67,9 +70,10 @@ class Webhook(Mutation, Validation):
         body: dict[str, Any],
         mutating: bool,
         queues: dict[str, dict[str, Any]] | None = None,
+        hypernodes: dict[str, dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """The AdmissionReview answer to one AdmissionReview request (``queues``: see
-        :meth:`validate_job`)."""
+        :meth:`validate_job`; ``hypernodes``: every HyperNode by name, None when unread)."""
         request = body.get("request") or {}
         response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
         pod = request.get("object")
@@ -79,7 +83,12 @@ class Webhook(Mutation, Validation):
             if not mutating:
                 old = request.get("oldObject") if operation == "UPDATE" else None
                 was = old if isinstance(old, dict) else None
-                _checked(response, "PodGroup", where, lambda: podgroup_refusal(pod, was))
+                _checked(
+                    response, "PodGroup", where, lambda: podgroup_refusal(pod, was, hypernodes)
+                )
+        elif isinstance(pod, dict) and is_hypernode(request):
+            if not mutating:
+                _checked(response, "HyperNode", "", lambda: hypernode_refusal(pod, hypernodes))
         elif isinstance(pod, dict) and is_queue(request):
             if not mutating:
                 capacity = self.cfg.scheduler.queue_plugin == "capacity"
@@ -163,7 +172,25 @@ class Server:
             (is_job(asked) and asked.get("operation") == "CREATE") or is_queue(asked)
         ):
             queues = await self._queues()
-        return web.json_response(self.webhook.review(body, mutating, queues))
+        hypernodes = None
+        if not mutating and (is_podgroup(asked) or is_hypernode(asked)):
+            hypernodes = await self._hypernodes()
+        return web.json_response(self.webhook.review(body, mutating, queues, hypernodes))
+
+    async def _hypernodes(self) -> dict[str, dict[str, Any]] | None:
+        """Every HyperNode by name; None (tier names and cycles go unchecked: the
+        allocator tells them) when they cannot be read now."""
+        try:
+            items, _ = await kube.list_all(self.api, HYPERNODES)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("cannot read HyperNodes: API error %s", exc.status)
+                return None
+            return {}
+        except kube.UNREACHABLE as exc:
+            log.warning("cannot read HyperNodes: %s", exc)
+            return None
+        return {str(h["metadata"]["name"]): h for h in items}
 
     async def _queues(self) -> dict[str, dict[str, Any]] | None:
         """Every Volcano Queue by name; None (the queue goes unchecked, as the

@@ -24,7 +24,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.core import annotations as ann
-from shared.core import subgroups, vcjob
+from shared.core import network, subgroups, vcjob
 from shared.core.hierarchy import TreeQueue, build
 from shared.core.model import PodRequest
 from shared.core.quantity import parse_quantity
@@ -55,22 +55,69 @@ def is_podgroup(request: dict[str, Any]) -> bool:
     return bool(kind.get("group") == "scheduling.volcano.sh" and kind.get("kind") == "PodGroup")
 
 
-def podgroup_refusal(podgroup: dict[str, Any], old: dict[str, Any] | None = None) -> str | None:
+def podgroup_refusal(
+    podgroup: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    hypernodes: dict[str, dict[str, Any]] | None = None,
+) -> str | None:
     """Why a Volcano PodGroup (created, or updated from ``old``) is refused, or None: a
-    ``spec.subGroupPolicy`` entry that breaks a rule (shared/core/subgroups.py). An
-    update is refused only for a rule ``old`` kept (one that got in while the webhook
-    was down may still be mended, or its other fields changed)."""
-    errors = _policy_errors(podgroup)
+    ``spec.subGroupPolicy`` entry that breaks a rule (shared/core/subgroups.py), or a
+    ``spec.networkTopology`` (or its annotations) that does (shared/core/network.py:
+    both tier fields, a mode not hard or soft, a ``highestTierName`` that no HyperNode
+    of ``hypernodes`` has, when they could be read and there are some). An update is
+    refused only for a rule ``old`` kept (one that got in while the webhook was down
+    may still be mended, or its other fields changed)."""
+    errors = _policy_errors(podgroup, hypernodes)
     if old is not None:
-        kept = {e.field for e in _policy_errors(old)}
+        kept = {e.field for e in _policy_errors(old, hypernodes)}
         errors = [e for e in errors if e.field not in kept]
     return subgroups.refusal(errors) if errors else None
 
 
-def _policy_errors(podgroup: dict[str, Any]) -> list[vcjob.JobError]:
+def _policy_errors(
+    podgroup: dict[str, Any], hypernodes: dict[str, dict[str, Any]] | None = None
+) -> list[vcjob.JobError]:
     spec = podgroup.get("spec")
-    policies = spec.get("subGroupPolicy") if isinstance(spec, dict) else None
-    return subgroups.read_policies(policies)[1]
+    spec = spec if isinstance(spec, dict) else {}
+    errors = subgroups.read_policies(spec.get("subGroupPolicy"))[1]
+    annotations = (podgroup.get("metadata") or {}).get("annotations") or {}
+    topology, wrong = network.read_topology(spec.get("networkTopology"), annotations)
+    errors += wrong
+    if topology is not None and topology.highest_tier_name and hypernodes:
+        names = {str((h.get("spec") or {}).get("tierName") or "") for h in hypernodes.values()}
+        if topology.highest_tier_name not in names:
+            known = ", ".join(sorted(n for n in names if n)) or "none"
+            errors.append(
+                vcjob.JobError(
+                    f"{network.FIELD}.highestTierName",
+                    f'"{topology.highest_tier_name}" is no HyperNode\'s tierName (known: {known})',
+                )
+            )
+    return errors
+
+
+def is_hypernode(request: dict[str, Any]) -> bool:
+    """Is the AdmissionReview request about a Volcano HyperNode?"""
+    kind = request.get("kind") or {}
+    return bool(kind.get("group") == "topology.volcano.sh" and kind.get("kind") == "HyperNode")
+
+
+def hypernode_refusal(
+    hypernode: dict[str, Any], hypernodes: dict[str, dict[str, Any]] | None = None
+) -> str | None:
+    """Why a HyperNode is refused, or None: a field that breaks a rule, a member naming
+    the HyperNode itself, or (with the other HyperNodes, when they could be read) a
+    cycle it would close (shared/core/network.py)."""
+    read, errors = network.read_hypernode(hypernode)
+    if not errors and hypernodes is not None:
+        others = [
+            network.read_hypernode(h)[0] for name, h in hypernodes.items() if name != read.name
+        ]
+        fabric = network.build([*others, read], {})
+        why = fabric.problems.get(read.name)
+        if why is not None:
+            errors.append(vcjob.JobError("spec.members", why))
+    return network.refusal("HyperNode", errors) if errors else None
 
 
 def is_queue(request: dict[str, Any]) -> bool:

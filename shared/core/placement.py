@@ -24,7 +24,8 @@ is placed whole or not at all inside the gang's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import zip_longest
@@ -224,6 +225,9 @@ class Placer:
         self.reserved_nodes: dict[NodeName, GangKey] = {}
         """Nodes held for a gang that waited too long (the starvation guard): node → the
         gang. Only that gang is placed there until the hold is dropped."""
+        self.within: frozenset[NodeName] | None = None
+        """Only these nodes are offered (None: every node): a gang placed inside one
+        network domain (shared/core/network.py). Set around one ``place_gang``."""
         self._ordered: list[NodeState] = []
         self._version = -1
         self._start = 0
@@ -521,6 +525,10 @@ class Placer:
         walk passes them without a fit each)."""
         seen: set[str] = set()
         skip = prep.ruled_out() if prep is not None else frozenset()
+        within = self.within
+        if within is not None:
+            yield from self._walk_within(within, request, primary, policy, owner, skip)
+            return
         for pool, family in self.routes(primary, request):
             index = self.ledger.pools.get(pool)
             if index is None:
@@ -529,6 +537,60 @@ class Placer:
             for dev in index.walk(mem, cores, policy == "spread", seen, skip):
                 if self._held_for_other(dev.node.name, owner) is None:
                     yield dev.node
+
+    def _walk_within(
+        self,
+        within: frozenset[NodeName],
+        request: PodRequest,
+        primary: DeviceRequest,
+        policy: Policy,
+        owner: GangKey | None,
+        skip: AbstractSet[str],
+    ) -> Iterator[NodeState]:
+        """:meth:`candidates` restricted to ``within``. A small domain is read node by
+        node (its devices' free room, ordered as the index walks them: tightest first for
+        binpack); a large one by the index walk, passing the nodes outside it. Reading a
+        domain costs its devices; walking the index costs about (nodes / domain) steps
+        per node yielded: the first is cheaper while domain² < 4 x nodes (bench/topology.py:
+        a 16-node rack of 4,096 nodes, not a 256-node spine)."""
+        nodes = self.ledger.nodes
+        spread = policy == "spread"
+        if len(within) ** 2 >= 4 * len(nodes):
+            seen: set[str] = set()
+            for pool, family in self.routes(primary, request):
+                index = self.ledger.pools.get(pool)
+                if index is None:
+                    continue
+                mem, cores = family.demand(primary, index)
+                for dev in index.walk(mem, cores, spread, seen, skip):
+                    name = dev.node.name
+                    if name in within and self._held_for_other(name, owner) is None:
+                        yield dev.node
+            return
+        found: dict[NodeName, tuple[int, int]] = {}
+        for pool, family in self.routes(primary, request):
+            index = self.ledger.pools.get(pool)
+            if index is None:
+                continue
+            mem, cores = family.demand(primary, index)
+            where = index.where
+            for name in within:
+                node = nodes.get(name)
+                if node is None or name in skip or name in found:
+                    continue
+                best: tuple[int, int] | None = None
+                for dev in node.pools.get(pool, ()):
+                    free = where.get(dev)
+                    if free is None or free[1] < mem or free[2] < cores:
+                        continue
+                    key = (free[1], free[2])
+                    if best is None or (key > best if spread else key < best):
+                        best = key
+                if best is not None:
+                    found[name] = best
+        for name in sorted(found, key=lambda n: (found[n], n), reverse=spread):
+            if self._held_for_other(name, owner) is None:
+                yield nodes[name]
 
     def place(
         self,
@@ -624,6 +686,8 @@ class Placer:
             nodes = self._ordered = sorted(self.ledger.nodes.values(), key=lambda n: n.name)
             self._version = self.ledger.hosts.version
         selected = self.ledger.hosts.selected(prep.pod.node_selector) if prep else None
+        if self.within is not None:
+            selected = set(self.within) if selected is None else selected & self.within
         start = self._start % len(nodes) if nodes else 0
         for i in range(len(nodes)):
             node = nodes[(start + i) % len(nodes)]
@@ -686,7 +750,8 @@ class Placer:
         tightest end alone (bench/RESULTS.md); with every node in the window (``limit``
         0) the order does not matter and one walk serves."""
         tight = self.candidates(request, primary, "binpack", owner, prep)
-        if not limit or limit >= len(self.ledger.nodes):
+        offered = len(self.ledger.nodes) if self.within is None else len(self.within)
+        if not limit or limit >= offered:
             yield from tight
             return
         roomy = self.candidates(request, primary, "spread", owner, prep)
@@ -763,16 +828,20 @@ class Placer:
         owner: GangKey | None,
         prep: Prepared | None = None,
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | Status:
-        """Fit every node: the first that fits, or the counted reasons of all."""
+        """Fit every node (of ``within``, when set): the first that fits, or the counted
+        reasons of all."""
         rejected: list[Status] = []
-        for node in self.ledger.nodes.values():
+        nodes: Iterable[NodeState] = self.ledger.nodes.values()
+        if self.within is not None:
+            nodes = [n for n in map(self.ledger.nodes.get, sorted(self.within)) if n is not None]
+        for node in nodes:
             status = self._held_for_other(node.name, owner) or self.fit_node(
                 node, request, ctx, prep
             )
             if not isinstance(status, Status):
                 return node, status
             rejected.append(status)
-        return counted(rejected, len(self.ledger.nodes))
+        return counted(rejected, len(rejected))
 
     def release(self, pod: PodRef) -> bool:
         """Return a pod's reservation (bind failed, pod deleted); idempotent."""

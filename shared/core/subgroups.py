@@ -110,7 +110,7 @@ def read_policies(raw: Any) -> tuple[tuple[SubGroupPolicy, ...], list[JobError]]
         names.add(name)
         size = whole_field(entry.get("subGroupSize"), f"{where}.subGroupSize", 1, err)
         least = whole_field(entry.get("minSubGroups"), f"{where}.minSubGroups", 0, err)
-        selector = _selector(entry.get("labelSelector"), f"{where}.labelSelector", err)
+        selector = read_selector(entry.get("labelSelector"), f"{where}.labelSelector", err)
         keys = entry.get("matchLabelKeys")
         if keys is not None and not (
             isinstance(keys, list) and all(isinstance(k, str) and k for k in keys)
@@ -129,7 +129,7 @@ def read_policies(raw: Any) -> tuple[tuple[SubGroupPolicy, ...], list[JobError]]
     return tuple(policies), errors
 
 
-def _selector(raw: Any, where: str, err: Callable[[str, str], None]) -> Selector:
+def read_selector(raw: Any, where: str, err: Callable[[str, str], None]) -> Selector:
     """A ``metav1.LabelSelector`` (none written: every pod); a malformed one is reported
     and chooses no pod."""
     if raw is None:

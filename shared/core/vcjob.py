@@ -168,6 +168,8 @@ class JobSpec:
     """Plugin name -> its arguments, with the plugins Volcano's webhook adds."""
     policies: tuple[Policy, ...] = ()
     volumes: tuple[Volume, ...] = ()
+    network_topology: Mapping[str, Any] | None = None
+    """``spec.networkTopology`` as written: its PodGroup gets it (shared/core/network.py)."""
 
     @property
     def replicas(self) -> int:
@@ -244,6 +246,7 @@ def read(spec: Mapping[str, Any], default_scheduler: str = DEFAULT_SCHEDULER) ->
         plugins=plugins,
         policies=_policies(spec.get("policies")),
         volumes=volumes,
+        network_topology=_map(spec.get("networkTopology")) or None,
     )
 
 

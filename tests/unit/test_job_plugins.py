@@ -174,6 +174,14 @@ def test_the_podgroup_holds_each_task_where_volcanos_scheduler_does() -> None:
     assert whole["spec"]["minTaskMember"] == {"master": 1, "worker": 2}
     part = podgroup(REF, spec({}, minAvailable=1))
     assert "minTaskMember" not in part["spec"]
+    assert "networkTopology" not in whole["spec"]
+
+
+def test_the_podgroup_gets_the_jobs_network_topology() -> None:
+    """As Volcano's controller: the Job's networkTopology is its PodGroup's."""
+    topology = {"mode": "hard", "highestTierAllowed": 1}
+    made_podgroup = podgroup(REF, spec({}, networkTopology=topology))
+    assert made_podgroup["spec"]["networkTopology"] == topology
 
 
 def test_a_pod_inherits_the_jobs_preemption_and_budget_keys_and_its_numa_policy() -> None:

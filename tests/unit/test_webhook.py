@@ -267,3 +267,65 @@ def test_the_validating_configuration_covers_volcano_jobs() -> None:
     assert jobs["clientConfig"]["url"].endswith("/validate")
     assert hooks["validate.queues.tessera.io"]["rules"][0]["resources"] == ["queues"]
     assert jobs["namespaceSelector"] == hooks["validate.pods.tessera.io"]["namespaceSelector"]
+    assert hooks["validate.hypernodes.tessera.io"]["rules"][0]["resources"] == ["hypernodes"]
+
+
+def topology_review(
+    group: str, kind: str, obj: dict[str, Any], hypernodes: dict[str, Any] | None
+) -> dict[str, Any]:
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u3",
+            "kind": {"group": group, "version": "v1", "kind": kind},
+            "operation": "CREATE",
+            "namespace": "ml",
+            "object": obj,
+        },
+    }
+    return HOOK.review(review, mutating=False, hypernodes=hypernodes)["response"]
+
+
+def rack(name: str, tier: int = 1, **member: Any) -> dict[str, Any]:
+    selector = member or {"exactMatch": {"name": "n1"}}
+    kind = "HyperNode" if member else "Node"
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "tier": tier,
+            "tierName": "rack",
+            "members": [{"type": kind, "selector": selector}],
+        },
+    }
+
+
+def test_a_podgroups_network_topology_is_checked_against_the_hypernodes() -> None:
+    known = {"r1": rack("r1")}
+
+    def podgroup(**topology: Any) -> dict[str, Any]:
+        body = {"metadata": {"name": "pg"}, "spec": {"networkTopology": topology}}
+        return topology_review("scheduling.volcano.sh", "PodGroup", body, known)
+
+    assert podgroup(mode="hard", highestTierName="rack")["allowed"]
+    both = podgroup(highestTierAllowed=1, highestTierName="rack")
+    assert "highestTierAllowed and highestTierName are both set" in both["status"]["message"]
+    unknown = podgroup(highestTierName="spine")
+    assert (
+        'spec.networkTopology.highestTierName: "spine" is no HyperNode\'s tierName (known: rack)'
+        in unknown["status"]["message"]
+    )
+
+
+def test_a_hypernode_naming_itself_or_closing_a_cycle_is_refused() -> None:
+    group = "topology.volcano.sh"
+    mine = rack("self", 2, exactMatch={"name": "self"})
+    assert (
+        "names the HyperNode self itself"
+        in (topology_review(group, "HyperNode", mine, {})["status"]["message"])
+    )
+    known = {"up": rack("up", 3, exactMatch={"name": "down"})}
+    closing = rack("down", 2, exactMatch={"name": "up"})
+    message = topology_review(group, "HyperNode", closing, known)["status"]["message"]
+    assert message.startswith("invalid HyperNode: spec.members: HyperNodes form a cycle")
+    assert topology_review(group, "HyperNode", rack("r1"), known)["allowed"]
