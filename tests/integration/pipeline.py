@@ -262,8 +262,11 @@ async def podgroup(
     queue: str = "default",
     min_task_member: dict[str, int] | None = None,
     min_resources: dict[str, Any] | None = None,
+    **fields: Any,
 ) -> None:
-    spec: dict[str, Any] = {"minMember": min_member, "queue": queue}
+    """A Volcano PodGroup; ``fields`` go into its spec as written (``subGroupPolicy``,
+    ``networkTopology``...)."""
+    spec: dict[str, Any] = {"minMember": min_member, "queue": queue, **fields}
     if min_task_member:
         spec["minTaskMember"] = min_task_member
     if min_resources:

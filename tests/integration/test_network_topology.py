@@ -19,7 +19,7 @@ from shared import kube
 from shared.config import NatsConfig
 from shared.core.request import GROUP_NAME
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, start_pipeline
+from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
 
 pytestmark = pytest.mark.integration
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
@@ -87,23 +87,9 @@ async def pipeline(
     await p.close()
 
 
-async def podgroup(p: Pipeline, ns: str, name: str, size: int, topology: dict[str, Any]) -> None:
-    await kube.request(
-        p.api,
-        "POST",
-        f"{VOLCANO}/namespaces/{ns}/podgroups",
-        {
-            "apiVersion": "scheduling.volcano.sh/v1beta1",
-            "kind": "PodGroup",
-            "metadata": {"name": name},
-            "spec": {"minMember": size, "networkTopology": topology},
-        },
-    )
-
-
 async def gang(p: Pipeline, ns: str, name: str, size: int, topology: dict[str, Any]) -> list[str]:
     """A PodGroup of ``size`` one-card pods with ``topology``, and its pods."""
-    await podgroup(p, ns, name, size, topology)
+    await podgroup(p, ns, name, size, networkTopology=topology)
     names = [f"{name}-{i}" for i in range(size)]
     for member in names:
         await p.create(ns, pod(member, CARD, annotations={GROUP_NAME: name}))

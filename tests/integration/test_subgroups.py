@@ -17,7 +17,7 @@ from shared import kube
 from shared.config import NatsConfig
 from shared.core.request import GROUP_NAME
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, start_pipeline
+from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
 
 pytestmark = pytest.mark.integration
 VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
@@ -44,20 +44,6 @@ async def pipeline(
     )
     yield p
     await p.close()
-
-
-async def podgroup(p: Pipeline, ns: str, name: str, min_member: int, *policy: Any) -> None:
-    await kube.request(
-        p.api,
-        "POST",
-        f"{VOLCANO}/namespaces/{ns}/podgroups",
-        {
-            "apiVersion": "scheduling.volcano.sh/v1beta1",
-            "kind": "PodGroup",
-            "metadata": {"name": name},
-            "spec": {"minMember": min_member, "subGroupPolicy": list(policy)},
-        },
-    )
 
 
 def prefill(min_subgroups: int) -> dict[str, Any]:
@@ -89,7 +75,7 @@ async def test_two_subgroups_of_two_on_three_cards_get_one_whole_subgroup_bound(
 ) -> None:
     """minMember 2 alone would bind three pods (the third as an extra that fits): each
     subgroup is whole or not at all, so exactly one subgroup is bound."""
-    await podgroup(pipeline, ns, "pd", 2, prefill(1))
+    await podgroup(pipeline, ns, "pd", 2, subGroupPolicy=[prefill(1)])
     names = await members(pipeline, ns, "pd", ["0", "0", "1", "1"])
 
     async def two_bound() -> dict[str, str | None] | None:
@@ -110,7 +96,7 @@ async def test_two_subgroups_of_two_on_three_cards_get_one_whole_subgroup_bound(
 async def test_a_policy_short_of_min_sub_groups_tells_its_pods_why(
     pipeline: Pipeline, ns: str
 ) -> None:
-    await podgroup(pipeline, ns, "short", 1, prefill(2))
+    await podgroup(pipeline, ns, "short", 1, subGroupPolicy=[prefill(2)])
     names = await members(pipeline, ns, "short", ["0", "0", "1"])
     said = (
         'subGroupPolicy "prefill": 1 whole subgroup of 2 pods exists, minSubGroups is 2: '
