@@ -79,10 +79,12 @@ chaos: controlplane
 schema: install
 	$(BIN)/tessera schema
 
-# The kubelet device-plugin messages, from our api.proto (the generated files are committed).
+# The kubelet's device-plugin, DRA and plugin-registration messages, from our .proto files
+# (the generated files are committed).
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
-		services/node_agent/deviceplugin/api.proto
+		services/node_agent/deviceplugin/api.proto \
+		services/node_agent/dra/api.proto services/node_agent/dra/registration.proto
 
 # The two images (docs/deploy.md): tessera:dev (the services, Dockerfile) and
 # tessera-node-agent:dev (deploy/images/node-agent.Dockerfile), with the first of docker,

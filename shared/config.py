@@ -379,8 +379,37 @@ class MpsConfig(_Cfg, frozen=True, kw_only=True):
     the watcher's Event), or give it an MPS card of its ``exclusive`` own."""
 
 
+DeviceApi = Literal["device-plugin", "dra"]
+"""How a node's devices reach the kubelet: its device-plugin API (extended resources,
+Tessera's scheduler places the pods) or DRA (ResourceSlices and ResourceClaims,
+services/node_agent/dra/). One or the other per node, never both: the kubelet would hand
+one card to a pod of each."""
+
+
+class DraConfig(_Cfg, frozen=True, kw_only=True):
+    """The node agent as a DRA driver (``deviceApi: dra``; docs/dra.md): its name, the
+    kubelet's directories it registers in and the CDI directory the runtime reads."""
+
+    driver_name: str = "gpu.tessera.io"
+    """The driver's name: ResourceSlices' ``spec.driver``, the domain of its devices'
+    attributes and capacities (``device.attributes['gpu.tessera.io']``) and the vendor of
+    its CDI devices. The DeviceClasses of deploy/kustomize/components/dra select it."""
+    plugins_dir: str = "/var/lib/kubelet/plugins"
+    """The driver's DRA socket goes in ``<pluginsDir>/<driverName>/dra.sock``."""
+    registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    """The kubelet's plugin watcher directory: the registration socket goes here."""
+    cdi_dir: str = "/var/run/cdi"
+    """Where a prepared claim's CDI spec is written (one file per claim); the container
+    runtime must read it (containerd 2 does by default; ``cdi_spec_dirs``)."""
+
+
 class NodeAgentConfig(_Cfg, frozen=True, kw_only=True):
     """The node agent: kubelet device-plugin paths, timings and isolation files."""
+
+    device_api: DeviceApi = "device-plugin"
+    """How every node's devices reach the kubelet unless its ``nodeConfigs`` entry says
+    otherwise (``deviceApi`` there): ``device-plugin`` or ``dra``."""
+    dra: DraConfig = msgspec.field(default_factory=DraConfig)
 
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     """Where the kubelet's ``kubelet.sock`` is and the agent's own sockets go."""
@@ -459,6 +488,14 @@ class Config(_Cfg, frozen=True, kw_only=True):
     node_agent: NodeAgentConfig = msgspec.field(default_factory=NodeAgentConfig)
     security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
     webhook: WebhookConfig = msgspec.field(default_factory=WebhookConfig)
+
+    def device_api(self, node: str) -> DeviceApi:
+        """How ``node``'s devices reach its kubelet: its ``nodeConfigs`` entry's
+        ``deviceApi``, else ``nodeAgent.deviceApi``."""
+        override = self.node_override(node)
+        if override is not None and override.device_api is not None:
+            return override.device_api
+        return self.node_agent.device_api
 
     def node_override(self, node: str) -> NodeOverride | None:
         """The ``nodeConfigs`` entry of ``node`` (the first of that name), or None: the node takes
@@ -547,6 +584,12 @@ def _hint(message: str) -> str:
             inner = _unwrap(member)
             if isinstance(inner, msgspec.inspect.LiteralType):
                 values += [str(v) for v in inner.values]
+    if path.endswith(".deviceApi"):
+        return (
+            f"{message}; a node offers its devices through the device plugin or through "
+            "DRA, never both (the kubelet would hand one card to a pod of each): "
+            f"set `{where}` to device-plugin or dra"
+        )
     if values:
         return f"{message}; allowed values for `{where}`: {', '.join(values)}"
     return message

@@ -265,6 +265,10 @@ class NodeInventory(Event, frozen=True, kw_only=True, tag="node.inventory"):
     device_plugin: bool = False
     """The agent serves the kubelet's device-plugin API: a pod bound here is "admitting"
     until the agent reports ``allocation.admitted`` (see shared/core/admission.py)."""
+    dra: bool = False
+    """The node offers its devices through DRA (``deviceApi: dra``): ResourceClaims get
+    them, not extended resources, so Tessera's allocator places no grant here
+    (services/device_allocator/nodes.py) until it allocates claims itself."""
 
 
 class NodeUpdated(Event, frozen=True, kw_only=True, tag="node.updated"):

@@ -80,7 +80,12 @@ class Nodes:
             self.ledger.remove_node(inv.node)
             return
         self.refused.pop(inv.node, None)
-        self.ledger.set_node(inv.node, inv.devices, self.cordons.get(inv.node, ()))
+        devices = inv.devices
+        if inv.dra and devices:
+            # Its cards go to ResourceClaims: a grant here would be a card handed twice.
+            log.info("node %s offers its devices through DRA: no grant is placed there", inv.node)
+            devices = ()
+        self.ledger.set_node(inv.node, devices, self.cordons.get(inv.node, ()))
 
     def updated(self, event: ev.NodeUpdated) -> bool:
         """A Node's labels, taints, allocatable and cordon; devices it cordons take no

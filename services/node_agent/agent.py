@@ -26,6 +26,7 @@ from kubernetes_asyncio.client import ApiException
 from services.node_agent.admission import KUBELET_CHECKPOINT, admitted_in_checkpoint
 from services.node_agent.deviceplugin.allocation import Desk
 from services.node_agent.deviceplugin.server import ResourceServer
+from services.node_agent.dra.plugin import DraPlugin
 from services.node_agent.inventory import InventorySource
 from services.node_agent.metrics import NodeMetrics
 from services.node_agent.mig import MigDriver, MigError, NvmlMig, changes_for, reconfigure
@@ -66,6 +67,8 @@ class Agent:
         self.devices: tuple[DeviceInfo, ...] = ()
         self.desk = Desk()
         self.servers: dict[str, ResourceServer] = {}
+        self.dra: DraPlugin | None = None
+        """The DRA driver, on a node whose ``deviceApi`` is ``dra`` (no device plugin then)."""
         self.seq = 0
         self.agent = f"{socket.gethostname()}/{type(source).__name__}"
         self._dirty = asyncio.Event()
@@ -98,10 +101,15 @@ class Agent:
         if api is not None:
             await self.recover(api)
             self.desk.foreign = lambda resource, count: self.foreign(api, resource, count)
-        # The kubelet first, then the scheduler: a pod placed here before the kubelet
-        # has this node's device IDs would fail its admission for good.
-        await self._serve()
-        await self._kubelet_listed()
+        if self.rt.cfg.device_api(self.node) == "dra":
+            await self._serve_dra(api)
+        else:
+            # The kubelet first, then the scheduler: a pod placed here before the kubelet
+            # has this node's device IDs would fail its admission for good.
+            await self._serve()
+            await self._kubelet_listed()
+            if api is not None:
+                self.rt.spawn(self._withdraw_dra(api), "withdraw-dra")
         await self._publish()
         if isinstance(self.source, NvmlSource):
             loop = asyncio.get_running_loop()
@@ -115,8 +123,31 @@ class Agent:
             "node agent for %s: %d devices, serving %s",
             self.node,
             len(self.devices),
-            ", ".join(self.servers) or "no resources",
+            ", ".join(self.servers) or ("DRA" if self.dra else "no resources"),
         )
+
+    async def _serve_dra(self, api: kube.Client | None) -> None:
+        """Offer the devices through DRA (services/node_agent/dra/plugin.py): serve the
+        driver, publish its slice once the kubelet registered it, follow the inventory."""
+        dra = DraPlugin(self.rt.cfg, self.node, api, lambda: self.devices)
+        self.dra = dra
+        self.rt.on_stop(dra.stop)
+        await dra.start()
+        self.rt.spawn(dra.publisher(), "dra-slices")
+        self.rt.spawn(dra.supervise(), "dra-plugin")
+
+    async def _withdraw_dra(self, api: kube.Client) -> None:
+        """The node offers its devices through the device plugin: the slices a former
+        DRA run of this agent published go (one card is never offered through both)."""
+        try:
+            gone = await DraPlugin(self.rt.cfg, self.node, api, lambda: ()).delete_slices()
+        except _LIST_FAILED as exc:
+            log.warning("cannot delete this node's DRA ResourceSlices (%s)", exc)
+            return
+        if gone:
+            log.info(
+                "deleted %d DRA ResourceSlice(s) of %s: it uses the device plugin", gone, self.node
+            )
 
     async def _kubelet_listed(self) -> None:
         """Wait (up to ``LISTED_WAIT_S``) until the kubelet has the device IDs of every
@@ -282,7 +313,10 @@ class Agent:
 
     async def _serve(self) -> None:
         """A device plugin per count resource; new resources get one, changed ones
-        stream their new device list."""
+        stream their new device list. On a DRA node, the slice follows instead."""
+        if self.dra is not None:
+            self.dra.changed()
+            return
         for resource in count_resources(self.rt.cfg, self.node, self.devices):
             server = self.servers.get(resource.name)
             if server is not None:
@@ -327,7 +361,8 @@ class Agent:
             config_hash=self.rt.config_hash,
             agent=self.agent,
             seq=self.seq,
-            device_plugin=True,
+            device_plugin=self.dra is None,
+            dra=self.dra is not None,
         )
 
     async def _publish(self) -> None:

@@ -12,6 +12,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,29 @@ def read_links(nvml: Any, handles: Sequence[Any]) -> dict[int, dict[int, int]]:
     return out
 
 
+_ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+}
+"""NVML's ``NVML_DEVICE_ARCH_*`` numbers and the names people call them by."""
+
+
+def _architecture(nvml: Any, handle: Any) -> str:
+    return _ARCHITECTURES.get(int(nvml.nvmlDeviceGetArchitecture(handle)), "")
+
+
+def _capability(nvml: Any, handle: Any) -> str:
+    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+    return f"{major}.{minor}"
+
+
 class NvmlSource:
     """NVIDIA GPUs through NVML. ``nvml`` is the pynvml module (or a recorded stand-in)."""
 
@@ -159,6 +183,7 @@ class NvmlSource:
         if self._links is None or self._links[0] != uuids:
             self._links = (uuids, read_links(nvml, handles))
         links = self._links[1]
+        driver = self._optional(lambda: _text(nvml.nvmlSystemGetDriverVersion()).strip())
         for i, h in enumerate(handles):
             uuid = uuids[i]
             model = nvidia_model(_text(nvml.nvmlDeviceGetName(h)))
@@ -171,6 +196,7 @@ class NvmlSource:
                 pass  # not MIG-capable
             if mig_on:
                 geometry = self._instances(h, model)
+            bus_id = _text(nvml.nvmlDeviceGetPciInfo(h).busId)
             out.append(
                 DeviceInfo(
                     uuid=DeviceUUID(uuid),
@@ -179,14 +205,26 @@ class NvmlSource:
                     model=model,
                     memory_mib=nvml.nvmlDeviceGetMemoryInfo(h).total // MIB,
                     sm_count=self._sm_count(h),
-                    numa=numa_of(_text(nvml.nvmlDeviceGetPciInfo(h).busId), self.sysfs),
+                    numa=numa_of(bus_id, self.sysfs),
                     mode="mig" if mig_on else "hami-core",
                     healthy=uuid not in self.unhealthy,
                     mig_geometry=geometry,
                     links=links.get(i, {}),
+                    pci_bus_id=_bus(bus_id),
+                    architecture=self._optional(partial(_architecture, nvml, h)),
+                    compute_capability=self._optional(partial(_capability, nvml, h)),
+                    driver_version=driver,
                 )
             )
         return tuple(out)
+
+    def _optional(self, read: Callable[[], str]) -> str:
+        """What ``read`` returns, or empty where this NVML (or its stand-in) has no answer:
+        these are descriptive attributes (DRA's), never worth failing a read for."""
+        try:
+            return read()
+        except (AttributeError, TypeError, ValueError, self.nvml.NVMLError):
+            return ""
 
     def usage(self) -> dict[str, tuple[int, float]]:
         """Each card's memory in use and utilisation (0 in MIG mode: NVML has none)."""

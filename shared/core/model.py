@@ -272,6 +272,15 @@ class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Ascend AI CPUs of the chip."""
     mig_geometry: tuple[MigInstance, ...] = ()
     """The MIG geometry the card runs now; empty when MIG is off or unconfigured."""
+    pci_bus_id: str = ""
+    """The card's PCI address (``0000:3b:00.0``), as NVML reads it; empty when unread."""
+    architecture: str = ""
+    """The NVIDIA architecture (``Hopper``, ``Ampere``...); empty when unread."""
+    compute_capability: str = ""
+    """CUDA compute capability (``9.0``); empty when unread."""
+    driver_version: str = ""
+    """The node's driver version (``580.65.06``); empty when unread. These four are
+    published as DRA device attributes (services/node_agent/dra/slices.py)."""
     mps: MpsState = ""
     """The MPS control daemon serving this card (cards in ``mps`` mode; empty otherwise):
     a card in ``mps`` mode whose daemon is ``unavailable`` is offered to no MPS pod."""

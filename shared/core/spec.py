@@ -227,6 +227,9 @@ class NodeOverride(_Spec, frozen=True, kw_only=True):
     lib_cuda_log_level: Annotated[int, msgspec.Meta(ge=0, le=4)] | None = None
     mig_strategy: Literal["none", "mixed"] | None = None
     filter_devices: FilterDevices = msgspec.field(default_factory=FilterDevices)
+    device_api: Literal["device-plugin", "dra"] | None = None
+    """How this node's devices reach its kubelet (``nodeAgent.deviceApi`` when unset):
+    the device plugin or DRA, one of them, never both."""
 
 
 def _vendor(
