@@ -109,7 +109,7 @@ class Agent:
             await self._serve()
             await self._kubelet_listed()
             if api is not None:
-                self.rt.spawn(self._withdraw_dra(api), "withdraw-dra")
+                self.rt.spawn(self._withdraw_dra(api), "withdraw-dra", finite=True)
         await self._publish()
         if isinstance(self.source, NvmlSource):
             loop = asyncio.get_running_loop()
