@@ -798,11 +798,7 @@ class Gangs:
                     f'PodGroup "{key.name}" does not exist (yet): its pods wait for it; '
                     "create it or correct scheduling.k8s.io/group-name"
                 )
-                waiting = Status(reasons=(Reason(kind="waiting", detail=why),))
-                for m in members:
-                    if m.told != why:
-                        m.told = why
-                        told.append((m, waiting))
+                _tell(members, Status(reasons=(Reason(kind="waiting", detail=why),)), told)
                 return None
             for task, needed in group.min_task_member.items():
                 if sum(1 for m in [*members, *settled] if m.task == task) < needed:
@@ -834,10 +830,7 @@ class Gangs:
                     code=Code.UNRESOLVABLE,
                     reasons=(Reason(kind="queue", code=UNRESOLVABLE, detail=why),),
                 )
-                for m in members:
-                    if m.told != why:
-                        m.told = why
-                        told.append((m, refused))
+                _tell(members, refused, told)
                 return None
         members.sort(key=lambda m: (-m.priority, m.created_at))
         return min_member
@@ -878,11 +871,7 @@ class Gangs:
             f"its PodGroup's minResources exceed what {where} may ever hold "
             f"({', '.join(over)}): {fix}"
         )
-        status = Status(reasons=(Reason(kind="queue", detail=why),))
-        for m in members:
-            if m.told != why:
-                m.told = why
-                told.append((m, status))
+        _tell(members, Status(reasons=(Reason(kind="queue", detail=why),)), told)
 
     # --- subgroups (shared/core/subgroups.py) -----------------------------------------
 
@@ -916,11 +905,18 @@ class Gangs:
         if why:
             code = Code.UNRESOLVABLE if group.invalid else Code.UNSCHEDULABLE
             status = Status(code=code, reasons=(Reason(kind="waiting", code=code, detail=why),))
-            for m in members:
-                if m.told != why:
-                    m.told = why
-                    told.append((m, status))
+            _tell(members, status, told)
         return False
+
+
+def _tell(members: Iterable[Member], status: Status, told: list[tuple[Member, Status]]) -> None:
+    """Tell each member ``status`` (its one reason's detail), once: a member already told
+    the same is not told again."""
+    why = status.reasons[0].detail
+    for m in members:
+        if m.told != why:
+            m.told = why
+            told.append((m, status))
 
 
 def _at_least(need: Resources, floor: Mapping[str, float]) -> Resources:
