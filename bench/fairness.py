@@ -94,7 +94,7 @@ import random
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -718,17 +718,32 @@ def report(outs: Sequence[Outcome], tenants: Sequence[Tenant]) -> list[str]:
         "min = min(deserved, demand)):",
         "",
     ]
-    head = ["queue", "deserved", "demand", "min(deserved, demand)"]
-    for o in outs:
-        head += [f"got ({o.mode})", f"gap ({o.mode})"]
-    body = []
-    for name, r in first.items():
-        cells = [label[name], _pct(r.deserved), _pct(r.demand), _pct(r.target)]
-        for o in outs:
-            mine = figures[o.mode][name]
-            cells += [_pct(mine.got), f"{mine.gap:.2f}"]
-        body.append(cells)
-    lines += table(head, body)
+
+    def side_by_side(
+        shared: Sequence[str],
+        own: Callable[[Row], list[str]],
+        titles: Sequence[str],
+        each: Callable[[Row], list[str]],
+    ) -> list[str]:
+        """One row per queue: its ``own`` cells under ``shared`` titles, then each mode's
+        ``each`` cells under ``titles`` marked with the mode."""
+        head = ["queue", *shared, *(f"{t} ({o.mode})" for o in outs for t in titles)]
+        body = [
+            [label[name], *own(r), *(c for o in outs for c in each(figures[o.mode][name]))]
+            for name, r in first.items()
+        ]
+        return table(head, body)
+
+    def waited(r: Row) -> list[str]:
+        mean = sum(r.waits) / len(r.waits) if r.waits else 0.0
+        return [_min(mean), _min(max(r.waits, default=0.0)), str(r.still)]
+
+    lines += side_by_side(
+        ["deserved", "demand", "min(deserved, demand)"],
+        lambda r: [_pct(r.deserved), _pct(r.demand), _pct(r.target)],
+        ["got", "gap"],
+        lambda r: [_pct(r.got), f"{r.gap:.2f}"],
+    )
     lines += [
         "",
         "The same against the share fair at each step (fair: the mode's policy, "
@@ -736,36 +751,19 @@ def report(outs: Sequence[Outcome], tenants: Sequence[Tenant]) -> list[str]:
         "the run; gap: |got - fair| / fair):",
         "",
     ]
-    head = ["queue"]
-    for o in outs:
-        head += [f"fair ({o.mode})", f"got ({o.mode})", f"gap ({o.mode})"]
-    body = []
-    for name in first:
-        cells = [label[name]]
-        for o in outs:
-            mine = figures[o.mode][name]
-            cells += [_pct(mine.fair), _pct(mine.got), f"{mine.fair_gap:.2f}"]
-        body.append(cells)
-    lines += table(head, body)
+    lines += side_by_side(
+        [],
+        lambda r: [],
+        ["fair", "got", "gap"],
+        lambda r: [_pct(r.fair), _pct(r.got), f"{r.fair_gap:.2f}"],
+    )
     lines += [
         "",
         "Time pods waited to be bound, in minutes (each creation and re-creation once; "
         "still waiting: pods not running at the end):",
         "",
     ]
-    head = ["queue"]
-    for o in outs:
-        head += [f"mean ({o.mode})", f"max ({o.mode})", f"still waiting ({o.mode})"]
-    body = []
-    for name in first:
-        cells = [label[name]]
-        for o in outs:
-            mine = figures[o.mode][name]
-            waits = mine.waits
-            mean = sum(waits) / len(waits) if waits else 0.0
-            cells += [_min(mean), _min(max(waits, default=0.0)), str(mine.still)]
-        body.append(cells)
-    lines += table(head, body)
+    lines += side_by_side([], lambda r: [], ["mean", "max", "still waiting"], waited)
     lines += ["", "Evictions (pods of the queue evicted, each re-created with its work left):", ""]
     head = ["queue", *(o.mode for o in outs)]
     body = [[label[n], *(str(figures[o.mode][n].evictions) for o in outs)] for n in first]
