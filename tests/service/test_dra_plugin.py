@@ -18,7 +18,8 @@ from kubernetes_asyncio.client import ApiException
 from services.node_agent.dra import api_pb2 as pb
 from services.node_agent.dra import cdi
 from services.node_agent.dra import registration_pb2 as reg
-from services.node_agent.dra.plugin import ClaimError, DraPlugin
+from services.node_agent.dra.plugin import DraPlugin
+from services.node_agent.dra.prepare import ClaimError
 from shared.config import parse
 from shared.core.model import DeviceInfo, DeviceUUID, MigInstance, NodeName
 from tests.kubelet import plugin_dir

@@ -8,14 +8,9 @@ the node's ResourceSlice.
   knows of the list). ``NotifyRegistrationStatus`` tells whether it took it: the slice is
   published then (the kubelet deletes a node's slices when it starts, and a driver's
   when it goes away), and again whenever the inventory changes.
-- **NodePrepareResources**: per claim, its allocation is read from the API server (by
-  namespace and name, checked against the UID), each device of this driver mapped to
-  what it stands for (services/node_agent/dra/slices.py), and the claim's CDI spec
-  written (services/node_agent/dra/cdi.py) with the hand-out the device plugin's
-  ``Allocate`` gives for the same grant. The answer lists every allocated device with
-  the claim's CDI ID (once per request, so a container naming the whole claim gets it
-  once). The spec file also records that answer: preparing a prepared claim again
-  answers the same without reading the API server (idempotent across restarts).
+- **NodePrepareResources**: each claim prepared by services/node_agent/dra/prepare.py
+  (its allocation read, its devices' hand-out written as a CDI spec, the CDI IDs
+  answered; idempotent across restarts).
 - **NodeUnprepareResources**: the claim's spec is removed (already gone: done).
 
 Every claim of a request is answered: one that cannot be prepared carries its error,
@@ -26,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,30 +31,14 @@ import grpc
 import grpc.aio
 from kubernetes_asyncio.client import ApiException
 
-from services.node_agent.deviceplugin.allocation import make_writable_dirs
 from services.node_agent.dra import api_pb2 as pb
 from services.node_agent.dra import cdi
 from services.node_agent.dra import registration_pb2 as reg
-from services.node_agent.dra.slices import (
-    API_VERSION,
-    GrantError,
-    dra_devices,
-    grant_of,
-    resource_slice,
-    slice_name,
-)
-from services.node_agent.isolation import HandoutError, handout
+from services.node_agent.dra.prepare import ClaimReader, Driver, message, prepare, read_claim
+from services.node_agent.dra.slices import resource_slice, slice_name
 from shared import kube
 from shared.config import Config
-from shared.core.model import (
-    ContainerGrant,
-    DeviceGrant,
-    DeviceInfo,
-    DeviceUUID,
-    NodeName,
-    PodRef,
-    PodUID,
-)
+from shared.core.model import DeviceInfo, NodeName
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +46,10 @@ PLUGIN_TYPE = "DRAPlugin"
 SERVICE_VERSIONS = ("v1.DRAPlugin",)
 """The DRA gRPC services served, most preferred first (the kubelet of 1.36 knows
 ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin``; only v1 is implemented)."""
-PREPARED_ANNOTATION = "prepared"
-"""The key (in the driver's domain) of the spec annotation recording the answer."""
 RETRY_S = 2.0
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _WRITE_FAILED: tuple[type[Exception], ...] = (*kube.UNREACHABLE, ApiException)
 """A write to the API server that failed: out of reach, or refused."""
-
-
-class ClaimError(Exception):
-    """A claim cannot be prepared; the message is the claim's error in the answer."""
-
-
-ClaimReader = Callable[[str, str], Any]
-"""``(namespace, name)`` → awaitable of the ResourceClaim object (raises ApiException)."""
 
 
 class DraPlugin:
@@ -108,7 +77,7 @@ class DraPlugin:
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._last: dict[str, Any] | None = None
-        self.read_claim: Callable[[str, str], Any] = self._read_claim
+        self.read_claim: ClaimReader = functools.partial(read_claim, api)
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -295,7 +264,7 @@ class DraPlugin:
                 try:
                     answer.devices.extend(await self.prepare(claim))
                 except Exception as exc:  # every claim is answered, whatever went wrong
-                    answer.error = _message(claim, exc)
+                    answer.error = message(claim, exc)
                     log.error("NodePrepareResources: %s", answer.error)
         return out
 
@@ -312,130 +281,17 @@ class DraPlugin:
                     await asyncio.to_thread(path.unlink, missing_ok=True)
                     log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
                 except Exception as exc:  # every claim is answered
-                    answer.error = _message(claim, exc)
+                    answer.error = message(claim, exc)
                     log.error("NodeUnprepareResources: %s", answer.error)
         return out
 
     # --- one claim ----------------------------------------------------------------------
 
     async def prepare(self, claim: pb.Claim) -> list[pb.Device]:
-        """Prepare one claim: its CDI spec written, its devices as the kubelet records
-        them. Raises ClaimError (or another exception) with the reason."""
-        path = cdi.spec_path(self.cdi_dir, self.driver, claim.uid)
-        recorded = await asyncio.to_thread(cdi.read_spec, path)
-        key = f"{self.driver}/{PREPARED_ANNOTATION}"
-        if recorded is not None and key in recorded.get("annotations", {}):
-            return [_device(d) for d in json.loads(recorded["annotations"][key])]
-        obj = await self.read_claim(claim.namespace, claim.name)
-        uid = obj.get("metadata", {}).get("uid")
-        if uid != claim.uid:
-            raise ClaimError(
-                f"it was replaced (its UID is now {uid}, the kubelet asks {claim.uid})"
-            )
-        allocation = (obj.get("status") or {}).get("allocation")
-        if not allocation:
-            raise ClaimError("it is not allocated (status.allocation is empty)")
-        results = [
-            r
-            for r in (allocation.get("devices") or {}).get("results") or []
-            if r.get("driver") == self.driver
-        ]
-        if not results:
-            raise ClaimError(f"no device of driver {self.driver} is allocated to it")
-        answer, grants = self._grants(results, claim.uid)
-        given = handout(
-            self.cfg,
-            self.node,
-            PodRef(namespace=claim.namespace, name=claim.name, uid=PodUID(claim.uid)),
-            ContainerGrant(container="claim", devices=tuple(grants)),
-            self._by_uuid(),
-        )
-        await asyncio.to_thread(make_writable_dirs, given)
-        spec = cdi.claim_spec(self.driver, claim.uid, given)
-        spec["annotations"] = {key: json.dumps(answer, sort_keys=True)}
-        await asyncio.to_thread(cdi.write_spec, path, spec)
-        log.info(
-            "prepared claim %s/%s: %s (%s)",
-            claim.namespace,
-            claim.name,
-            ", ".join(r["device"] for r in results),
-            ", ".join(f"{k}={v}" for k, v in sorted(given.envs.items())),
-        )
-        return [_device(d) for d in answer]
-
-    def _grants(
-        self, results: list[dict[str, Any]], claim_uid: str
-    ) -> tuple[list[dict[str, Any]], list[DeviceGrant]]:
-        """Each allocated device's answer (as recorded) and grant."""
-        table = {d.name: d for d in dra_devices(self.cfg, self.node, self.devices())}
-        cdi_id = cdi.device_id(self.driver, claim_uid)
-        answer: list[dict[str, Any]] = []
-        grants = []
-        given_to: set[str] = set()
-        for r in results:
-            pool, name, request = r.get("pool", ""), r.get("device", ""), r.get("request", "")
-            device = table.get(name) if pool == self.node else None
-            if device is None:
-                raise GrantError(f"device {pool}/{name} is not one this node offers now")
-            grants.append(grant_of(device, r.get("consumedCapacity")))
-            names = [request] if "/" not in request else [request, request.split("/", 1)[0]]
-            first = request not in given_to
-            given_to.add(request)
-            answer.append(
-                {
-                    "requests": names,
-                    "pool": pool,
-                    "device": name,
-                    "cdi_id": cdi_id if first else "",
-                    "share": r.get("shareID") or "",
-                }
-            )
-        kinds = {g.mig_profile is not None for g in grants if g.vendor == "nvidia"}
-        if len(kinds) > 1:
-            raise GrantError(
-                "it holds MIG instances and cards together: a container sees one or the "
-                "other, so ask them in two claims"
-            )
-        return answer, grants
-
-    def _by_uuid(self) -> Mapping[DeviceUUID, DeviceInfo]:
-        return {d.uuid: d for d in self.devices()}
-
-    async def _read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        if self.api is None:
-            raise ClaimError("the node agent has no API server to read claims from")
-        try:
-            obj: dict[str, Any] = await kube.request(
-                self.api,
-                "GET",
-                f"/apis/{API_VERSION}/namespaces/{namespace}/resourceclaims/{name}",
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                raise ClaimError("it does not exist") from None
-            raise
-        return obj
+        """Prepare one claim (services/node_agent/dra/prepare.py)."""
+        driver = Driver(self.cfg, self.node, self.driver, self.cdi_dir, self.devices())
+        return await prepare(driver, claim, self.read_claim)
 
     def spec_of(self, claim_uid: str) -> Path:
         """The CDI spec file of a claim (prepared or not)."""
         return cdi.spec_path(self.cdi_dir, self.driver, claim_uid)
-
-
-def _device(recorded: Mapping[str, Any]) -> pb.Device:
-    """A device of the answer, from its record (the driver's CDI ID is added on the
-    first device of each request)."""
-    device = pb.Device(
-        request_names=list(recorded["requests"]),
-        pool_name=recorded["pool"],
-        device_name=recorded["device"],
-        cdi_device_ids=[recorded["cdi_id"]] if recorded.get("cdi_id") else [],
-    )
-    if recorded.get("share"):
-        device.share_id = recorded["share"]
-    return device
-
-
-def _message(claim: pb.Claim, exc: Exception) -> str:
-    """The error a claim is answered with: the claim, then why."""
-    why = str(exc) if isinstance(exc, ClaimError | GrantError | HandoutError) else repr(exc)
-    return f"ResourceClaim {claim.namespace}/{claim.name} ({claim.uid}): {why}"
