@@ -4,8 +4,8 @@ What it decides is in shared/core/gangs.py (readiness, queue admission and order
 retries, victims to offer); this module turns events into calls on
 :class:`~shared.core.gangs.Gangs` and its :class:`~shared.core.gangs.Dispatch` into
 ``GangReady`` events (each in the trace its first pod arrived in) and ``PodWaiting``
-for pods it holds back (queue refusals, a missing PodGroup). PodGroup status is written
-by podgroups.py.
+for pods it holds back (queue refusals, a missing PodGroup), both made by outbound.py.
+PodGroup status is written by podgroups.py, Queue status by queues.py.
 
 Events arrive in batches; one dispatch runs per batch, at most every
 ``DISPATCH_INTERVAL_S``: pods arriving together go together, and a dispatch (which
@@ -26,6 +26,7 @@ from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
 
 from services.gang_coordinator import usage
+from services.gang_coordinator.outbound import gang_ready, policy, waiting
 from services.gang_coordinator.podgroups import PodGroupStatus
 from services.gang_coordinator.queues import (
     STATUS_INTERVAL_S,
@@ -40,12 +41,11 @@ from services.gang_coordinator.queues import (
 from shared import busauth, kube
 from shared import events as ev
 from shared.bus import through_failover
-from shared.core.gangs import Gangs, Member, Policy, ReadyGang
+from shared.core.gangs import Gangs, Member, ReadyGang
 from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.queues import GroupSpec, grant_vector, resource_vector
 from shared.core.request import ResourceTable
 from shared.core.spec import GENERIC_VENDORS
-from shared.core.usage import UsageParams
 from shared.runtime import Runtime, Service, ViewHandler, handles, report_catch_up
 from shared.views import VIEW_QUEUES_SUBJECT, QueuesView
 
@@ -68,23 +68,7 @@ class Coordinator(Service):
             for vendor in GENERIC_VENDORS
             if (spec := rt.cfg.devices.vendor(vendor)) is not None
         }
-        self.gangs = Gangs(
-            Policy(
-                retry_backoff_s=s.retry_backoff_s,
-                starvation_guard_s=s.starvation_window(),
-                preemption=s.preempts(),
-                queue_plugin=s.queue_plugin,
-                ancestor_reclaim_level=s.ancestor_reclaim_level,
-                preempt_min_runtime_s=s.preempt_min_runtime_s,
-                reclaim_min_runtime_s=s.reclaim_min_runtime_s,
-                usage=UsageParams(
-                    weight=s.usage.weight,
-                    half_life_s=s.usage.half_life_s,
-                    window_s=s.usage.window_s,
-                ),
-            ),
-            split,
-        )
+        self.gangs = Gangs(policy(s), split)
         self.table = ResourceTable.build(rt.cfg.devices)
         self.pools = s.shard_pools()
         self.announced: dict[PodUID, ev.PodPending] = {}
@@ -363,48 +347,10 @@ class Coordinator(Service):
             ready, [self.contexts.get(g.members[0].pod.uid) for g in decided.ready]
         )
         if decided.told:
-            said: dict[tuple[GangKey, str], int] = {}
-            for m, status in decided.told:  # one line per gang and reason, not per pod
-                said[m.key, status.message()] = said.get((m.key, status.message()), 0) + 1
-            for (key, message), count in said.items():
-                log.info("gang %s: %d pod(s) wait: %s", key, count, message)
-            await self.rt.bus.publish_many(
-                [
-                    ev.PodWaiting.of((m.pod,), status, attempt=m.attempt)
-                    for m, status in decided.told
-                ]
-            )
+            await self.rt.bus.publish_many(waiting(decided.told))
 
     def _gang_ready(self, gang: ReadyGang) -> ev.GangReady:
-        key = gang.key
-        members = tuple(self.announced[m.pod.uid] for m in gang.members)
-        # Sharded: the shards its pods may run in, from the one its name hashes to (a
-        # selector no shard allows: every shard, which each say why not).
-        route = (
-            self.pools.route(
-                f"{key.namespace}/{key.name}",
-                (m.spec.node_selector if m.spec is not None else {} for m in members),
-            )
-            or self.pools.names
-        )
-        group = self.podgroups.get(key)  # its networkTopology rides along, as is
-        return ev.GangReady(
-            gang=ev.GangRef(
-                namespace=key.namespace, name=key.name, queue=gang.queue, lone=key.lone
-            ),
-            min_member=gang.min_member,
-            attempt=gang.attempt,
-            members=members,
-            victims=gang.victims,
-            budgets=dict(gang.budgets),
-            hold=gang.hold,
-            protected_s=gang.protected_s,
-            subgroups=gang.subgroups,
-            network_topology=group.network_topology if group is not None else None,
-            shard=route[0] if route else "",
-            route=route[1:],
-            offered=route,
-        )
+        return gang_ready(gang, self.announced, self.pools, self.podgroups.get(gang.key))
 
     async def dispatch_loop(self) -> None:
         """Dispatch when woken (a pod, a refusal, a freed device) or at the next retry due, within a
