@@ -23,10 +23,16 @@ from shared.core.model import (
 from shared.core.placement import GangMember, Placer
 from shared.core.preemption import Protection
 from shared.core.queues import Resources
+from shared.core.room import Room, Unplaced
+from shared.core.status import Code, Reason, Status
 from tests.unit.corekit import gpus, placer, ref, request
 
 WHOLE = {"nvidia.com/gpu": 1}
 MIB = 81920
+NOW = 1_000_000.0
+NO_ROOM = Status(
+    code=Code.UNSCHEDULABLE, nodes=1, reasons=(Reason(kind="insufficient", resource="x"),)
+)
 
 
 def share(pct: int) -> PodRequest:
@@ -179,3 +185,59 @@ def test_fractional_means_one_card_shared() -> None:
     assert not fractional(request(WHOLE))
     assert not fractional(request({"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 50}))
     assert not fractional(request({}))
+
+
+def test_the_room_reserves_each_moved_pods_place_before_eviction_and_frees_it_unused() -> None:
+    pl = placer({"n0": gpus(1), "n1": gpus(1)})
+    a, b = hold(pl, "n0", 40), hold(pl, "n1", 40)
+    room = Room(pl, max_moves=4, reserve_s=60.0)
+    top = ref()
+    gang = Unplaced(key=GangKey.of(top, None), members=whole(1), min_member=1, movable=(a, b))
+    made = room.make_room(gang, NO_ROOM, now=NOW)
+    assert made.preempting is not None
+    moved = made.preempting.pods[0]
+    dest = made.preempting.moves[moved]
+    assert made.note.startswith("Moving 1 pod(s) to make room on ")
+    spot = next(iter(room.spots.values()))
+    assert pl.ledger.pods[spot.grant.pod.uid].node == dest  # held before anything leaves
+    assert room.waiting(gang.key, NOW) == "waiting for 1 preempted pod(s) to exit"
+    # the recreated pod of another controller, or of another shape, does not take it
+    new = ref()
+    assert room.take_spot(new, "ReplicaSet/other", share(40), None) is None
+    assert room.take_spot(new, "ReplicaSet/web", share(30), None) is None
+    taken = room.take_spot(new, "ReplicaSet/web", share(40), None)
+    assert taken is not None
+    assert taken.node == dest
+    assert pl.ledger.pods[new.uid].node == dest
+    assert spot.grant.pod.uid not in pl.ledger.pods
+    # a second move's place lapses unused: its devices are free again
+    c = hold(pl, "n1", 10)
+    again = Unplaced(key=GangKey.of(ref(), None), members=whole(1), min_member=1, movable=(c,))
+    room2 = Room(pl, max_moves=4, reserve_s=60.0)
+    room2.consolidate(again, NOW)
+    held = set(room2.spots)
+    ended = room2.lapsed(NOW + 61.0)
+    assert {g.pod.uid for g in ended.spots} == held
+    assert not held & set(pl.ledger.pods)
+
+
+def test_consolidation_is_tried_before_preemption_and_a_refusal_is_told() -> None:
+    pl = placer({"n0": gpus(1), "n1": gpus(1)})
+    a, b = hold(pl, "n0", 60), hold(pl, "n1", 60)
+    room = Room(pl, max_moves=4)
+    top = ref()
+    gang = Unplaced(key=GangKey.of(top, None), members=whole(1), min_member=1, movable=(a, b))
+    made = room.make_room(gang, NO_ROOM, now=NOW)
+    assert made.preempting is None
+    assert "would have nowhere to go" in made.note
+    assert not room.spots
+    with_victims = Unplaced(
+        key=gang.key,
+        members=gang.members,
+        min_member=1,
+        movable=(a, b),
+        victims=(VictimUnit(pods=(a.pod,), why="priority 0 < 9"),),
+    )
+    made = room.make_room(with_victims, NO_ROOM, now=NOW)
+    assert made.preempting is not None
+    assert not made.preempting.moves  # preemption, after consolidation found no move
