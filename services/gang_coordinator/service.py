@@ -73,6 +73,7 @@ class Coordinator(Service):
                 retry_backoff_s=s.retry_backoff_s,
                 starvation_guard_s=s.starvation_window(),
                 preemption=s.preempts(),
+                consolidation=s.consolidates(),
                 queue_plugin=s.queue_plugin,
                 ancestor_reclaim_level=s.ancestor_reclaim_level,
                 preempt_min_runtime_s=s.preempt_min_runtime_s,
@@ -186,6 +187,8 @@ class Coordinator(Service):
             since=time.monotonic(),
             preemption_policy=event.preemption_policy,
             labels=event.spec.labels if event.spec is not None else {},
+            owner=event.owner,
+            preemptable=event.preemptable,
         )
         new = event.pod.uid not in self.gangs.pods and event.pod.uid not in self.gangs.bound_pods
         previous = self.announced.get(event.pod.uid)
@@ -400,6 +403,7 @@ class Coordinator(Service):
             hold=gang.hold,
             protected_s=gang.protected_s,
             subgroups=gang.subgroups,
+            movable=gang.movable,
             network_topology=group.network_topology if group is not None else None,
             shard=route[0] if route else "",
             route=route[1:],

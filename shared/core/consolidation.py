@@ -42,7 +42,7 @@ from shared.core.model import (
 )
 from shared.core.placement import GangMember, Placement, Placer
 from shared.core.plugins.fgd import node_fragmentation
-from shared.core.preemption import Candidate, Protection, covering, overdrawn
+from shared.core.preemption import Candidate, Protection, allowances, covering, overdrawn
 from shared.core.queues import QueueSpec
 from shared.core.subgroups import SubGroups
 
@@ -147,6 +147,14 @@ def movable(
             found.append((s.created_at, move))
     found.sort(key=lambda f: -f[0])
     return tuple(m for _, m in found[:MAX_MOVABLE])
+
+
+def moved_allowances(
+    moving: Iterable[Movable], budgets: Mapping[str, Mapping[str, Budget]]
+) -> dict[str, int]:
+    """What each PodDisruptionBudget that ``moving`` count against allows now (as
+    ``preemption.allowances`` reads it for victims)."""
+    return allowances((VictimUnit(pods=(m.pod,), budgets=(m.budgets,)) for m in moving), budgets)
 
 
 def spot_ref(pod: PodRef) -> PodRef:
