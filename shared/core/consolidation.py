@@ -30,8 +30,10 @@ import msgspec
 
 from shared.core.disruption import Budget
 from shared.core.hierarchy import QueueTree
-from shared.core.ledger import Ledger, PodGrant, Statement
+from shared.core.hosts import CPU, MEMORY
+from shared.core.ledger import Ledger, NodeState, PodGrant, Statement
 from shared.core.model import (
+    DeviceRequest,
     GangKey,
     Movable,
     NodeName,
@@ -42,6 +44,7 @@ from shared.core.model import (
 )
 from shared.core.placement import GangMember, Placement, Placer
 from shared.core.plugins.fgd import node_fragmentation
+from shared.core.policy import allows
 from shared.core.preemption import Candidate, Protection, allowances, covering, overdrawn
 from shared.core.queues import QueueSpec
 from shared.core.subgroups import SubGroups
@@ -185,8 +188,13 @@ def plan(
     for m in offered:
         if m.pod.uid in grants:
             by_node.setdefault(grants[m.pod.uid].node, []).append(m)
-    ordered = {n: _card_order(ledger, n, pods, grants) for n, pods in by_node.items()}
-    seeds = sorted(ordered, key=lambda n: (-_free_after(ledger, n, ordered[n], grants), n))
+    ordered: dict[NodeName, list[Movable]] = {}
+    cost: dict[NodeName, tuple[int, float]] = {}
+    for n, pods in by_node.items():
+        found = _clearing(ledger, n, pods, grants, members, max_moves)
+        if found is not None:
+            cost[n], ordered[n] = found
+    seeds = sorted(ordered, key=lambda n: (*cost[n], n))
 
     def fits(st: Statement) -> tuple[Placement, ...] | None:
         with Statement(ledger, st) as probe:
@@ -237,40 +245,93 @@ def _share(ledger: Ledger, grant: PodGrant) -> dict[str, float]:
     return out
 
 
-def _card_order(
-    ledger: Ledger, node: NodeName, pods: list[Movable], grants: Mapping[PodUID, PodGrant]
-) -> list[Movable]:
-    """``pods`` card by card: first the cards their leaving frees most, fewest pods first."""
-    devices = ledger.nodes[node].by_uuid
-    by_card: dict[str, list[Movable]] = {}
-    freed: dict[str, float] = {}
+def _clearing(
+    ledger: Ledger,
+    node: NodeName,
+    pods: list[Movable],
+    grants: Mapping[PodUID, PodGrant],
+    members: Sequence[GangMember],
+    max_moves: int,
+) -> tuple[tuple[int, float], list[Movable]] | None:
+    """The cheapest way to clear ``node`` for one member of the gang, reckoned without
+    a trial placement: for the cards of an allowed type it needs, the fewest and
+    smallest of ``pods`` whose leaving frees its share, then more (smallest first) while
+    its cpu or memory is short. The cost (moves, GPU share moved) and the pods in order;
+    None when no member could fit there within ``max_moves`` (a necessary test only:
+    the trial placement decides)."""
+    state = ledger.nodes[node]
+    on: dict[str, list[tuple[float, Movable]]] = {}
     for m in pods:
         share = _share(ledger, grants[m.pod.uid])
         card = max(share, key=lambda u: share[u], default="")
-        by_card.setdefault(card, []).append(m)
-        for uuid, part in share.items():
-            freed[uuid] = freed.get(uuid, 0.0) + part
-    cards = sorted(
-        by_card,
-        key=lambda u: (
-            -min(1.0, (devices[u].free_fraction() if u in devices else 0.0) + freed.get(u, 0.0)),
-            len(by_card[u]),
-            u,
-        ),
-    )
-    return [m for card in cards for m in by_card[card]]
+        on.setdefault(card, []).append((sum(share.values()), m))
+    for listed in on.values():
+        listed.sort(key=lambda x: (x[0], x[1].pod.uid))
+    best: tuple[tuple[int, float], list[Movable]] | None = None
+    for member in members:
+        asks = [d for k in member.request.containers for d in k.devices]
+        c = member.request.constraints
+        cards: list[tuple[int, float, list[tuple[float, Movable]]]] = []
+        for dev in state.devices:
+            if asks and not allows(dev.model_lc, c.use_types, c.nouse_types):
+                continue
+            need = max((_part(d, dev.total_mem) for d in asks), default=0.0)
+            free = dev.free_fraction()
+            taken: list[tuple[float, Movable]] = []
+            for part, m in on.get(dev.uuid, ()):
+                if free + 1e-9 >= need:
+                    break
+                free += part
+                taken.append((part, m))
+            if free + 1e-9 >= need:
+                cards.append((len(taken), sum(x for x, _ in taken), taken))
+        cards.sort(key=lambda x: (x[0], x[1]))
+        count = max((d.count for d in asks), default=0)
+        if len(cards) < count:
+            continue
+        chosen = [x for card in cards[:count] for x in card[2]]
+        rest = sorted(
+            (x for listed in on.values() for x in listed if x not in chosen),
+            key=lambda x: (x[0], x[1].pod.uid),
+        )
+        while not _host_room(state, member, [m for _, m in chosen], grants) and rest:
+            chosen.append(rest.pop(0))
+        if len(chosen) > max_moves or not _host_room(state, member, [m for _, m in chosen], grants):
+            continue
+        key = (len(chosen), sum(x for x, _ in chosen))
+        if best is None or key < best[0]:
+            best = (key, [m for _, m in chosen])
+    return best
 
 
-def _free_after(
-    ledger: Ledger, node: NodeName, pods: list[Movable], grants: Mapping[PodUID, PodGrant]
-) -> float:
-    """The node's free GPU share once every one of ``pods`` has left."""
-    state = ledger.nodes[node]
-    free: dict[str, float] = {d.uuid: d.free_fraction() for d in state.devices}
-    for m in pods:
-        for uuid, part in _share(ledger, grants[m.pod.uid]).items():
-            free[uuid] = min(1.0, free.get(uuid, 0.0) + part)
-    return sum(free.values())
+def _host_room(
+    state: NodeState, member: GangMember, leaving: list[Movable], grants: Mapping[PodUID, PodGrant]
+) -> bool:
+    """Has the node the member's cpu and memory once ``leaving`` have left?"""
+    spec = state.host.spec
+    if spec is None or member.spec is None:
+        return True
+    used, alloc, want = state.host.requested, spec.allocatable, member.spec.requests
+    for name in (CPU, MEMORY):
+        freed = sum(
+            g.spec.requests.get(name, 0)
+            for m in leaving
+            if (g := grants[m.pod.uid]).spec is not None
+        )
+        if want.get(name, 0) > alloc.get(name, 0) - used.get(name, 0) + freed:
+            return False
+    return True
+
+
+def _part(d: DeviceRequest, total_mib: int) -> float:
+    """The least share of one card the request ``d`` needs (0 for a MIG instance)."""
+    if d.mig_profile is not None:
+        return 0.0
+    if d.memory_mib is not None and total_mib:
+        return min(1.0, d.memory_mib / total_mib)
+    if d.memory_percent is not None:
+        return d.memory_percent / 100
+    return min(1.0, d.cores / 100) if d.cores else 1.0
 
 
 def _clear(
@@ -334,6 +395,8 @@ def _play(
                 request = msgspec.structs.replace(request, constraints=fgd_constraints)
             ref = spot_ref(m.pod)
             spec = grants[m.pod.uid].spec
+            if spec is not None and spec.node_name:  # its recreated self names no node
+                spec = msgspec.structs.replace(spec, node_name="")
             with Statement(ledger, st) as again:
                 result = placer.place(ref, request, spec=spec, trial=True, statement=again)
                 if isinstance(result, Placement) and result.node != origin:
