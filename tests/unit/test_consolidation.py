@@ -241,3 +241,31 @@ def test_consolidation_is_tried_before_preemption_and_a_refusal_is_told() -> Non
     made = room.make_room(with_victims, NO_ROOM, now=NOW)
     assert made.preempting is not None
     assert not made.preempting.moves  # preemption, after consolidation found no move
+
+
+def test_the_watcher_reads_a_pods_controller_and_preemptable_mark() -> None:
+    from services.watcher.translate import controller, pending_event
+
+    owned = {
+        "ownerReferences": [
+            {"kind": "Node", "name": "n0"},
+            {"kind": "ReplicaSet", "name": "web-7c9", "controller": True},
+        ]
+    }
+    assert controller(owned) == "ReplicaSet/web-7c9"
+    assert controller({"ownerReferences": [{"kind": "ReplicaSet", "name": "x"}]}) == ""
+    assert controller({}) == ""
+    obj = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "labels": {"volcano.sh/preemptable": "true"},
+            **owned,
+        },
+        "spec": {"schedulerName": "tessera"},
+    }
+    event = pending_event(obj, ref("p"), share(30), None)  # type: ignore[arg-type]
+    assert (event.owner, event.preemptable) == ("ReplicaSet/web-7c9", True)
+    obj["metadata"]["labels"] = {}
+    obj["metadata"]["annotations"] = {"volcano.sh/preemptable": "false"}
+    assert not pending_event(obj, ref("p"), share(30), None).preemptable  # type: ignore[arg-type]
