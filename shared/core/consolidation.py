@@ -7,11 +7,12 @@ for this gang, past their minimum runtime); :func:`plan` picks the moves, and th
 allocator (shared/core/room.py ``Room.consolidate``) reserves each moved pod's new place
 before anything is evicted.
 
-The search is bounded, never every combination: at most :data:`MAX_SEEDS` nodes are
-tried as the place to clear, those that the movable pods would leave with the most free
-GPU share first. On each, pods are taken off card by card (the cards their leaving frees
-most, with fewest pods, first) until a trial placement of the gang fits or
-``max_moves`` is reached; pods not needed are put back, as ``preemption.plan`` prunes.
+The search is bounded, never every combination. Per node holding offered pods, the
+cheapest clearing is reckoned without placing anything (:func:`_clearing`: the fewest,
+smallest pods whose leaving frees the cards the gang's pod needs, then its cpu and
+memory); at most :data:`MAX_SEEDS` of the cheapest nodes are tried. On each, those pods
+are taken off one by one until a trial placement of the gang fits (at most
+``max_moves``); pods not needed are put back, as ``preemption.plan`` prunes.
 The scenario is then played out in a statement: the gang placed, then every moved pod
 placed again by FGD (shared/core/plugins/fgd.py), never on the node it leaves. Of the
 scenarios where every moved pod has a place, the fewest moves win, then the one that
