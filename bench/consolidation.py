@@ -79,8 +79,9 @@ def replay(
         ok = isinstance(placer.place(ref, request, spec=spec, trial=True), Placement)
         if not ok and task.gpus > 0 and max_moves > 0 and shared:
             tried += 1
-            offered = list(shared.values())[-offer:] if offer else list(shared.values())
-            offered.reverse()  # newest first, as the coordinator offers them
+            offered = list(shared.values())[::-1]  # as the coordinator offers them:
+            offered.sort(key=lambda m: demand[m.pod.uid])  # smallest, then newest first
+            offered = offered[:offer] if offer else offered
             member = GangMember(pod=ref, request=request, spec=spec)
             plan = consolidation.plan(placer, [member], 1, offered, max_moves=max_moves, allowed={})
             if isinstance(plan, consolidation.Consolidation):
@@ -135,7 +136,12 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-moves", type=int, default=4)
-    parser.add_argument("--offer", type=int, default=0, help="newest shared tasks offered (0: all)")
+    parser.add_argument(
+        "--offer",
+        type=int,
+        default=consolidation.MAX_MOVABLE,
+        help="shared tasks offered, smallest then newest first (0: all)",
+    )
     args = parser.parse_args()
     nodes = load_nodes(args.nodes)
     capacity = sum(len(n.devices) for n in nodes)
@@ -157,7 +163,7 @@ def main() -> None:
             f"{moved['placed_gpu']} | {per:.4f} | {plain['seconds']} / {moved['seconds']} |"
         )
         print(variant, plain, moved, flush=True)
-    offer = f"newest {args.offer}" if args.offer else "every placed shared task"
+    offer = f"the {args.offer} smallest" if args.offer else "every placed shared task"
     print(
         f"\nGPU allocation at 100% offered demand, Tessera default policy, seed {args.seed}, "
         f"paper draw; consolidation with maxMoves {args.max_moves}, offering {offer}:\n"

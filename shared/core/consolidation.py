@@ -52,8 +52,10 @@ from shared.core.subgroups import SubGroups
 
 MAX_SEEDS = 8
 """Nodes tried as the one to clear, per plan: each costs a few trial placements."""
-MAX_MOVABLE = 64
-"""Movable pods the coordinator offers per gang (newest first)."""
+MAX_MOVABLE = 128
+"""Movable pods the coordinator offers per gang: the smallest first (the easiest to
+place elsewhere), the newest first among equals (bench/consolidation.py: the 64 newest
+alone let almost no plan through on the openb trace)."""
 PREEMPTABLE = "volcano.sh/preemptable"
 """Volcano's pod annotation (or label): ``"true"`` marks a pod that may be disturbed."""
 MOVING = ".moving"
@@ -129,9 +131,10 @@ def movable(
     """The bound pods that may be moved for gang ``key`` of ``queue``: lone pods with a
     controller, sharing a GPU, marked preemptable or among the preemption ``offered``,
     that have run their minimum runtime (``protection``, as preemption reads it; its
-    ``soonest`` notes those held back). Newest first, at most :data:`MAX_MOVABLE`."""
+    ``soonest`` notes those held back). The least GPU memory first, then the newest; at
+    most :data:`MAX_MOVABLE`."""
     victims = {p.uid for unit in offered for p in unit.pods}
-    found: list[tuple[float, Movable]] = []
+    found: list[tuple[tuple[float, float], Movable]] = []
     for other, pods in bound.items():
         if other == key or not other.lone:
             continue
@@ -148,8 +151,9 @@ def movable(
             move = Movable(
                 pod=s.pod, request=s.request, owner=s.owner, budgets=covering(s, budgets)
             )
-            found.append((s.created_at, move))
-    found.sort(key=lambda f: -f[0])
+            memory = float(sum(v for k, v in s.vector.items() if k.endswith(".memory")))
+            found.append(((memory, -s.created_at), move))
+    found.sort(key=lambda f: f[0])
     return tuple(m for _, m in found[:MAX_MOVABLE])
 
 

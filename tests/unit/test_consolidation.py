@@ -161,6 +161,7 @@ def test_only_lone_controller_owned_shared_pods_past_their_minimum_runtime_move(
     me = GangKey.of(ref(), None)
     pods = {
         "ok": Bound(ref("ok"), share(30), created_at=2.0),
+        "big": Bound(ref("big"), share(60), created_at=9.0, vector={"nvidia.memory": 49152.0}),
         "bare": Bound(ref("bare"), share(30), owner=""),
         "unmarked": Bound(ref("unmarked"), share(30), preemptable=False),
         "victim": Bound(ref("victim"), share(30), preemptable=False, created_at=3.0),
@@ -174,7 +175,8 @@ def test_only_lone_controller_owned_shared_pods_past_their_minimum_runtime_move(
     offered = (VictimUnit(pods=(pods["victim"].pod,)),)
     protection = Protection(now=100.0)
     got = movable(me, "default", bound, offered, protection, {}, None, {})
-    assert [m.pod.name for m in got] == ["victim", "ok"]  # newest first
+    # the least memory first (the others hold none in their vector here), then the newest
+    assert [m.pod.name for m in got] == ["victim", "ok", "big"]
     assert got[0].owner == "ReplicaSet/web"
     assert math.isclose(protection.soonest, 50.0)
 
