@@ -271,3 +271,24 @@ def test_the_watcher_reads_a_pods_controller_and_preemptable_mark() -> None:
     obj["metadata"]["labels"] = {}
     obj["metadata"]["annotations"] = {"volcano.sh/preemptable": "false"}
     assert not pending_event(obj, ref("p"), share(30), None).preemptable  # type: ignore[arg-type]
+
+
+def test_the_coordinator_offers_movable_pods_to_a_failed_gang_only_when_enabled() -> None:
+    from tests.unit.test_gangs import bind, failed_once, gangs, member
+
+    for enabled in (False, True):
+        g = gangs(consolidation=enabled)
+        moving = member(limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 30})
+        moving.owner, moving.preemptable = "ReplicaSet/web", True
+        bare = member(limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 30})
+        bare.preemptable = True
+        for m in (moving, bare):
+            bind(g, m)
+        first = member()
+        g.pending(first)
+        assert g.dispatch(0.0).ready[0].movable == ()  # plain placement first
+        g.failed([first.pod.uid], 1, unresolvable=False, now=0.0)
+        again = g.dispatch(1000.0).ready[0]
+        want = (moving.pod,) if enabled else ()
+        assert tuple(m.pod for m in again.movable) == want
+        assert failed_once(g, member()).movable == again.movable
