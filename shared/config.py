@@ -79,6 +79,21 @@ class UsageConfig(_Cfg, frozen=True, kw_only=True):
     (the ``tessera-usage`` bucket) so that a restart forgets nothing."""
 
 
+class ConsolidationConfig(_Cfg, frozen=True, kw_only=True):
+    """Moving shared-GPU pods to other nodes so a gang that fits nowhere fits
+    (docs/consolidation.md): tried before preemption, which evicts pods for good."""
+
+    enabled: bool = False
+    """Off by default: a move restarts a running pod (its controller recreates it), which
+    a cluster should opt into. On, the ``Consolidation`` PostFilter runs first."""
+    max_moves: Annotated[int, msgspec.Meta(ge=1, le=16)] = 4
+    """Pods moved at most for one placement: each is a restart, and each adds trial
+    placements to the bounded search (shared/core/consolidation.py)."""
+    reserve_s: Annotated[float, msgspec.Meta(gt=0.0)] = 120.0
+    """How long the place reserved for a moved pod waits for its recreated self (same
+    controller, same request); unused by then, it is freed."""
+
+
 class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     """Which pods are ours and how they are placed."""
 
@@ -177,6 +192,11 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     once. A pod's ``volcano.sh/cooldown-time`` protects it too."""
     reclaim_min_runtime_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
     """The same before another queue reclaims it (``spec.reclaimMinRuntime``)."""
+    consolidation: ConsolidationConfig = msgspec.field(default_factory=ConsolidationConfig)
+    """Move shared-GPU pods (``volcano.sh/preemptable: "true"`` or preemptible for the
+    gang, owned by a controller, past their minimum runtime) to other nodes so that a
+    gang fits, each to a place reserved before it is evicted; ``{enabled: true,
+    maxMoves: 4, reserveS: 120}``. Tried before preemption (``Consolidation`` plugin)."""
     starvation_guard_s: Annotated[float, msgspec.Meta(ge=0.0)] = 300.0
     """Smaller gangs are backfilled past a gang that does not fit; once it has waited
     this long, the nodes it would fit on (after their pods finish) are held for it.
@@ -229,6 +249,11 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
         profile): the coordinator offers them victims only then."""
         return any(p.name == "DefaultPreemption" for p in self.profile().post_filters)
 
+    def consolidates(self) -> bool:
+        """Whether gangs that do not fit may move pods (Consolidation is in the profile):
+        the coordinator offers them movable pods only then."""
+        return any(p.name == "Consolidation" for p in self.profile().post_filters)
+
     def starvation_window(self) -> float:
         """``starvation_guard_s``, or 0 when StarvationHold is not in the profile."""
         holds = any(p.name == "StarvationHold" for p in self.profile().post_filters)
@@ -246,6 +271,7 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
 
 
 _SWITCHED: tuple[tuple[str, Callable[[SchedulerConfig], bool]], ...] = (
+    ("Consolidation", lambda s: s.consolidation.enabled),
     ("DefaultPreemption", lambda s: s.preemption),
     ("StarvationHold", lambda s: s.starvation_guard_s > 0),
 )

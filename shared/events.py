@@ -30,6 +30,7 @@ from shared.core.model import (
     ContainerGrant,
     DeviceInfo,
     GangKey,
+    Movable,
     NodeName,
     NonNegInt,
     PodRef,
@@ -183,6 +184,13 @@ class PodPending(Event, frozen=True, kw_only=True, tag="pod.pending"):
     preemption_policy: str = ""
     """``spec.preemptionPolicy`` (``Never``: it evicts no one; usually set from its
     PriorityClass)."""
+    owner: str = ""
+    """Its controller ``ownerReference`` as ``Kind/name`` ("" for a bare pod): only a pod
+    that a controller recreates is ever moved, and a recreated pod takes the place
+    reserved for the one it replaces (shared/core/consolidation.py)."""
+    preemptable: bool = False
+    """Marked ``volcano.sh/preemptable: "true"`` (label or annotation): consolidation may
+    move it."""
 
 
 VOLCANO_JOB = "vcjob"
@@ -456,6 +464,9 @@ class GangReady(Event, frozen=True, kw_only=True, tag="gang.ready"):
     network_topology: NetworkTopology | None = None
     """Its PodGroup's ``networkTopology``: placed inside one HyperNode
     (shared/core/network.py); None: anywhere."""
+    movable: tuple[Movable, ...] = ()
+    """If the gang does not fit: the shared-GPU pods that may be moved to other nodes to
+    make room (``scheduler.consolidation``; shared/core/consolidation.py)."""
 
     shard: str = ""
     """The allocator shard it is offered to ("": the one allocator, unsharded)."""
@@ -589,6 +600,11 @@ class AllocationPreempting(Event, frozen=True, kw_only=True, tag="allocation.pre
     nodes: tuple[NodeName, ...]
     """Where the gang will go once the victims are gone."""
     attempt: int = 1
+    moves: dict[PodUID, NodeName] = msgspec.field(default_factory=dict)
+    """Victims that are moved, not evicted for good (consolidation): the node where a
+    place is reserved for each one's recreated self."""
+    reserved_s: float = 0.0
+    """How long those places wait for the recreated pods."""
 
 
 class AllocationBound(Event, frozen=True, kw_only=True, tag="allocation.bound"):

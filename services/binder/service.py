@@ -226,14 +226,23 @@ class Binder(Service):
     async def evict(
         self, pods: tuple[PodRef, ...], why: str, decided: ev.AllocationPreempting
     ) -> None:
-        """Tell each victim it is preempted (Event and ``DisruptionTarget`` condition), then delete
-        it with its uid as precondition and ``scheduler.evictionGraceS``; one already gone is no
-        error."""
+        """Tell each victim it is preempted, or moved and where its recreated self will go
+        (Event and ``DisruptionTarget`` condition), then delete it with its uid as
+        precondition and ``scheduler.evictionGraceS``; one already gone is no error."""
         gang = f"{decided.gang.namespace}/{decided.gang.name}"
         message = f"Preempted by gang {gang} (queue {decided.gang.queue}): {why}"
         grace = self.rt.cfg.scheduler.eviction_grace_s
         for pod in pods:
-            await self._tell(pod, "Preempted", message, "Normal", PREEMPTED)
+            to = decided.moves.get(pod.uid)
+            if to is not None:  # consolidation: its recreated self has a place kept on ``to``
+                moved = (
+                    f"Moved by gang {gang} (queue {decided.gang.queue}) to make room: its "
+                    f"controller recreates it and Tessera places it on {to}, reserved for "
+                    f"{decided.reserved_s:.0f}s"
+                )
+                await self._tell(pod, "Moved", moved, "Normal", PREEMPTED)
+            else:
+                await self._tell(pod, "Preempted", message, "Normal", PREEMPTED)
             try:
                 if await kube.delete_pod(
                     self.api, pod.namespace, pod.name, uid=pod.uid, grace_s=grace

@@ -154,6 +154,10 @@ class Gangs:
             if not checked.ok:
                 context = str(m.pod) if len(members) > 1 else ""
                 return [], [], checked.with_context(context), False
+        spot = self._spot(gang)
+        if spot is not None:  # a moved pod's recreated self: the place kept for it
+            self.room.placed(key)
+            return [spot], [], None, False
         if gang.network_topology is not None:  # inside one HyperNode
             result = network.place_gang(
                 self.placer,
@@ -183,6 +187,17 @@ class Gangs:
         last = result.failures[-1].status
         return [], [], result.status if gang.min_member > 1 else last, False
 
+    def _spot(self, gang: ev.GangReady) -> PodGrant | None:
+        """For a lone pod that replaces one moved by consolidation (same controller,
+        same request): the place reserved for it, now its grant (shared/core/room.py)."""
+        if len(gang.members) != 1 or not self.room.spots:
+            return None
+        p = gang.members[0]
+        grant = self.room.take_spot(p.pod, p.owner, p.request, p.spec)
+        if grant is not None:
+            log.info("%s takes the place reserved on %s for the pod it replaces", p.pod, grant.node)
+        return grant
+
     def _refuse(
         self, gang: ev.GangReady, members: list[GangMember], status: Status
     ) -> tuple[list[ev.Event], ev.AllocationFailed]:
@@ -198,7 +213,7 @@ class Gangs:
         pods = tuple(m.pod for m in members)
         failed = outcomes.failed(gang, pods, status.with_note(made.note), self.refused)
         failed = msgspec.structs.replace(failed, nominated=made.nominated)
-        return outcomes.room_made(gang, members, made), failed
+        return outcomes.room_made(gang, members, made, self.room.reserve_s), failed
 
     def _count(
         self,

@@ -66,10 +66,13 @@ def unplaced(gang: ev.GangReady, members: list[GangMember], guard: int) -> Unpla
         fragmentation_guard=guard,
         protected_s=gang.protected_s,
         subgroups=gang.subgroups,
+        movable=gang.movable,
     )
 
 
-def room_made(gang: ev.GangReady, members: list[GangMember], made: Made) -> list[ev.Event]:
+def room_made(
+    gang: ev.GangReady, members: list[GangMember], made: Made, reserved_s: float = 0.0
+) -> list[ev.Event]:
     """What room made for ``gang`` publishes: its ``AllocationPreempting``, if it preempts."""
     key = gang.gang.key
     if made.starved:
@@ -91,6 +94,8 @@ def room_made(gang: ev.GangReady, members: list[GangMember], made: Made) -> list
             victims=found.victims,
             nodes=found.nodes,
             attempt=gang.attempt,
+            moves=found.moves,
+            reserved_s=reserved_s if found.moves else 0.0,
         )
     ]
 
@@ -109,10 +114,20 @@ def lapsed(ended: Lapsed) -> list[ev.AllocationReleased]:
         log.info("nomination of gang %s lapsed: its devices are free again", key)
     for key in ended.holds:
         log.info("hold of gang %s lapsed", key)
+    for grant in ended.spots:
+        log.info("place reserved for moved pod %s on %s lapsed unused", grant.pod, grant.node)
     return [
-        ev.AllocationReleased(
-            pod=grant.pod, node=grant.node, reason="preempted (nomination lapsed)"
-        )
-        for grants in ended.freed.values()
-        for grant in grants
+        *(
+            ev.AllocationReleased(
+                pod=grant.pod, node=grant.node, reason="preempted (nomination lapsed)"
+            )
+            for grants in ended.freed.values()
+            for grant in grants
+        ),
+        *(
+            ev.AllocationReleased(
+                pod=grant.pod, node=grant.node, reason="moved pod's reserved place lapsed unused"
+            )
+            for grant in ended.spots
+        ),
     ]

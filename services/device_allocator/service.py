@@ -115,7 +115,12 @@ class Allocator(Service):
         self.ledger = Ledger(rt.cfg.devices, {o.name: o for o in rt.cfg.node_configs})
         self.ledger.hosts.profile = rt.cfg.scheduler.profile()
         self.placer = Placer(self.ledger, placement_config(rt.cfg.scheduler))
-        self.room = Room(self.placer)
+        moving = rt.cfg.scheduler.consolidation
+        self.room = Room(
+            self.placer,
+            max_moves=moving.max_moves if rt.cfg.scheduler.consolidates() else 0,
+            reserve_s=moving.reserve_s,
+        )
         self.reserved = Reservations()
         """The open reservations (their bucket is opened at start)."""
         self.key = grant_key(rt.cfg)

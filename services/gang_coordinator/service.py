@@ -170,6 +170,8 @@ class Coordinator(Service):
             since=time.monotonic(),
             preemption_policy=event.preemption_policy,
             labels=event.spec.labels if event.spec is not None else {},
+            owner=event.owner,
+            preemptable=event.preemptable,
         )
         new = event.pod.uid not in self.gangs.pods and event.pod.uid not in self.gangs.bound_pods
         previous = self.announced.get(event.pod.uid)

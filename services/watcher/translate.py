@@ -16,6 +16,7 @@ import msgspec
 from shared import events as ev
 from shared.core import annotations as ann
 from shared.core import network, subgroups
+from shared.core.consolidation import PREEMPTABLE
 from shared.core.hosts import PodSpec
 from shared.core.model import NodeName, PodRef, PodRequest
 from shared.core.request import GROUP_NAME, TASK_SPEC
@@ -121,7 +122,23 @@ def pending_event(
         resource_version=meta.get("resourceVersion", ""),
         spec=host,
         preemption_policy=str(spec.get("preemptionPolicy") or ""),
+        owner=controller(meta),
+        preemptable=_marked(meta, PREEMPTABLE),
     )
+
+
+def controller(meta: dict[str, Any]) -> str:
+    """A pod's controller ``ownerReference`` as ``Kind/name`` ("" for a bare pod)."""
+    for owner in meta.get("ownerReferences") or ():
+        if owner.get("controller") and owner.get("kind") and owner.get("name"):
+            return f"{owner['kind']}/{owner['name']}"
+    return ""
+
+
+def _marked(meta: dict[str, Any], key: str) -> bool:
+    """The label (which wins, as for the cooldown) or annotation ``key`` is "true"."""
+    text = (meta.get("labels") or {}).get(key) or (meta.get("annotations") or {}).get(key)
+    return str(text).lower() == "true"
 
 
 def object_name(obj: Any) -> str:

@@ -15,7 +15,8 @@ which score weights. A pod's cycle state is its :class:`~shared.core.nodefit.Pre
 - **Score** (:meth:`ScorePlugin.score`): a window of feasible nodes, 0 to 100 each,
   times the plugin's weight in the profile.
 - **PostFilter** (:meth:`PostFilterPlugin.post_filter`): for a gang that was not placed,
-  in the profile's order until one makes room: DefaultPreemption, StarvationHold.
+  in the profile's order until one makes room: Consolidation, DefaultPreemption,
+  StarvationHold.
 
 Two points are Tessera's own, for what kube-scheduler has no notion of:
 
@@ -286,9 +287,10 @@ DEFAULT_SCORES: tuple[tuple[str, int], ...] = (
 DEFAULT_DEVICES: tuple[str, ...] = ("DeviceShare", "MIGInstances", "AscendTemplates", "AscendCores")
 """The device families, after the filters, in their order of preference."""
 
-DEFAULT_POST_FILTERS: tuple[str, ...] = ("DefaultPreemption", "StarvationHold")
-"""For a gang that was not placed: preemption, then (if it evicted no one) the nodes
-held for a gang that has waited past ``scheduler.starvationGuardS``."""
+DEFAULT_POST_FILTERS: tuple[str, ...] = ("Consolidation", "DefaultPreemption", "StarvationHold")
+"""For a gang that was not placed: moving shared-GPU pods elsewhere (with
+``scheduler.consolidation.enabled``), then preemption, then (if no one was evicted) the
+nodes held for a gang that has waited past ``scheduler.starvationGuardS``."""
 
 DEFAULT_POLICIES: tuple[str, ...] = ("Binpack", "Spread", "FGD", "FragmentationGuard")
 """The node policies, after the scores (each with its own default weight)."""

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
+from shared.core.consolidation import movable, moved_allowances
 from shared.core.disruption import Budget
 from shared.core.hierarchy import (
     QueueTree,
@@ -69,6 +70,7 @@ from shared.core.hierarchy import (
 from shared.core.model import (
     DeviceInfo,
     GangKey,
+    Movable,
     NodeName,
     PodRef,
     PodRequest,
@@ -139,6 +141,10 @@ class Member:
     """When it was scheduled (the ``since`` clock), once bound; None: not known."""
     cooldown_s: float = 0.0
     """Volcano's ``volcano.sh/cooldown-time``: no eviction before ``started`` + this."""
+    owner: str = ""
+    """Its controller (``Kind/name``), "" for a bare pod (never moved)."""
+    preemptable: bool = False
+    """Marked ``volcano.sh/preemptable: "true"``: consolidation may move it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +165,8 @@ class ReadyGang:
     runtime: the first protection ends in this many seconds (0: none)."""
     subgroups: SubGroups | None = None
     """Its PodGroup's subgroups among ``members`` (None: it has no ``subGroupPolicy``)."""
+    movable: tuple[Movable, ...] = ()
+    """Shared-GPU pods that may be moved to make room for it (shared/core/consolidation.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +185,8 @@ class Policy:
     retry_backoff_s: float = 1.0
     starvation_guard_s: float = 300.0
     preemption: bool = True
+    consolidation: bool = False
+    """``scheduler.consolidation.enabled``: offer movable pods to a gang that failed."""
     queue_plugin: Literal["proportion", "capacity"] = "proportion"
     """``scheduler.queuePlugin``: flat shares, or the ``capacity`` tree."""
     ancestor_reclaim_level: int = -1
@@ -715,6 +725,7 @@ class Gangs:
                     continue
                 need = _at_least(need, least)  # what this dispatch counts it for
             offered: tuple[VictimUnit, ...] = ()
+            moving: tuple[Movable, ...] = ()
             hold = False
             protected_s = 0.0
             protection = Protection(
@@ -738,8 +749,19 @@ class Gangs:
                         protection=protection,
                         owed=owed,
                     )
-                    if math.isfinite(protection.soonest):
-                        protected_s = protection.soonest
+                if self.policy.consolidation:
+                    moving = movable(
+                        key,
+                        queue,
+                        self.bound,
+                        offered,
+                        protection,
+                        self.queues,
+                        tree,
+                        self.budgets,
+                    )
+                if math.isfinite(protection.soonest):
+                    protected_s = protection.soonest
                 guard = self.policy.starvation_guard_s
                 hold = guard > 0 and now - min(m.since for m in taken) >= guard
                 if hold and tree is not None:  # capacity: only a gang within its share
@@ -762,10 +784,14 @@ class Gangs:
                 min_member=min_member,
                 attempt=max(m.attempt for m in members) + 1,
                 victims=offered,
-                budgets=allowances(offered, self.budgets),
+                budgets={
+                    **allowances(offered, self.budgets),
+                    **moved_allowances(moving, self.budgets),
+                },
                 hold=hold,
                 protected_s=protected_s,
                 subgroups=laid,
+                movable=moving,
             )
             ready.append((order, gang))
             used[queue] = add(base, need)

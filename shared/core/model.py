@@ -229,6 +229,19 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return any(c.devices for c in self.containers)
 
 
+class Movable(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A bound shared-GPU pod that consolidation may move to another node to make room
+    for a gang (shared/core/consolidation.py): its controller recreates it, and the
+    recreated pod (same owner, same request) takes the place reserved for it."""
+
+    pod: PodRef
+    request: PodRequest
+    owner: str
+    """Its controller ``ownerReference`` as ``Kind/name`` (a bare pod is never moved)."""
+    budgets: tuple[str, ...] = ()
+    """The PodDisruptionBudgets (``namespace/name``) its eviction counts against."""
+
+
 class RequestError(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why a pod's request can never be placed as written: the field and the fix."""
 

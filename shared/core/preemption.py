@@ -292,7 +292,7 @@ def victims(
                 why += f"; all of gang {other.name} (never below minMember {min_member})"
             newest = max(s.created_at for s in unit)
             cost = (priority, 0 if over else 1, -kin, len(unit), -newest)
-            covered = tuple(_covering(s, budgets) for s in unit)
+            covered = tuple(covering(s, budgets) for s in unit)
             offer = VictimUnit(
                 pods=tuple(s.pod for s in unit),
                 why=why,
@@ -304,7 +304,8 @@ def victims(
     return respecting(units, allowances(units, budgets))[:MAX_UNITS]
 
 
-def _covering(s: Candidate, budgets: Mapping[str, Mapping[str, Budget]]) -> tuple[str, ...]:
+def covering(s: Candidate, budgets: Mapping[str, Mapping[str, Budget]]) -> tuple[str, ...]:
+    """The PodDisruptionBudgets (``namespace/name``) that cover the bound pod ``s``."""
     pod = s.pod
     return tuple(
         b.key

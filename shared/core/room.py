@@ -33,8 +33,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from shared.core import consolidation
+from shared.core.hosts import PodSpec
 from shared.core.ledger import PodGrant, Statement
-from shared.core.model import GangKey, NodeName, PodRef, PodUID, VictimUnit
+from shared.core.model import GangKey, Movable, NodeName, PodRef, PodRequest, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placer
 from shared.core.preemption import Plan, budget_note, marked, plan
 from shared.core.status import Status
@@ -77,6 +79,20 @@ class Unplaced:
     may go in this many seconds (0: none)."""
     subgroups: SubGroups | None = None
     """Its subgroups (shared/core/subgroups.py): room is made for it placed by them."""
+    movable: tuple[Movable, ...] = ()
+    """Pods the coordinator offers to move for it (shared/core/consolidation.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spot:
+    """The place reserved for a moved pod's recreated self: its grant is held in the
+    ledger under ``grant.pod`` (``consolidation.spot_ref``) until taken or lapsed."""
+
+    owner: str
+    namespace: str
+    request: PodRequest
+    grant: PodGrant
+    until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +103,8 @@ class Preempting:
     """The units chosen, each saying which budget its eviction breaks, if any."""
     nodes: tuple[NodeName, ...]
     pods: tuple[PodUID, ...]
+    moves: dict[PodUID, NodeName] = field(default_factory=dict)
+    """Consolidation: each moved pod's new node (a place is reserved for it there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +128,21 @@ class Lapsed:
     freed: dict[GangKey, list[PodGrant]] = field(default_factory=dict)
     """Per lapsed nomination, the devices of its gone victims, given back."""
     holds: tuple[GangKey, ...] = ()
+    spots: tuple[PodGrant, ...] = ()
+    """Places reserved for moved pods that were not taken in time, now freed."""
 
 
 class Room:
     """The allocator's nominations and holds (one instance, beside its ledger)."""
 
-    def __init__(self, placer: Placer) -> None:
+    def __init__(self, placer: Placer, *, max_moves: int = 0, reserve_s: float = HOLD_S) -> None:
         self.placer = placer
+        self.max_moves = max_moves
+        """``scheduler.consolidation.maxMoves`` (0: no pod is moved)."""
+        self.reserve_s = reserve_s
+        """``scheduler.consolidation.reserveS``: how long a moved pod's place waits."""
+        self.spots: dict[PodUID, Spot] = {}
+        """Places reserved for moved pods, by the uid they are held under."""
         self.nominated: dict[GangKey, tuple[PodRef, ...]] = {}
         """Gangs whose pods were given a nominated node, until placed or it is cleared."""
         self.nominations: dict[GangKey, Nomination] = {}
@@ -275,4 +301,91 @@ class Room:
         holds = tuple(k for k, until in self.holds.items() if until <= now)
         for key in holds:
             self.drop_hold(key)
-        return Lapsed(freed=freed, holds=holds)
+        spots = []
+        for uid in [u for u, s in self.spots.items() if s.until <= now]:
+            del self.spots[uid]
+            grant = self.placer.ledger.release(uid)
+            if grant is not None:
+                spots.append(grant)
+        return Lapsed(freed=freed, holds=holds, spots=tuple(spots))
+
+    def consolidate(self, gang: Unplaced, now: float) -> Made | None:
+        """Move offered pods so the gang fits (shared/core/consolidation.py): each moved
+        pod's new place is reserved now, before any is evicted, and what they leave is
+        kept for the gang as a preemption's is; a note saying why not when no moves do."""
+        offered = [m for m in gang.movable if m.pod.uid not in self.doomed]
+        found = consolidation.plan(
+            self.placer,
+            gang.members,
+            gang.min_member,
+            offered,
+            max_moves=self.max_moves,
+            allowed=gang.budgets,
+            owner=gang.key,
+            fragmentation_guard=gang.fragmentation_guard,
+            subgroups=gang.subgroups,
+        )
+        if found is None:
+            return None
+        if isinstance(found, str):
+            return Made(note=found)
+        with Statement(self.placer.ledger) as st:
+            for move in found.moves:
+                st.grant(move.spot)
+            st.commit()
+        for move in found.moves:
+            self.spots[move.spot.pod.uid] = Spot(
+                owner=move.pod.owner,
+                namespace=move.pod.pod.namespace,
+                request=move.pod.request,
+                grant=move.spot,
+                until=now + self.reserve_s,
+            )
+        key = gang.key
+        pods = tuple(m.pod.pod.uid for m in found.moves)
+        self.nominations[key] = Nomination(victims=set(pods), until=now + HOLD_S)
+        for uid in pods:
+            self.doomed[uid] = key
+        nodes = tuple(sorted({p.node for p in found.placements}))
+        self.nominated[key] = tuple(p.pod for p in found.placements)
+        units = tuple(
+            VictimUnit(
+                pods=(m.pod.pod,),
+                why=f"moved to {m.spot.node} to make room on {m.origin} (consolidation)",
+                budgets=(m.pod.budgets,) if m.pod.budgets else (),
+            )
+            for m in found.moves
+        )
+        where = ", ".join(f"{m.pod.pod} to {m.spot.node}" for m in found.moves)
+        return Made(
+            preempting=Preempting(
+                victims=units,
+                nodes=nodes,
+                pods=pods,
+                moves={m.pod.pod.uid: m.spot.node for m in found.moves},
+            ),
+            note=f"Moving {len(pods)} pod(s) to make room on {', '.join(nodes)}: {where}; "
+            f"their controllers recreate them there.",
+            nominated={p.pod.uid: p.node for p in found.placements},
+        )
+
+    def take_spot(
+        self, pod: PodRef, owner: str, request: PodRequest, spec: PodSpec | None
+    ) -> PodGrant | None:
+        """A recreated pod (same controller, same request) takes the place reserved for
+        the pod it replaces: the held grant becomes its own (one statement); None when no
+        place waits for it."""
+        if not owner:
+            return None
+        for uid, spot in self.spots.items():
+            if spot.owner == owner and spot.namespace == pod.namespace and spot.request == request:
+                held = spot.grant
+                grant = PodGrant(pod=pod, node=held.node, containers=held.containers, spec=spec)
+                with Statement(self.placer.ledger) as st:
+                    st.release(uid)
+                    if not st.grant(grant):
+                        return None  # left as it was: the statement undoes the release
+                    st.commit()
+                del self.spots[uid]
+                return grant
+        return None

@@ -77,6 +77,19 @@ def test_the_preemption_and_starvation_switches_are_the_profiles_postfilters() -
     assert (same.preempts(), same.starvation_window()) == (False, 0)
 
 
+def test_consolidation_is_off_by_default_and_its_switch_is_the_profiles_postfilter() -> None:
+    default = config.parse({}).scheduler
+    assert not default.consolidates()
+    assert default.consolidation.max_moves == 4
+    on = config.parse({"scheduler": {"consolidation": {"enabled": True, "maxMoves": 2}}})
+    assert on.scheduler.consolidates()
+    assert on.scheduler.profile().post_filters[0].name == "Consolidation"
+    assert on.scheduler.consolidation.max_moves == 2
+    for wrong in ({"maxMoves": 0}, {"reserveS": 0}, {"maxMove": 3}):
+        with pytest.raises(config.ConfigError, match="consolidation"):
+            config.parse({"scheduler": {"consolidation": wrong}})
+
+
 @pytest.mark.parametrize(
     ("data", "expected"),
     [

@@ -293,9 +293,14 @@ def test_device_families_and_node_policies_are_plugins_of_the_profile() -> None:
         ("Spread", 9),
         ("FragmentationGuard", 0),
     ]
-    assert [p.name for p in default.post_filters] == ["DefaultPreemption", "StarvationHold"]
+    assert [p.name for p in default.post_filters] == [
+        "Consolidation",
+        "DefaultPreemption",
+        "StarvationHold",
+    ]
     assert [p.name for p in profile_of(post_filter=off("DefaultPreemption")).post_filters] == [
-        "StarvationHold"
+        "Consolidation",
+        "StarvationHold",
     ]
     with pytest.raises(ProfileError, match="'NodePorts' has no postFilter extension point"):
         profile_of(post_filter=PluginSet(enabled=[PluginRef(name="NodePorts")]))

@@ -304,3 +304,12 @@ def _host_free(node: NodeState) -> tuple[int | None, int | None]:
         return None, None
     alloc, used = spec.allocatable, node.host.requested
     return alloc.get(CPU, 0) - used.get(CPU, 0), alloc.get(MEMORY, 0) - used.get(MEMORY, 0)
+
+
+def node_fragmentation(placer: Placer, node: NodeState) -> float:
+    """The expected fragmentation (in GPUs) of ``node`` as it is now, by the placer's
+    workload: what a consolidation plan (shared/core/consolidation.py) sums over the
+    nodes it touches, before and after."""
+    cpu, memory = _host_free(node)
+    free = [d.free_fraction() for d in node.devices]
+    return placer.workload.fragmentation(free, _model_of(node), cpu, memory)
