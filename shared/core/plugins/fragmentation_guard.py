@@ -15,11 +15,19 @@ bench/RESULTS.md.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from shared.core.framework import Choice, Chosen, NodePolicyPlugin
 
+if TYPE_CHECKING:
+    from shared.core.model import DeviceRequest, PodRequest
+    from shared.core.placement import Placer
+
 GUARDED = ("binpack", "spread")
 """The node policies the guard re-weighs."""
+KIND_SHARE = 4
+"""On a cluster of several node kinds (GPU type and device count) a pod may use, one
+kind fills at most 1/KIND_SHARE of the window while others are in reach."""
 
 
 class FragmentationGuard(NodePolicyPlugin):
@@ -42,11 +50,28 @@ class FragmentationGuard(NodePolicyPlugin):
         if choice.primary is None:
             rotation = placer.rotation(choice.owner, prep)
             return placer.fgd.best(placer, rotation, request, choice.ctx, prep, rotate=True)
+        per_kind = 0
         if choice.policy == "binpack":
             nodes = placer.both_ends(request, choice.primary, choice.owner, choice.guard, prep)
+            if several_kinds(placer, request, choice.primary):
+                per_kind = max(1, choice.guard // KIND_SHARE)
         else:
             nodes = placer.candidates(request, choice.primary, choice.policy, choice.owner, prep)
         ctx = choice.ctx
         if not request.constraints.device_policy:
             ctx = replace(ctx, device_policy="fgd")
-        return placer.fgd.best(placer, nodes, request, ctx, prep, limit=choice.guard)
+        return placer.fgd.best(
+            placer, nodes, request, ctx, prep, limit=choice.guard, per_kind=per_kind
+        )
+
+
+def several_kinds(placer: Placer, request: PodRequest, primary: DeviceRequest) -> bool:
+    """Whether the pools that serve ``primary`` hold nodes of more than one kind
+    (shared/core/ledger.py ``PoolIndex.kinds``): a few entries, counted per pod."""
+    pools = placer.ledger.pools
+    kinds = 0
+    for pool, _ in placer.routes(primary, request):
+        index = pools.get(pool)
+        if index is not None:
+            kinds += len(index.kinds)
+    return kinds > 1
