@@ -8,8 +8,16 @@ binpack drawn from both ends of the index in turn, as FGD draws them), the one w
 expected fragmentation it raises least, the first of equals; its devices there by the
 same measure unless it names a device policy. A pod with no devices is placed by FGD
 over every node in turn. The window is short: most of its fits are FGD's memo of the
-last pod of the same size (shared/core/plugins/fgd.py). Measured on the openb trace in
-bench/RESULTS.md.
+last pod of the same size (shared/core/plugins/fgd.py).
+
+On a cluster of several node kinds (GPU type and card count), one kind fills at most a
+quarter of a binpack window: further nodes of a kind already there are passed without
+a fit, up to four times the window of them. Both ends of the index are mostly the
+commonest kind, and a window of that kind alone cannot prefer the card the typed work
+needs least (the openb trace with a third of its GPU tasks naming a model: 2.5 points
+below FGD's 64 nodes before, level with it now); a passed node costs a step of the
+walk, not a fit. On a cluster of one kind nothing is passed. Measured on the openb
+trace in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ if TYPE_CHECKING:
 GUARDED = ("binpack", "spread")
 """The node policies the guard re-weighs."""
 KIND_SHARE = 4
-"""On a cluster of several node kinds (GPU type and device count) a pod may use, one
-kind fills at most 1/KIND_SHARE of the window while others are in reach."""
+"""Where the pools serving a pod hold several node kinds (GPU type and device count),
+one kind fills at most 1/KIND_SHARE of a binpack window while others are in reach
+(shared/core/plugins/fgd.py ``PASS_SHARE`` bounds the reach)."""
 
 
 class FragmentationGuard(NodePolicyPlugin):
