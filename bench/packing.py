@@ -35,11 +35,11 @@ GPU task's shape, cpu, memory and GPU types. Best-fit and spread are HAMi's poli
 they are (``fragmentationGuard: 0``: the first node that fits; pods with no GPU by
 kube-scheduler's scores); Tessera's default is binpack nodes and spread devices with
 the guard of shared/core/placement.py (``PlacementConfig.fragmentation_guard``: of the
-first 16 nodes that fit in binpack's order, the one, and the devices, that add least
-fragmentation).
+first 16 nodes that fit in binpack's order, at most 4 of one node kind where there are
+several, the one, and the devices, that add least fragmentation).
 ``--fgd-candidates 0`` makes FGD weigh every node, the paper's form.
 
-``gpuspec<N>`` with N above 10 (``gpuspec33``: a third of the GPU tasks name a GPU model)
+``gpuspec<N>`` with N above 10 (``gpuspec33``: 33 % of the GPU tasks name a GPU model)
 is derived on the fly from the public gpuspec10 list (:func:`gpuspec_tasks`), as that list
 differs from the default one: the same tasks, more of them typed, the constraint of each
 drawn from the trace's own.
