@@ -14,9 +14,10 @@ On a cluster of several node kinds (GPU type and card count), one kind fills at 
 quarter of a binpack window: further nodes of a kind already there are passed without
 a fit, up to four times the window of them. Both ends of the index are mostly the
 commonest kind, and a window of that kind alone cannot prefer the card the typed work
-needs least (the openb trace with a third of its GPU tasks naming a model: 2.5 points
+needs least (the openb trace with 33 % of its GPU tasks naming a model: 2.5 points
 below FGD's 64 nodes before, level with it now); a passed node costs a step of the
-walk, not a fit. On a cluster of one kind nothing is passed. Measured on the openb
+walk, not a fit (on the openb trace's default variant the passes cost 7 % more CPU
+than they save). On a cluster of one kind nothing is passed. Measured on the openb
 trace in bench/RESULTS.md.
 """
 
