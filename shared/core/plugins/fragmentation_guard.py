@@ -16,9 +16,9 @@ a fit, up to four times the window of them. Both ends of the index are mostly th
 commonest kind, and a window of that kind alone cannot prefer the card the typed work
 needs least (the openb trace with 33 % of its GPU tasks naming a model: 2.5 points
 below FGD's 64 nodes before, level with it now); a passed node costs a step of the
-walk, not a fit (on the openb trace's default variant the passes cost 7 % more CPU
-than they save). On a cluster of one kind nothing is passed. Measured on the openb
-trace in bench/RESULTS.md.
+walk, not a fit, yet about 50 of them a pod cost the openb trace's public variants
+0-13 % more CPU per placement. On a cluster of one kind nothing is passed. Measured on
+the openb trace in bench/RESULTS.md.
 """
 
 from __future__ import annotations
