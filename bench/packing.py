@@ -1,6 +1,6 @@
 """Packing quality on a production GPU trace: each placement policy, side by side.
 
-    python bench/packing.py [--variants default,gpushare40,gpuspec10,multigpu20]
+    python bench/packing.py [--variants default,gpushare40,gpuspec10,multigpu20,gpuspec33]
                             [--max-demand 1.3] [--seed 1 | --seeds 1,2,3]
                             [--draw iid|paper] [--policies ...] [--quick]
                             [--fgd-candidates N] [--skip-cpu-only] [--nodes FILE]
@@ -35,9 +35,14 @@ GPU task's shape, cpu, memory and GPU types. Best-fit and spread are HAMi's poli
 they are (``fragmentationGuard: 0``: the first node that fits; pods with no GPU by
 kube-scheduler's scores); Tessera's default is binpack nodes and spread devices with
 the guard of shared/core/placement.py (``PlacementConfig.fragmentation_guard``: of the
-first 16 nodes that fit in binpack's order, the one, and the devices, that add least
-fragmentation).
+first 16 nodes that fit in binpack's order, at most 4 of one node kind where there are
+several, the one, and the devices, that add least fragmentation).
 ``--fgd-candidates 0`` makes FGD weigh every node, the paper's form.
+
+``gpuspec<N>`` with N above 10 (``gpuspec33``: 33 % of the GPU tasks name a GPU model)
+is derived on the fly from the public gpuspec10 list (:func:`gpuspec_tasks`), as that list
+differs from the default one: the same tasks, more of them typed, the constraint of each
+drawn from the trace's own.
 
 For each variant it prints, per policy, the share of GPU capacity allocated at
 50/70/90/100/110/120/130 % offered demand and, at 100 % and at the maximum: the GPUs left
@@ -62,9 +67,11 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +86,10 @@ from shared.core.status import Status
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 VARIANTS = ("default", "gpushare40", "gpuspec10", "multigpu20")
+DERIVED = re.compile(r"gpuspec(\d+)")
+"""A variant made here from gpuspec10 (:func:`gpuspec_tasks`): this percentage typed."""
+SPEC_SEED = 10
+"""The seed of that derivation: one fixed pod list per name, whatever the replay's seed."""
 BASE_CHECKPOINTS = (0.5, 0.7, 0.9, 1.0)
 MODEL_MIB = {"P100": 16384, "T4": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
 """Card memory by the trace's model names (G2/G3 are internal: 32 GiB assumed). Requests
@@ -221,6 +232,51 @@ def load_tasks(path: Path) -> list[Task]:
         )
         for r in rows
     ]
+
+
+def gpuspec_tasks(percent: int, seed: int = SPEC_SEED) -> list[Task]:
+    """The openb pod list with ``percent`` % of its GPU tasks naming GPU models, made
+    as the public gpuspec10 list is made from the default one. That list is the default
+    list with 732 of its 7,064 GPU tasks (10.4 %) given a ``gpu_spec`` and nothing else
+    changed; the specs are model names of the node list (``T4``, ``V100M16|V100M32``,
+    ...), and which ones a task gets follows its shape (a share of a card: T4 or P100
+    only; 8 cards: G2 only). So this keeps gpuspec10's typed tasks and types more of
+    its untyped GPU tasks, drawn uniformly with ``seed``, until ``percent`` % are, each
+    given the ``gpu_spec`` of a typed task of gpuspec10 of the same shape (card count,
+    share or whole), drawn uniformly: the trace's own mix of constraints per shape."""
+    tasks = load_tasks(TRACE / "openb_pod_list_gpuspec10.csv")
+
+    def shape(t: Task) -> tuple[int, bool]:
+        return (t.gpus, t.gpus == 1 and t.milli < 1000)
+
+    specs: dict[tuple[int, bool], list[str]] = defaultdict(list)
+    for t in tasks:
+        if t.gpus > 0 and t.spec:
+            specs[shape(t)].append(t.spec)
+    gpu = [i for i, t in enumerate(tasks) if t.gpus > 0]
+    untyped = [i for i in gpu if not tasks[i].spec]
+    more = round(percent / 100 * len(gpu)) - (len(gpu) - len(untyped))
+    if more < 0:
+        raise SystemExit(f"gpuspec{percent}: gpuspec10 already types more of its GPU tasks")
+    rng = random.Random(seed)
+    for i in rng.sample(untyped, more):
+        tasks[i] = replace(tasks[i], spec=rng.choice(specs[shape(tasks[i])]))
+    return tasks
+
+
+def pod_list(variant: str) -> tuple[str, list[Task]]:
+    """A variant's name for the tables and its tasks: a public list, a path to a CSV, or
+    ``gpuspec<N>`` derived here when the trace has no such file."""
+    if variant.endswith(".csv"):
+        return Path(variant).name, load_tasks(Path(variant))
+    path = TRACE / f"openb_pod_list_{variant}.csv"
+    derived = DERIVED.fullmatch(variant)
+    if derived and not path.exists():
+        percent = int(derived.group(1))
+        return f"gpuspec10 with {percent} % of GPU tasks typed (seed {SPEC_SEED})", gpuspec_tasks(
+            percent
+        )
+    return path.name, load_tasks(path)
 
 
 def offered(tasks: list[Task], capacity: int, seed: int, share: float) -> list[Task]:
@@ -587,16 +643,11 @@ def main() -> None:
     for seed in seeds:
         by_variant: dict[str, list[dict[str, Any]]] = {}
         for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
-            path = (
-                Path(variant)
-                if variant.endswith(".csv")
-                else TRACE / f"openb_pod_list_{variant}.csv"
-            )
-            tasks = load_tasks(path)
+            source, tasks = pod_list(variant)
             stream = draw(tasks, capacity, seed, max_demand)
             gpu_offered = sum(1 for t in stream if t.gpus > 0)
             print(
-                f"\n### {variant}: {path.name} on {args.nodes.name}\n\n"
+                f"\n### {variant}: {source} on {args.nodes.name}\n\n"
                 f"{len(nodes)} nodes, {capacity} GPUs. {len(stream)} tasks offered (seed "
                 f"{seed}, {args.draw} draw) up to {max_demand * 100:.0f}% of the GPUs: "
                 f"{gpu_offered} GPU tasks, {len(stream) - gpu_offered} CPU-only"

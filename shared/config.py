@@ -138,10 +138,11 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     fragmentation_guard: Annotated[int, msgspec.Meta(ge=0)] = 16
     """With ``binpack`` or ``spread`` nodes, for pods that name no node policy and have
     no soft preferences: a pod with devices takes, of the first this many nodes that
-    fit in the policy's order (binpack: from both ends of the index in turn), the one
-    whose expected fragmentation (FGD's measure, its cpu and memory counted) it
-    increases least, and its devices there by the same measure unless it names a
-    device policy; a pod with no devices is placed by FGD.
+    fit in the policy's order (binpack: from both ends of the index in turn, at most a
+    quarter of them of one node kind, GPU model and card count, where there are
+    several), the one whose expected fragmentation (FGD's measure, its cpu and memory
+    counted) it increases least, and its devices there by the same measure unless it
+    names a device policy; a pod with no devices is placed by FGD.
     0: HAMi's first fit and kube-scheduler's scores. 16 packs the openb trace as FGD
     does (bench/RESULTS.md); for pods with cpu and memory it costs some 20 times a first
     fit, so while the scheduler is behind (a gang reaches the allocator more than 1 s

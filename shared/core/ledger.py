@@ -315,6 +315,13 @@ def sharing_mode(info: DeviceInfo, override: NodeOverride | None) -> SharingMode
     return mode
 
 
+def node_kind(devs: Sequence[Dev]) -> tuple[str, int]:
+    """A node's kind in a pool: its first device's GPU type (lower case) and how many
+    devices it has there. FGD's measure weighs nodes of one kind alike for the same free
+    shares (shared/core/policy.py ``Tables``)."""
+    return (devs[0].model_lc if devs else "", len(devs))
+
+
 class NodeState:
     """One node: its devices (after overrides), the pools they belong to, and its host
     side (spec and pods, shared/core/nodefit.py)."""
@@ -340,7 +347,7 @@ class PoolIndex:
     cores used up, unhealthy, cordoned) are not in the grid at all.
     """
 
-    __slots__ = ("cells", "masks", "max_total", "min_phys", "min_total", "where")
+    __slots__ = ("cells", "kinds", "masks", "max_total", "min_phys", "min_total", "where")
 
     def __init__(self) -> None:
         self.cells: dict[int, dict[Dev, None]] = {}
@@ -349,6 +356,9 @@ class PoolIndex:
         self.min_total = 0
         self.max_total = 0
         self.min_phys = 0
+        self.kinds: dict[tuple[str, int], int] = {}
+        """Nodes of the pool by kind (``node_kind``: GPU type and device count), for the
+        fragmentation guard's window (shared/core/plugins/fragmentation_guard.py)."""
 
     def put(self, dev: Dev) -> None:
         """(Re)place ``dev`` by its current free capacity; it goes last in its cell."""
@@ -635,12 +645,20 @@ class Ledger:
 
             for dev in devs:
                 index.put(dev)
+            kind = node_kind(devs)
+            index.kinds[kind] = index.kinds.get(kind, 0) + 1
 
     def _unindex(self, node: NodeState) -> None:
         for pool, devs in node.pools.items():
             index = self.pools[pool]
             for dev in devs:
                 index.remove(dev)
+            kind = node_kind(devs)
+            left = index.kinds.get(kind, 0) - 1
+            if left > 0:
+                index.kinds[kind] = left
+            else:
+                index.kinds.pop(kind, None)
 
     def reindex(self, devs: Iterable[Dev]) -> None:
         """Re-file the devices whose usage changed, with every device of their node in the

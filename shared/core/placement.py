@@ -99,10 +99,12 @@ class PlacementConfig:
     unless it names a device policy; a pod with no devices is placed by FGD. The nodes
     are drawn in the policy's order, for binpack from both ends of the index in turn
     (the tightest cards and the emptiest, as ``fgd`` draws them: on a cluster of several
-    card sizes the tight end alone sees only the smallest). 0: neither (HAMi's and
-    kube-scheduler's choices). 16 on the openb trace, ten seeds of the paper's own
-    stream: above the FGD paper's allocation on all four of its variants (by 0.06 to
-    0.79 point) and 5.3 to 6.2 points above best-fit (bench/RESULTS.md)."""
+    card sizes the tight end alone sees only the smallest), at most a quarter of them of
+    one node kind where there are several (shared/core/plugins/fragmentation_guard.py).
+    0: neither (HAMi's and kube-scheduler's choices). 16 on the openb trace, ten seeds
+    of the paper's own stream: above the FGD paper's allocation on all four of its
+    variants (by 0.06 to 0.79 point) and 5.3 to 6.2 points above best-fit
+    (bench/RESULTS.md)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -432,3 +432,69 @@ def test_the_guards_kept_results_change_no_choice(monkeypatch: pytest.MonkeyPatc
     fresh, weighed_fresh = run("nothing")
     assert kept == exact == fresh
     assert weighed_kept < weighed_exact < weighed_fresh
+
+
+# --- the guard's window on a cluster of several node kinds -------------------------------
+
+T4 = {"model": "Tesla-T4", "memory": 16384}
+V100 = {"model": "Tesla-V100-SXM2-32GB", "memory": 32768}
+A100 = {"model": "A100-SXM4-80GB", "memory": 81920}
+
+
+def kinds_cluster(t4: int, a100: int) -> Ledger:
+    """``t4`` one-card T4 nodes (the tightest cards: first in binpack's order), ``a100``
+    one-card A100 nodes (the roomiest: first from the other end) and one V100 node
+    between them in both orders."""
+    nodes = {f"t4-{i:02}": ("64", gpus(1, **T4)) for i in range(t4)}
+    nodes |= {f"a100-{i:02}": ("64", gpus(1, **A100)) for i in range(a100)}
+    nodes["v100"] = ("64", gpus(1, **V100))
+    return cluster(nodes)
+
+
+def test_the_pool_counts_its_nodes_by_kind() -> None:
+    ledger = kinds_cluster(3, 2)
+    [index] = ledger.pools.values()
+    t4, v100, a100 = "tesla-t4", "tesla-v100-sxm2-32gb", "a100-sxm4-80gb"
+    assert index.kinds == {(t4, 1): 3, (a100, 1): 2, (v100, 1): 1}
+    ledger.set_node(NodeName("t4-00"), gpus(2, **T4))  # a new inventory: another kind
+    assert index.kinds == {(t4, 1): 2, (t4, 2): 1, (a100, 1): 2, (v100, 1): 1}
+    ledger.remove_node(NodeName("v100"))
+    assert index.kinds == {(t4, 1): 2, (t4, 2): 1, (a100, 1): 2}
+
+
+def test_the_window_is_not_filled_by_one_kind_of_node() -> None:
+    # A third of the work may use T4s only, a third A100s only: the V100 is the card an
+    # unconstrained pod takes from nobody (FGD's measure). Both ends of binpack's order
+    # start with six nodes of one kind, and the window of 4 held only those, which the
+    # pod would have taken from the typed work. One kind now fills a quarter of the
+    # window; the next nodes of a kind already there are passed, unfitted.
+    t4_only, a100_only = Shape(1, 1.0, use_types=("t4",)), Shape(1, 1.0, use_types=("a100",))
+    workload = Workload.of([(t4_only, 1.0), (a100_only, 1.0), (WHOLE, 1.0)])
+    guard = PlacementConfig(fragmentation_guard=4)
+    assert put(Placer(kinds_cluster(6, 6), guard, workload), "1", ONE_GPU).node == "v100"
+    assert put(Placer(kinds_cluster(6, 6), FGD, workload), "1", ONE_GPU).node == "v100"
+    # the walk passes at most 4 x the window (16) nodes: farther away, the window is
+    # filled as before, from both ends
+    far = put(Placer(kinds_cluster(12, 12), guard, workload), "1", ONE_GPU).node
+    assert far != "v100"
+
+
+def test_on_a_cluster_of_one_kind_the_window_passes_no_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nodes = {f"n{i:02}": ("64", gpus(2)) for i in range(8)}
+    pl = Placer(cluster(nodes), PlacementConfig(fragmentation_guard=4))
+    asked: list[int] = []
+    real = pl.fgd.best
+
+    def best(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("per_kind", 0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pl.fgd, "best", best)
+    put(pl, "1", ONE_GPU)
+    assert asked == [0]
+    pl = Placer(kinds_cluster(2, 2), PlacementConfig(fragmentation_guard=4))
+    monkeypatch.setattr(pl.fgd, "best", best)
+    put(pl, "1", ONE_GPU)
+    assert asked == [0, 1]

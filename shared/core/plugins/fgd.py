@@ -21,6 +21,11 @@ from shared.core.model import ContainerGrant, PodRequest
 from shared.core.policy import MEMO_LIMIT, Tables, request_share
 from shared.core.status import Status
 
+PASS_SHARE = 4
+"""With ``per_kind``, the nodes of kinds already weighed enough that a search passes, per
+node of its window: the walk stays within a few times the window (a kind that is
+scarce, or full, does not send it over the whole index)."""
+
 if TYPE_CHECKING:
     from shared.core.families import FitContext
     from shared.core.nodefit import Prepared
@@ -71,6 +76,7 @@ class FgdSearch:
         *,
         rotate: bool = False,
         limit: int | None = None,
+        per_kind: int = 0,
     ) -> tuple[NodeState, tuple[ContainerGrant, ...]] | None:
         """Of the first ``limit`` nodes that fit (``fgd_candidates`` unless given; every
         node: 0), the one whose expected fragmentation (shared/core/policy.py) the pod
@@ -85,7 +91,13 @@ class FgdSearch:
         node holding as many tasks of each type (``_host_after``), is kept while the
         node's usage stays the same (``_stamp``): a wide window then weighs mostly nodes
         already weighed, at a dictionary read each. The chosen node, if its result was
-        kept, is fitted again, so a grant is always made on the ledger as it is."""
+        kept, is fitted again, so a grant is always made on the ledger as it is.
+
+        ``per_kind`` (the guard's, shared/core/plugins/fragmentation_guard.py): once that
+        many nodes of one kind (GPU type and device count, as shared/core/ledger.py
+        ``node_kind``) were offered, fitting or not, further nodes of the kind are passed
+        unweighed and unfitted, up to ``PASS_SHARE`` times ``limit`` of them; then the
+        walk goes on as without it."""
         if limit is None:
             limit = placer.config.fgd_candidates
         limit = limit or len(placer.ledger.nodes)
@@ -108,7 +120,18 @@ class FgdSearch:
         # (delta, free GPU share left, node, grants or None when kept from before)
         best: list[tuple[float, float, NodeState, tuple[ContainerGrant, ...] | None]] = []
         found = floor = 0
+        kinds: dict[tuple[str, int], int] = {}
+        passes = PASS_SHARE * limit if per_kind else 0
+        nodekind: tuple[str, int] = ("", 0)
         for node in candidates:
+            if passes:
+                devs = node.devices
+                nodekind = (devs[0].model_lc if devs else "", len(devs))  # node_kind, inline
+                held = kinds.get(nodekind, 0)
+                if held >= per_kind:
+                    passes -= 1
+                    continue
+                kinds[nodekind] = held + 1
             if prep is not None and prep.filter(node.host) is not None:
                 continue
             stamp = _stamp(node) if kind is not None else None
