@@ -670,6 +670,15 @@ class RequestParser:
                 f"{cores} cores fill no whole number of devices ({per_device} a device); ask "
                 f"for at most {per_device}, or a multiple of {per_device}",
             )
+        elif counted and cores and cores > per_device * MAX_DEVICES:
+            self._err(
+                errors,
+                g,
+                Role.CORES,
+                cname,
+                f"{cores} cores are more than {MAX_DEVICES} devices ({per_device} a device) "
+                f"hold; ask for at most {per_device * MAX_DEVICES}",
+            )
 
     def _ascend(
         self, g: _Values, cname: str, constraints: Constraints, errors: list[RequestError]

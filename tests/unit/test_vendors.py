@@ -423,6 +423,8 @@ def test_neuroncore_alone_asks_cores_of_one_device_or_whole_devices() -> None:
     assert (four.count, four.cores) == (2, 2)
     [error] = errors({"aws.amazon.com/neuroncore": 3})
     assert "a multiple of 2" in error.message
+    [error] = errors({"aws.amazon.com/neuroncore": 2050})  # 1,025 devices: too many
+    assert "ask for at most 2048" in error.message
     assert PARSER.missing_counts(pod_json({"aws.amazon.com/neuroncore": 1})) == []
 
 
