@@ -1,0 +1,496 @@
+"""Whether a pod's unallocated ResourceClaims can be allocated on one node, and how.
+
+:func:`prepare` does, once per pod, what does not depend on the node: it resolves each
+request's DeviceClass and compiles the selectors. :func:`allocate` then decides one
+node from that node's pools and the cluster's :class:`~shared.core.dra.model.InUse`,
+as the structured allocator of the release tools/go.mod pins decides (its variant for
+the default feature gates of 1.36: consumable capacity, prioritized lists, admin
+access, device taints and binding conditions on), and returns the allocations to write
+or the reason kube-scheduler's DynamicResources filter gives.
+
+The search is that allocator's: claims in order, requests in order, a request's
+devices one after another; for each, the node's devices in pool order (driver, then
+pool name; pools whose devices carry binding conditions last), slice name, then slice
+order, skipping devices held by others, not selected, or without room; the first
+choice that lets every later request be served wins, and a choice is undone when a
+later request cannot be served (backtracking). A ``firstAvailable`` request tries its
+subrequests in order, each with the whole rest of the search. ``All`` takes every
+matching device (none matching: the node does not fit). Constraints are checked as
+devices are added, with the allocator's bookkeeping (see :class:`_Constraint`).
+Selector results are remembered per device and request for the node: a selector is
+evaluated only on devices the search reaches, so a selector that fails on some device
+stops the attempt exactly where the allocator's would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import NamedTuple
+
+from shared.core.dra import capacity as cap
+from shared.core.dra.cel import SelectorError, activation, compile_selector
+from shared.core.dra.model import (
+    ALLOCATION_RESULTS_MAX,
+    Allocation,
+    Attribute,
+    Claim,
+    Constraint,
+    Device,
+    DeviceClass,
+    DeviceKey,
+    DeviceResult,
+    InUse,
+    Outcome,
+    Pool,
+    Request,
+    Slice,
+    Taint,
+    Toleration,
+)
+
+CANNOT_ALLOCATE = "cannot allocate all claims"
+"""DynamicResources' Filter text when the allocator finds no allocation on the node."""
+
+
+class _FailedError(Exception):
+    """An error that stops the scheduling attempt (the allocator's returned error)."""
+
+
+class _MaxSizeError(Exception):
+    """A claim would get more than ALLOCATION_RESULTS_MAX devices on this path."""
+
+
+class Prepared(NamedTuple):
+    """A pod's claims with their classes resolved: what :func:`allocate` reads."""
+
+    claims: tuple[Claim, ...]
+    classes: Mapping[str, DeviceClass]
+
+
+def prepare(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> Prepared | Outcome:
+    """Once per pod: an Outcome (unresolvable on every node) when a request names a
+    DeviceClass that does not exist, with DynamicResources' PreFilter text; else the
+    claims ready for :func:`allocate`. Compiles every selector once (cached)."""
+    for claim in claims:
+        for request in claim.requests:
+            for sub in (request.exactly,) if request.exactly else request.first_available:
+                if sub is None:
+                    continue
+                name = request.name if request.exactly else f"{request.name}/{sub.name}"
+                cls = classes.get(sub.device_class)
+                if cls is None:
+                    return Outcome(
+                        reason=f"request {name}: device class {sub.device_class} does not exist"
+                    )
+                for text in cls.selectors + sub.selectors:
+                    compile_selector(text)
+    return Prepared(tuple(claims), classes)
+
+
+class _Req(NamedTuple):
+    request: Request
+    parent: str
+    """The request's name when this is one of its subrequests, else ''."""
+    cls: DeviceClass
+    wanted: int
+    everything: tuple[_Dev, ...] | None
+    """The devices ``All`` takes, else None."""
+
+    @property
+    def result_name(self) -> str:
+        return f"{self.parent}/{self.request.name}" if self.parent else self.request.name
+
+
+class _Dev(NamedTuple):
+    key: DeviceKey
+    device: Device
+    slice: Slice
+
+
+def _lookup(device: Device, driver: str, name: str) -> Attribute | None:
+    """A constraint's attribute (a qualified name): as written, or, in the driver's own
+    domain, the name without its domain."""
+    found = device.attributes.get(name)
+    if found is not None:
+        return found
+    domain, sep, short = name.partition("/")
+    if not sep or domain != driver:
+        return None
+    return device.attributes.get(short)
+
+
+class _Constraint:
+    """matchAttribute or distinctAttribute over one claim's devices, with the allocator's
+    bookkeeping: matchAttribute remembers the first device's value until it has no
+    device left; distinctAttribute remembers one value per request name (the last
+    device added for it) and compares a new device with those only."""
+
+    def __init__(self, spec: Constraint) -> None:
+        self.spec = spec
+        self.first: Attribute | None = None
+        self.by_request: dict[str, Attribute] = {}
+        self.count = 0
+
+    def _applies(self, request: str, sub: str) -> bool:
+        names = self.spec.requests
+        return not names or request in names or (bool(sub) and f"{request}/{sub}" in names)
+
+    def add(self, request: str, sub: str, dev: _Dev) -> bool:
+        if not self._applies(request, sub):
+            return True
+        found = _lookup(dev.device, dev.key[0], self.spec.attribute)
+        if found is None:
+            return False
+        if self.count == 0:
+            self.first = found
+            self.by_request[request] = found
+            self.count = 1
+            return True
+        if self.spec.distinct:
+            if any(v.kind == found.kind and v == found for v in self.by_request.values()):
+                return False
+            self.by_request[request] = found
+        elif self.first != found:
+            return False
+        self.count += 1
+        return True
+
+    def remove(self, request: str, sub: str) -> None:
+        if not self._applies(request, sub):
+            return
+        self.by_request.pop(request, None)
+        self.count -= 1
+
+
+def _tolerates(toleration: Toleration, taint: Taint) -> bool:
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.key and toleration.key != taint.key:
+        return False
+    if toleration.operator == "Exists":
+        return True
+    return toleration.operator in ("", "Equal") and toleration.value == taint.value
+
+
+def _tainted(device: Device, request: Request) -> bool:
+    return any(
+        taint.effect in ("NoSchedule", "NoExecute")
+        and not any(_tolerates(t, taint) for t in request.tolerations)
+        for taint in device.taints
+    )
+
+
+def _add(into: dict[str, Fraction], amounts: Mapping[str, Fraction], sign: int) -> None:
+    for name, amount in amounts.items():
+        into[name] = into.get(name, Fraction(0)) + sign * amount
+
+
+class _Search:
+    """One node's allocation attempt (the allocator's per-node state)."""
+
+    def __init__(self, prep: Prepared, node: str, pools: Sequence[Pool], in_use: InUse) -> None:
+        self.prep, self.node, self.in_use = prep, node, in_use
+        self.pools = sorted(
+            pools,
+            key=lambda p: (
+                any(d.binding_conditions for s in p.slices for d in s.devices),
+                p.driver,
+                p.name,
+            ),
+        )
+        self.order = [
+            (pool, [(s, s.devices) for s in sorted(pool.slices, key=lambda s: s.name)])
+            for pool in self.pools
+        ]
+        self.seen: dict[tuple[DeviceKey, int, int, int], bool] = {}
+        self.views: dict[DeviceKey, object] = {}
+        self.reqs: dict[tuple[int, int, int], _Req] = {}
+        self.chosen: dict[tuple[int, int], int] = {}
+        self.holding: dict[DeviceKey, set[int]] = {}
+        self.taking: dict[DeviceKey, dict[str, Fraction]] = {}
+        self.results: list[list[tuple[_Req, _Dev, Mapping[str, Fraction] | None]]] = []
+        self.constraints: list[list[_Constraint]] = []
+        self.devices = self._index()
+
+    # --- selection ------------------------------------------------------------------
+
+    def _selectors(self, where: str, texts: Sequence[str], dev: _Dev) -> bool:
+        for i, text in enumerate(texts):
+            selector = compile_selector(text)
+            view = self.views.get(dev.key)
+            try:
+                if view is None:
+                    view = self.views[dev.key] = activation(dev.key[0], dev.device)
+                if not selector.matches(view):  # type: ignore[arg-type]
+                    return False
+            except SelectorError as e:
+                raise _FailedError(f"{where}: selector #{i}: {e}") from None
+        return True
+
+    def _selectable(self, at: tuple[int, int, int], req: _Req, dev: _Dev) -> bool:
+        memo = (dev.key, *at)
+        if (known := self.seen.get(memo)) is not None:
+            return known
+        claim = self.prep.claims[at[0]]
+        ok = self._selectors(f"class {req.cls.name}", req.cls.selectors, dev)
+        ok = ok and self._selectors(
+            f"claim {claim.namespace}/{claim.name}", req.request.selectors, dev
+        )
+        self.seen[memo] = ok
+        return ok
+
+    def _room(self, req: _Req, dev: _Dev) -> bool:
+        return cap.fits(
+            req.request.capacity,
+            dev.device.capacity,
+            self.in_use.consumed.get(dev.key),
+            self.taking.get(dev.key),
+        )
+
+    def _in_use(self, key: DeviceKey) -> bool:
+        return key in self.in_use.devices or bool(self.holding.get(key))
+
+    def _index(self) -> list[tuple[int, int, int, _Dev]]:
+        """Every device of the complete pools, in search order, with its place."""
+        found = []
+        for p, (pool, slices) in enumerate(self.order):
+            if pool.incomplete:
+                continue
+            for s, (slice_, devices) in enumerate(slices):
+                for d, device in enumerate(devices):
+                    dev = _Dev((pool.driver, pool.name, device.name), device, slice_)
+                    found.append((p, s, d, dev))
+        return found
+
+    # --- the requests -----------------------------------------------------------------
+
+    def validate(self, at: tuple[int, int, int], request: Request, parent: str) -> _Req:
+        claim = self.prep.claims[at[0]]
+        cls = self.prep.classes.get(request.device_class)
+        if cls is None:
+            raise _FailedError(
+                f"claim {claim.namespace}/{claim.name}, request {request.name}: could not "
+                f"retrieve device class {request.device_class}"
+            )
+        req = _Req(request, parent, cls, request.count, None)
+        if not request.all:
+            return req
+        everything = []
+        for pool, _ in self.order:
+            if pool.incomplete:
+                raise _FailedError(
+                    f"claim {claim.namespace}/{claim.name}, request {request.name}: asks for "
+                    f"all devices, but resource pool {pool.driver}/{pool.name} is currently "
+                    "being updated"
+                )
+        for *_, dev in self.devices:
+            if self._selectable(at, req, dev) and self._room(req, dev):
+                everything.append(dev)
+        return req._replace(wanted=len(everything), everything=tuple(everything))
+
+    def setup(self) -> None:
+        for c, claim in enumerate(self.prep.claims):
+            least = 0
+            for r, request in enumerate(claim.requests):
+                if request.exactly is not None:
+                    req = self.reqs[c, r, 0] = self.validate((c, r, 0), request.exactly, "")
+                    least += req.wanted
+                    continue
+                fewest = None
+                for s, sub in enumerate(request.first_available):
+                    req = self.reqs[c, r, s] = self.validate((c, r, s), sub, request.name)
+                    fewest = req.wanted if fewest is None else min(fewest, req.wanted)
+                least += fewest or 0
+            if least > ALLOCATION_RESULTS_MAX:
+                raise _FailedError(
+                    f"claim {claim.namespace}/{claim.name}: number of requested devices "
+                    f"{least} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}"
+                )
+            self.results.append([])
+            self.constraints.append([_Constraint(k) for k in claim.constraints])
+
+    def one(self, c: int, r: int, s: int, n: int, sub: bool, start: tuple[int, int, int]) -> bool:
+        """The allocator's recursive step: device ``n`` of subrequest ``s`` of request
+        ``r`` of claim ``c``, searching from ``start`` (pool, slice, device)."""
+        claims = self.prep.claims
+        if c >= len(claims):
+            return True
+        claim = claims[c]
+        if r >= len(claim.requests):
+            try:
+                return self.one(c + 1, 0, 0, 0, False, (0, 0, 0))
+            except _MaxSizeError:
+                return False
+        req = self.reqs[c, r, s]
+        if not sub and req.parent:
+            exceeded = True
+            for s2 in range(len(claim.requests[r].first_available)):
+                try:
+                    done = self.one(c, r, s2, n, True, (0, 0, 0))
+                except _MaxSizeError:
+                    continue
+                exceeded = False
+                if done:
+                    self.chosen[c, r] = s2
+                    return True
+            if exceeded:
+                raise _MaxSizeError
+            return False
+        if req.everything is not None and not req.everything:
+            return False
+        if n >= req.wanted:
+            return self.one(c, r + 1, 0, 0, False, (0, 0, 0))
+        if len(self.results[c]) + req.wanted - n > ALLOCATION_RESULTS_MAX:
+            raise _MaxSizeError
+        at = (c, r, s)
+        if req.everything is not None:
+            dev = req.everything[n]
+            undo = self.take(at, req, dev, must=True)
+            if undo is None:
+                return False
+            if self.one(c, r, s, n + 1, sub, (0, 0, 0)):
+                return True
+            undo()
+            return False
+        admin = req.request.admin_access
+        for p, si, d, dev in self.devices:
+            if (p, si, d) < start:
+                continue
+            if admin and c in self.holding.get(dev.key, ()):
+                continue
+            if not admin and self._in_use(dev.key):
+                continue
+            if not self._selectable(at, req, dev) or not self._room(req, dev):
+                continue
+            undo = self.take(at, req, dev, must=False)
+            if undo is None:
+                continue
+            if self.one(c, r, s, n + 1, sub, (p, si, d + 1)):
+                return True
+            undo()
+        return False
+
+    def take(self, at: tuple[int, int, int], req: _Req, dev: _Dev, must: bool) -> _Undo | None:
+        """Adds ``dev`` to the claim for ``req``; None if it cannot be."""
+        c = at[0]
+        request, key, device = req.request, dev.key, dev.device
+        if not device.shared and request.admin_access and c in self.holding.get(key, ()):
+            return None
+        if not request.admin_access and self._in_use(key):
+            return None
+        if device.consumes_counters or _tainted(device, request):
+            return None
+        base, sub = (req.parent, request.name) if req.parent else (request.name, "")
+        added: list[_Constraint] = []
+        for constraint in self.constraints[c]:
+            if not constraint.add(base, sub, dev):
+                for k in reversed(added):
+                    k.remove(base, sub)
+                if must:
+                    claim = self.prep.claims[c]
+                    raise _FailedError(
+                        f"claim {claim.namespace}/{claim.name}, request {request.name}: "
+                        f"cannot add device {'/'.join(key)} because a claim constraint would "
+                        "not be satisfied"
+                    )
+                return None
+            added.append(constraint)
+        if not self._room(req, dev):
+            for k in reversed(added):
+                k.remove(base, sub)
+            return None
+        amounts = cap.consumption(request.capacity, device.capacity) if device.shared else None
+        if device.shared:
+            _add(self.taking.setdefault(key, {}), amounts or {}, +1)
+        else:
+            self.holding.setdefault(key, set()).add(c)
+        self.results[c].append((req, dev, amounts))
+        return _Undo(self, c, base, sub, key, added, amounts, device.shared)
+
+
+class _Undo(NamedTuple):
+    search: _Search
+    claim: int
+    base: str
+    sub: str
+    key: DeviceKey
+    added: list[_Constraint]
+    amounts: Mapping[str, Fraction] | None
+    shared: bool
+
+    def __call__(self) -> None:
+        search = self.search
+        search.results[self.claim].pop()
+        if self.shared:
+            _add(search.taking[self.key], self.amounts or {}, -1)
+        else:
+            search.holding[self.key].discard(self.claim)
+        for k in reversed(self.added):
+            k.remove(self.base, self.sub)
+
+
+def allocate(prep: Prepared, node: str, pools: Sequence[Pool], in_use: InUse) -> Outcome:
+    """Decides one node: ``pools`` are the node's view of the drivers' pools (slices
+    that target it), ``in_use`` what allocated claims hold. Pure; the same inputs give
+    the same outcome."""
+    search = _Search(prep, node, pools, in_use)
+    try:
+        search.setup()
+        done = search.one(0, 0, 0, 0, False, (0, 0, 0))
+    except _FailedError as e:
+        return Outcome(reason=str(e), error=True)
+    except _MaxSizeError:
+        return Outcome(reason="allocation max size exceeded", error=True)
+    if not done:
+        return Outcome(reason=CANNOT_ALLOCATE)
+    return Outcome(allocations=tuple(_written(search, c) for c in range(len(prep.claims))))
+
+
+def _written(search: _Search, c: int) -> Allocation:
+    """Claim ``c``'s ``status.allocation``, from the search's choices."""
+    claim = search.prep.claims[c]
+    results = []
+    pinned = False
+    for req, dev, amounts in search.results[c]:
+        results.append(
+            DeviceResult(
+                request=req.result_name,
+                driver=dev.key[0],
+                pool=dev.key[1],
+                device=dev.key[2],
+                admin_access=True if req.request.admin_access else None,
+                tolerations=req.request.tolerations,
+                share=dev.device.shared,
+                consumed=amounts or None,
+                binding_conditions=dev.device.binding_conditions,
+                binding_failure_conditions=dev.device.binding_failure_conditions,
+            )
+        )
+        pinned = pinned or bool(dev.slice.node_name) or dev.device.binds_to_node
+    config: list[tuple[str, tuple[str, ...], object]] = []
+    by_class: dict[str, list[int]] = {}
+    picked: dict[int, _Req] = {}
+    for r in range(len(claim.requests)):
+        req = search.reqs[c, r, search.chosen.get((c, r), 0)]
+        picked[r] = req
+        if req.cls.name in by_class:
+            for i in by_class[req.cls.name]:
+                source, names, entry = config[i]
+                config[i] = (source, (*names, req.result_name), entry)
+            continue
+        by_class[req.cls.name] = []
+        for entry in req.cls.config:
+            by_class[req.cls.name].append(len(config))
+            config.append(("FromClass", (req.result_name,), entry))
+    for names, entry in claim.config:
+        if not names:
+            config.append(("FromClaim", names, entry))
+            continue
+        for r, request in enumerate(claim.requests):
+            chosen = picked[r]
+            if request.name in names or (chosen.parent and chosen.result_name in names):
+                config.append(("FromClaim", names, entry))
+    return Allocation(
+        results=tuple(results), config=tuple(config), node=search.node if pinned else None
+    )
