@@ -158,7 +158,10 @@ def _as_integer(q: Quantity) -> celtypes.IntType:
 
 def _equal(a: object, b: object) -> celtypes.BoolType:
     """Equality across types is false (Kubernetes' CEL), not an error; numbers compare
-    by value whatever their type."""
+    by value whatever their type. An error on either side stays an error."""
+    for side in (a, b):
+        if isinstance(side, Exception):
+            return side  # type: ignore[return-value]
     if isinstance(a, bool) != isinstance(b, bool):
         return celtypes.BoolType(False)
     numbers = (int, float)
@@ -171,6 +174,11 @@ def _equal(a: object, b: object) -> celtypes.BoolType:
             return celtypes.BoolType(a == b)
         return celtypes.BoolType(False)
     return celtypes.BoolType(a == b)
+
+
+def _unequal(a: object, b: object) -> celtypes.BoolType:
+    same = _equal(a, b)
+    return same if isinstance(same, Exception) else celtypes.BoolType(not same)
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -202,7 +210,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "split": lambda s, sep: celtypes.ListType([celtypes.StringType(p) for p in s.split(sep)]),
     "indexOf": lambda s, sub: celtypes.IntType(s.find(sub)),
     "_==_": _equal,
-    "_!=_": lambda a, b: celtypes.BoolType(not _equal(a, b)),
+    "_!=_": _unequal,
 }
 
 _ENV = celpy.Environment()

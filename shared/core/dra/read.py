@@ -164,7 +164,8 @@ def class_record(obj: Mapping[str, Any]) -> DeviceClass:
     )
 
 
-def _request(raw: Mapping[str, Any], name: str) -> Request:
+def _request(raw: Mapping[str, Any], name: str, sub: bool = False) -> Request:
+    """``exactly`` or a subrequest (which has no ``adminAccess`` in resource.k8s.io/v1)."""
     amounts = (raw.get("capacity") or {}).get("requests")
     return Request(
         name=name,
@@ -174,7 +175,7 @@ def _request(raw: Mapping[str, Any], name: str) -> Request:
         ),
         all=raw.get("allocationMode") == "All",
         count=int(raw.get("count") or 1),
-        admin_access=bool(raw.get("adminAccess")),
+        admin_access=not sub and bool(raw.get("adminAccess")),
         tolerations=tuple(
             Toleration(
                 str(t.get("key", "")),
@@ -199,7 +200,7 @@ def claim_record(obj: Mapping[str, Any]) -> Claim:
             requests.append(DeviceRequest(name, exactly=_request(raw["exactly"], name)))
         else:
             subs = tuple(
-                _request(s, str(s.get("name", ""))) for s in raw.get("firstAvailable") or ()
+                _request(s, str(s.get("name", "")), sub=True) for s in raw.get("firstAvailable") or ()
             )
             requests.append(DeviceRequest(name, first_available=subs))
     constraints = []
