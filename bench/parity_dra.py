@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -59,25 +60,27 @@ MI = 1024 * 1024
 
 def _capacity(rng: random.Random) -> dict[str, Obj]:
     out: dict[str, Obj] = {}
-    if rng.random() < 0.7:
+    profile = rng.choice(["hami", "hami", "hami", "slots", "bare", "plain"])
+    if profile == "hami":
         total = rng.choice([16, 24, 40, 80]) * 1024
         policy: Obj = {"default": f"{total}Mi"}
         if rng.random() < 0.8:
             step = rng.choice([1, 256, 1024])
             policy["validRange"] = {"min": f"{step}Mi", "max": f"{total}Mi", "step": f"{step}Mi"}
         out["memory"] = {"value": f"{total}Mi", "requestPolicy": policy}
-    if rng.random() < 0.5:
         step = rng.choice([1, 5, 10])
         policy = {"validRange": {"min": str(step), "max": "100", "step": str(step)}}
         if rng.random() < 0.7:
             policy["default"] = "100"
         out["cores"] = {"value": "100", "requestPolicy": policy}
-    if rng.random() < 0.3:
+    elif profile == "slots":
         out["slots"] = {
             "value": "8",
             "requestPolicy": {"default": "1", "validValues": ["1", "2", "4", "8"]},
         }
-    if rng.random() < 0.15:
+    elif profile == "plain":
+        out["memory"] = {"value": f"{rng.choice([16, 40])}Gi"}
+    if rng.random() < 0.1:
         out["example.com/bandwidth"] = {"value": str(rng.choice([10, 40, 100]))}
     return out
 
@@ -109,7 +112,7 @@ def _slices(rng: random.Random) -> tuple[list[Obj], list[tuple[str, str, Obj]]]:
     """The cluster's slices, and the devices the node sees (driver, pool, device)."""
     slices: list[Obj] = []
     seen: list[tuple[str, str, Obj]] = []
-    drivers = [GPU] + ([NET] if rng.random() < 0.4 else [])
+    drivers = [GPU] + ([NET] if rng.random() < 0.7 else [])
     for driver in drivers:
         pool = f"{NODE}-{driver.split('.')[0]}"
         generation = rng.randint(1, 3)
@@ -192,15 +195,29 @@ def _selectors(rng: random.Random, driver: str, p: float) -> list[Obj]:
 
 def _classes(rng: random.Random) -> list[Obj]:
     classes = [
-        {"metadata": {"name": "gpu"}, "spec": {"selectors": [
-            {"cel": {"expression": f"device.driver == '{GPU}'"}}]}},
-        {"metadata": {"name": "net"}, "spec": {"selectors": [
-            {"cel": {"expression": f"device.driver == '{NET}'"}}]}},
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{GPU}'"}}]},
+        },
+        {
+            "metadata": {"name": "net"},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{NET}'"}}]},
+        },
         {"metadata": {"name": "any"}, "spec": {}},
-        {"metadata": {"name": "gpu-new"}, "spec": {"selectors": [
-            {"cel": {"expression": f"device.driver == '{GPU}' && device.attributes['{GPU}']"
-                                   ".driverVersion.isGreaterThan(semver('540.0.0'))"}}],
-            "config": [{"opaque": {"driver": GPU, "parameters": {"sharing": "MPS"}}}]}},
+        {
+            "metadata": {"name": "gpu-new"},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": f"device.driver == '{GPU}' && device.attributes['{GPU}']"
+                            ".driverVersion.isGreaterThan(semver('540.0.0'))"
+                        }
+                    }
+                ],
+                "config": [{"opaque": {"driver": GPU, "parameters": {"sharing": "MPS"}}}],
+            },
+        },
     ]
     extra = _selectors(rng, GPU, 0.25)
     if extra:
@@ -209,22 +226,26 @@ def _classes(rng: random.Random) -> list[Obj]:
 
 
 def _amounts(rng: random.Random) -> Obj:
-    out: Obj = {}
-    if rng.random() < 0.7:
-        out["memory"] = rng.choice(
-            [f"{rng.randint(1, 50)}Gi", f"{rng.randint(1, 40000)}Mi", "1500k", "100Gi"]
-        )
-    if rng.random() < 0.5:
-        out["cores"] = str(rng.choice([1, 3, 7, 25, 30, 50, 99, 100, 120]))
-    if rng.random() < 0.2:
-        out["slots"] = str(rng.choice([1, 2, 3, 5, 8, 9]))
-    if rng.random() < 0.05:
+    memory = [f"{rng.randint(1, 50)}Gi", f"{rng.randint(1, 40000)}Mi", "1500k", "100Gi"]
+    cores = [1, 3, 7, 25, 30, 50, 99, 100, 120]
+    match rng.choice(["memory", "cores", "both", "both", "slots"]):
+        case "memory":
+            out: Obj = {"memory": rng.choice(memory)}
+        case "cores":
+            out = {"cores": str(rng.choice(cores))}
+        case "both":
+            out = {"memory": rng.choice(memory), "cores": str(rng.choice(cores))}
+        case _:
+            out = {"slots": str(rng.choice([1, 2, 3, 5, 8, 9]))}
+    if rng.random() < 0.03:
         out["nonexistent"] = "1"
     return out
 
 
 def _exactly(rng: random.Random) -> Obj:
     cls = rng.choice(["gpu", "gpu", "gpu", "net", "any", "any", "gpu-new"])
+    if rng.random() < 0.01:
+        cls = "no-such-class"
     driver = NET if cls == "net" else GPU
     req: Obj = {"deviceClassName": cls}
     if sel := _selectors(rng, driver, 0.35 if cls != "any" else 0.0):
@@ -234,7 +255,7 @@ def _exactly(rng: random.Random) -> Obj:
     else:
         req["allocationMode"] = "ExactCount"
         req["count"] = rng.choice([1, 1, 1, 1, 2, 3])
-    if rng.random() < 0.4:
+    if rng.random() < 0.3:
         req["capacity"] = {"requests": _amounts(rng)}
     if rng.random() < 0.06:
         req["adminAccess"] = True
@@ -253,13 +274,21 @@ def _claim(rng: random.Random, name: str) -> Obj:
             requests.append({"name": f"r{r}", "exactly": _exactly(rng)})
     devices: Obj = {"requests": requests}
     constraints = []
-    while rng.random() < 0.3:
+    while rng.random() < 0.22:
         names = [q["name"] for q in requests if rng.random() < 0.6]
         if rng.random() < 0.2 and any("firstAvailable" in q for q in requests):
             q = next(q for q in requests if "firstAvailable" in q)
             names.append(f"{q['name']}/s0")
-        attr = rng.choice([f"{GPU}/numa", f"{GPU}/type", "example.com/zone", f"{GPU}/healthy",
-                           f"{GPU}/driverVersion", f"{NET}/numa"])
+        attr = rng.choice(
+            [
+                f"{GPU}/numa",
+                f"{GPU}/type",
+                "example.com/zone",
+                f"{GPU}/healthy",
+                f"{GPU}/driverVersion",
+                f"{NET}/numa",
+            ]
+        )
         kind = "matchAttribute" if rng.random() < 0.5 else "distinctAttribute"
         if kind == "distinctAttribute" and rng.random() < 0.6:
             attr = f"{GPU}/index"
@@ -270,15 +299,18 @@ def _claim(rng: random.Random, name: str) -> Obj:
     if constraints:
         devices["constraints"] = constraints
     if rng.random() < 0.2:
-        devices["config"] = [{"requests": [requests[0]["name"]],
-                              "opaque": {"driver": GPU, "parameters": {"x": 1}}}]
-    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
-            "spec": {"devices": devices}}
+        devices["config"] = [
+            {"requests": [requests[0]["name"]], "opaque": {"driver": GPU, "parameters": {"x": 1}}}
+        ]
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {"devices": devices},
+    }
 
 
 def _allocated(rng: random.Random, seen: list[tuple[str, str, Obj]]) -> list[Obj]:
     claims = []
-    for i in range(rng.randint(0, 3)):
+    for i in range(rng.choice([0, 0, 1, 2, 3])):
         results = []
         for driver, pool, device in rng.sample(seen, k=min(len(seen), rng.randint(1, 2))):
             result: Obj = {"request": "r", "driver": driver, "pool": pool, "device": device["name"]}
@@ -293,11 +325,13 @@ def _allocated(rng: random.Random, seen: list[tuple[str, str, Obj]]) -> list[Obj
                     consumed[name] = dra_read.quantity_text(share)
                 result["consumedCapacity"] = consumed
             results.append(result)
-        claims.append({
-            "metadata": {"name": f"held-{i}", "namespace": "ns", "uid": f"uid-held-{i}"},
-            "spec": {"devices": {"requests": []}},
-            "status": {"allocation": {"devices": {"results": results}}},
-        })
+        claims.append(
+            {
+                "metadata": {"name": f"held-{i}", "namespace": "ns", "uid": f"uid-held-{i}"},
+                "spec": {"devices": {"requests": []}},
+                "status": {"allocation": {"devices": {"results": results}}},
+            }
+        )
     return claims
 
 
@@ -361,19 +395,72 @@ def _results(allocation: Obj) -> list[tuple[Any, ...]]:
     out = []
     for r in (allocation.get("devices") or {}).get("results") or ():
         consumed = {k: _milli(v) for k, v in (r.get("consumedCapacity") or {}).items()}
-        out.append((r["request"], r["driver"], r["pool"], r["device"],
-                    bool(r.get("adminAccess")), r.get("shareID") is not None,
-                    tuple(sorted(consumed.items()))))
+        out.append(
+            (
+                r["request"],
+                r["driver"],
+                r["pool"],
+                r["device"],
+                bool(r.get("adminAccess")),
+                r.get("shareID") is not None,
+                tuple(sorted(consumed.items())),
+            )
+        )
+    return out
+
+
+def features(case: Obj, kube: Obj) -> set[str]:
+    """What a case that fits exercised (so a feature never seen is visible)."""
+    out = set()
+    for a in kube.get("allocations") or ():
+        for r in a["devices"]["results"]:
+            if r.get("shareID"):
+                out.add("a share of a shared device")
+            if r.get("adminAccess"):
+                out.add("admin access")
+            if "/" in r["request"]:
+                out.add(
+                    "firstAvailable: "
+                    + ("first" if r["request"].endswith("/s0") else "later")
+                    + " subrequest"
+                )
+            if r.get("tolerations"):
+                out.add("tolerations")
+        if not a.get("nodeSelector"):
+            out.add("no node selector (allNodes pool)")
+    for c in case["claims"]:
+        for q in c["spec"]["devices"]["requests"]:
+            for ex in [q.get("exactly") or {}, *q.get("firstAvailable", ())]:
+                if ex.get("allocationMode") == "All":
+                    out.add("allocationMode All")
+                if ex.get("capacity"):
+                    out.add("capacity requests")
+        for k in c["spec"]["devices"].get("constraints") or ():
+            out.add("matchAttribute" if "matchAttribute" in k else "distinctAttribute")
+    if any(
+        r.get("shareID")
+        for c in case["allocated"]
+        for r in c["status"]["allocation"]["devices"]["results"]
+    ):
+        out.add("shares held already")
     return out
 
 
 def differences(kube: Obj, ours: Obj) -> list[str]:
     """What differs, as category strings (empty: they agree)."""
     if kube["outcome"] != ours["outcome"]:
-        return [f"outcome: kube {kube['outcome']} ({kube.get('reason', '')[:80]}), "
-                f"tessera {ours['outcome']} ({ours.get('reason', '')[:80]})"]
+        return [
+            f"outcome: kube {kube['outcome']} ({kube.get('reason', '')[:80]}), "
+            f"tessera {ours['outcome']} ({ours.get('reason', '')[:80]})"
+        ]
     if kube["outcome"] == "unschedulable" and kube.get("reason") != ours.get("reason"):
         return ["unschedulable reason"]
+    if (
+        kube["outcome"] == "error"
+        and "CEL" not in kube["reason"]
+        and kube["reason"] != ours["reason"]
+    ):
+        return ["error text (not CEL)"]
     if kube["outcome"] != "fit":
         return []
     diffs = []
@@ -399,8 +486,9 @@ def build_harness() -> Path:
     binary = Path(tempfile.gettempdir()) / f"tessera-parity-{digest.hexdigest()[:12]}"
     if not binary.exists():
         env = {**os.environ, "CGO_ENABLED": "0"}
-        subprocess.run(["go", "build", "-o", str(binary), "./parity"], cwd=ROOT / "tools",
-                       env=env, check=True)
+        subprocess.run(
+            ["go", "build", "-o", str(binary), "./parity"], cwd=ROOT / "tools", env=env, check=True
+        )
     return binary
 
 
@@ -414,13 +502,18 @@ def main() -> int:
     binary = args.binary or build_harness()
     cases = [generate(args.seed, i) for i in range(args.cases)]
     start = time.perf_counter()
-    proc = subprocess.run([str(binary), "-dra"], input="".join(
-        json.dumps(c, separators=(",", ":")) + "\n" for c in cases), capture_output=True,
-        text=True, check=True)
+    proc = subprocess.run(
+        [str(binary), "-dra"],
+        input="".join(json.dumps(c, separators=(",", ":")) + "\n" for c in cases),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     kube_s = time.perf_counter() - start
     answers = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert len(answers) == len(cases), proc.stderr[-2000:]
     outcomes: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
     disagreements: Counter[str] = Counter()
     shown = 0
     ours_s = 0.0
@@ -428,8 +521,15 @@ def main() -> int:
         start = time.perf_counter()
         ours = tessera(case)
         ours_s += time.perf_counter() - start
-        outcomes[kube["outcome"] + (": " + kube["reason"][:60] if kube["outcome"] ==
-                                    "unschedulable" else "")] += 1
+        reason = kube.get("reason", "")
+        if kube["outcome"] == "error":
+            reason = reason.split(": ", 2)[-1] if "CEL" in reason else reason.split(": ", 1)[-1]
+        reason = re.sub(r"device \S+ because", "device D because", reason)
+        reason = re.sub(r"request r\d(/s\d)?", "request R", reason)
+        reason = re.sub(r"resource pool \S+ is", "resource pool P is", reason)
+        outcomes[kube["outcome"] + (": " + reason[:90] if reason else "")] += 1
+        if kube["outcome"] == "fit":
+            seen.update(features(case, kube))
         diffs = differences(kube, ours)
         for d in diffs:
             disagreements[d] += 1
@@ -443,9 +543,14 @@ def main() -> int:
     print("outcomes (kube):")
     for what, count in sorted(outcomes.items()):
         print(f"  {count:5d}  {what}")
-    print(f"time per case: kube {1000 * kube_s / n:.2f} ms (one process, decode + allocate + "
-          f"encode, with the pipe), tessera {1000 * ours_s / n:.2f} ms (read + prepare + "
-          "allocate)")
+    print("in the cases that fit:")
+    for what, count in sorted(seen.items()):
+        print(f"  {count:5d}  {what}")
+    print(
+        f"time per case: kube {1000 * kube_s / n:.2f} ms (one process, decode + allocate + "
+        f"encode, with the pipe), tessera {1000 * ours_s / n:.2f} ms (read + prepare + "
+        "allocate)"
+    )
     return 1 if disagreements else 0
 
 

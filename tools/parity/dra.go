@@ -120,6 +120,27 @@ func evalDRA(ctx context.Context, c *draCase) draResult {
 	for _, cl := range c.Classes {
 		classes[cl.Name] = cl
 	}
+	// DynamicResources' PreFilter refuses a request naming a class that does
+	// not exist before any node is tried (validateDeviceClass in the plugin);
+	// the allocator alone would report an error instead.
+	for _, claim := range c.Claims {
+		for _, request := range claim.Spec.Devices.Requests {
+			if request.Exactly != nil {
+				if _, ok := classes[request.Exactly.DeviceClassName]; !ok {
+					res.Outcome = "unschedulable"
+					res.Reason = fmt.Sprintf("request %s: device class %s does not exist", request.Name, request.Exactly.DeviceClassName)
+					return res
+				}
+			}
+			for _, sub := range request.FirstAvailable {
+				if _, ok := classes[sub.DeviceClassName]; !ok {
+					res.Outcome = "unschedulable"
+					res.Reason = fmt.Sprintf("request %s/%s: device class %s does not exist", request.Name, sub.Name, sub.DeviceClassName)
+					return res
+				}
+			}
+		}
+	}
 	state := allocatedState(c.Allocated)
 	cache := cel.NewCache(10, cel.Features{
 		EnableConsumableCapacity: fts.EnableDRAConsumableCapacity,
