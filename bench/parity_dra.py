@@ -481,7 +481,7 @@ def differences(kube: Obj, ours: Obj) -> list[str]:
 def build_harness() -> Path:
     """tools/parity built into the temporary directory, keyed by its sources."""
     digest = hashlib.sha256()
-    for path in sorted((ROOT / "tools" / "parity").glob("*.go")) + [ROOT / "tools" / "go.mod"]:
+    for path in [*sorted((ROOT / "tools" / "parity").glob("*.go")), ROOT / "tools" / "go.mod"]:
         digest.update(path.read_bytes())
     binary = Path(tempfile.gettempdir()) / f"tessera-parity-{digest.hexdigest()[:12]}"
     if not binary.exists():

@@ -200,7 +200,8 @@ def claim_record(obj: Mapping[str, Any]) -> Claim:
             requests.append(DeviceRequest(name, exactly=_request(raw["exactly"], name)))
         else:
             subs = tuple(
-                _request(s, str(s.get("name", "")), sub=True) for s in raw.get("firstAvailable") or ()
+                _request(s, str(s.get("name", "")), sub=True)
+                for s in raw.get("firstAvailable") or ()
             )
             requests.append(DeviceRequest(name, first_available=subs))
     constraints = []
