@@ -21,9 +21,10 @@ on a device). Both sides decide:
 It compares the outcome (fits, unschedulable, or an error that stops the attempt), the
 reason text of an unschedulable one, and, where it fits, every device result (request,
 driver, pool, device, admin access, a share or not, consumed capacity), the node
-selector, and what each shared device has consumed after the allocation. Error texts
-are not compared (CEL's messages differ between the libraries). Exits 1 on any
-disagreement.
+selector, the number of config entries, and what each shared device has consumed after
+the allocation. Of an error it compares the text; of a selector's error, which class or
+claim, which selector, and whether it failed compiling or running (CEL's own words
+after that differ between the libraries). Exits 1 on any disagreement.
 """
 
 from __future__ import annotations

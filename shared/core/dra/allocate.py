@@ -212,6 +212,9 @@ class _Search:
         self.results: list[list[tuple[_Req, _Dev, Mapping[str, Fraction] | None]]] = []
         self.constraints: list[list[_Constraint]] = []
         self.devices = self._index()
+        self.by_pool: dict[int, list[tuple[int, int, int, _Dev]]] = {}
+        for entry in self.devices:
+            self.by_pool.setdefault(entry[0], []).append(entry)
 
     # --- selection ------------------------------------------------------------------
 
@@ -277,16 +280,18 @@ class _Search:
         if not request.all:
             return req
         everything = []
-        for pool, _ in self.order:
+        for p, (pool, _) in enumerate(self.order):
+            # Pool by pool, as the allocator: a selector failing on an earlier pool's
+            # device is reported before a later pool being incomplete.
             if pool.incomplete:
                 raise _FailedError(
                     f"claim {claim.namespace}/{claim.name}, request {request.name}: asks for "
                     f"all devices, but resource pool {pool.driver}/{pool.name} is currently "
                     "being updated"
                 )
-        for *_, dev in self.devices:
-            if self._selectable(at, req, dev) and self._room(req, dev):
-                everything.append(dev)
+            for *_, dev in self.by_pool.get(p, ()):
+                if self._selectable(at, req, dev) and self._room(req, dev):
+                    everything.append(dev)
         return req._replace(wanted=len(everything), everything=tuple(everything))
 
     def setup(self) -> None:
