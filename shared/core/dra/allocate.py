@@ -29,7 +29,7 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from shared.core.dra import capacity as cap
-from shared.core.dra.cel import SelectorError, activation, compile_selector
+from shared.core.dra.cel import SelectorError, compile_selector, selects
 from shared.core.dra.model import (
     ALLOCATION_RESULTS_MAX,
     Allocation,
@@ -204,7 +204,6 @@ class _Search:
             for pool in self.pools
         ]
         self.seen: dict[tuple[DeviceKey, int, int, int], bool] = {}
-        self.views: dict[DeviceKey, object] = {}
         self.reqs: dict[tuple[int, int, int], _Req] = {}
         self.chosen: dict[tuple[int, int], int] = {}
         self.holding: dict[DeviceKey, set[int]] = {}
@@ -220,12 +219,8 @@ class _Search:
 
     def _selectors(self, where: str, texts: Sequence[str], dev: _Dev) -> bool:
         for i, text in enumerate(texts):
-            selector = compile_selector(text)
-            view = self.views.get(dev.key)
             try:
-                if view is None:
-                    view = self.views[dev.key] = activation(dev.key[0], dev.device)
-                if not selector.matches(view):  # type: ignore[arg-type]
+                if not selects(text, dev.key[0], dev.device):
                     return False
             except SelectorError as e:
                 raise _FailedError(f"{where}: selector #{i}: {e}") from None

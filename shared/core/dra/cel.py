@@ -23,7 +23,10 @@ type-check: an expression Kubernetes refuses when compiling it for its types
 (``device.driver + 1``) fails here when evaluated instead; both are errors that stop
 the scheduling attempt (shared/core/dra/allocate.py).
 
-Compiled expressions are cached by their text (:func:`compile_selector`).
+Compiled expressions are cached by their text (:func:`compile_selector`), and a
+selector's answer for a device by the text and the device record (:func:`selects`):
+the records of a node's slices are read once per slice change and kept, so a class's
+selectors run once per device, not once per pod and node.
 """
 
 from __future__ import annotations
@@ -298,7 +301,9 @@ def activation(driver: str, device: Device) -> celtypes.MapType:
         try:
             value = _value(attribute)
         except ValueError as e:
-            raise SelectorError(f"attribute {name}: parse semantic version: {e}") from None
+            raise SelectorError(
+                f"CEL runtime error: attribute {name}: parse semantic version: {e}"
+            ) from None
         attributes.setdefault(domain, {})[celtypes.StringType(short)] = value
     capacity: dict[str, dict[celtypes.StringType, Any]] = {}
     for name, cap in device.capacity.items():
@@ -316,3 +321,43 @@ def activation(driver: str, device: Device) -> celtypes.MapType:
             ),
         }
     )
+
+
+_KEPT = 1 << 16
+"""How many (selector, device) answers :func:`selects` keeps before starting afresh."""
+_ANSWERS: dict[tuple[str, str, int], tuple[Device, bool | str]] = {}
+_VIEWS: dict[tuple[str, int], tuple[Device, celtypes.MapType | str]] = {}
+
+
+def selects(text: str, driver: str, device: Device) -> bool:
+    """Selector ``text`` on ``device`` of ``driver``; raises SelectorError. Answers are
+    remembered per device record (kept alive by the memo, so its id is not reused)."""
+    key = (text, driver, id(device))
+    known = _ANSWERS.get(key)
+    if known is None:
+        try:
+            answer: bool | str = compile_selector(text).matches(_view(driver, device))
+        except SelectorError as e:
+            answer = str(e)
+        if len(_ANSWERS) >= _KEPT:
+            _ANSWERS.clear()
+        known = _ANSWERS[key] = (device, answer)
+    if isinstance(known[1], str):
+        raise SelectorError(known[1])
+    return known[1]
+
+
+def _view(driver: str, device: Device) -> celtypes.MapType:
+    key = (driver, id(device))
+    known = _VIEWS.get(key)
+    if known is None:
+        try:
+            view: celtypes.MapType | str = activation(driver, device)
+        except SelectorError as e:
+            view = str(e)
+        if len(_VIEWS) >= _KEPT:
+            _VIEWS.clear()
+        known = _VIEWS[key] = (device, view)
+    if isinstance(known[1], str):
+        raise SelectorError(known[1])
+    return known[1]
