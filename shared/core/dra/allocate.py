@@ -204,6 +204,7 @@ class _Search:
             for pool in self.pools
         ]
         self.seen: dict[tuple[DeviceKey, int, int, int], bool] = {}
+        self.needs: dict[tuple[int, DeviceKey], dict[str, Fraction] | None] = {}
         self.reqs: dict[tuple[int, int, int], _Req] = {}
         self.chosen: dict[tuple[int, int], int] = {}
         self.holding: dict[DeviceKey, set[int]] = {}
@@ -239,11 +240,16 @@ class _Search:
         return ok
 
     def _room(self, req: _Req, dev: _Dev) -> bool:
-        return cap.fits(
-            req.request.capacity,
-            dev.device.capacity,
-            self.in_use.consumed.get(dev.key),
-            self.taking.get(dev.key),
+        capacity = dev.device.capacity
+        if not capacity:
+            return not req.request.capacity
+        memo = (id(req.request), dev.key)
+        if memo in self.needs:
+            need = self.needs[memo]
+        else:
+            need = self.needs[memo] = cap.demand(req.request.capacity, capacity)
+        return need is not None and cap.room(
+            need, capacity, self.in_use.consumed.get(dev.key), self.taking.get(dev.key)
         )
 
     def _in_use(self, key: DeviceKey) -> bool:

@@ -80,6 +80,41 @@ def breaks_policy(amount: Fraction, cap: Capacity) -> bool:
     return False
 
 
+def demand(
+    requests: Amounts | None, capacity: Mapping[str, Capacity]
+) -> dict[str, Fraction] | None:
+    """What a request consumes of each of a device's capacities, or None when no amount
+    of free capacity would do: a capacity the device lacks, or a policy broken."""
+    if requests and any(name not in capacity for name in requests):
+        return None
+    out = {}
+    for name, cap in capacity.items():
+        amount = consumed(None if requests is None else requests.get(name), cap)
+        if breaks_policy(amount, cap):
+            return None
+        out[name] = amount
+    return out
+
+
+def room(
+    need: Mapping[str, Fraction],
+    capacity: Mapping[str, Capacity],
+    used: Amounts | None,
+    allocating: Amounts | None,
+) -> bool:
+    """``need`` (from :func:`demand`) fits beside what is ``used`` already and what the
+    claims being allocated with it take (``allocating``)."""
+    for name, amount in need.items():
+        total = amount
+        if used and name in used:
+            total += used[name]
+        if allocating and name in allocating:
+            total += allocating[name]
+        if total > capacity[name].value:
+            return False
+    return True
+
+
 def fits(
     requests: Amounts | None,
     capacity: Mapping[str, Capacity],
@@ -88,16 +123,8 @@ def fits(
 ) -> bool:
     """A request's capacities fit a device that has ``used`` consumed already and
     ``allocating`` taken by the claims being allocated with it."""
-    if requests and any(name not in capacity for name in requests):
-        return False
-    for name, cap in capacity.items():
-        amount = consumed(None if requests is None else requests.get(name), cap)
-        if breaks_policy(amount, cap):
-            return False
-        total = amount + (used or {}).get(name, 0) + (allocating or {}).get(name, 0)
-        if total > cap.value:
-            return False
-    return True
+    need = demand(requests, capacity)
+    return need is not None and room(need, capacity, used, allocating)
 
 
 def consumption(requests: Amounts | None, capacity: Mapping[str, Capacity]) -> dict[str, Fraction]:
