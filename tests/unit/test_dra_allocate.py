@@ -388,3 +388,15 @@ def test_the_allocation_as_status_allocation() -> None:
 )
 def test_quantity_text(value: Fraction, text: str) -> None:
     assert read.quantity_text(value) == text
+
+
+def test_a_search_beyond_its_step_budget_stops_the_attempt() -> None:
+    node = pools(*(dev(f"gpu-{i}", numa=i % 2) for i in range(6)))
+    # Four devices of one numa node do not exist: every choice is tried.
+    hopeless = claim(exactly(count=4), constraints=[{"matchAttribute": f"{D}/numa"}])
+    prep = prepare([hopeless], CLASSES)
+    assert isinstance(prep, Prepared)
+    assert allocate(prep, NODE, node, InUse()).reason == CANNOT_ALLOCATE
+    out = allocate(prep, NODE, node, InUse(), max_steps=10)
+    assert out.error
+    assert out.reason == f"node {NODE}: timed out trying to allocate devices"

@@ -57,6 +57,10 @@ class _FailedError(Exception):
     """An error that stops the scheduling attempt (the allocator's returned error)."""
 
 
+class _TimedOutError(Exception):
+    """The search took more steps than the caller allows."""
+
+
 class _MaxSizeError(Exception):
     """A claim would get more than ALLOCATION_RESULTS_MAX devices on this path."""
 
@@ -189,8 +193,11 @@ def _add(into: dict[str, Fraction], amounts: Mapping[str, Fraction], sign: int) 
 class _Search:
     """One node's allocation attempt (the allocator's per-node state)."""
 
-    def __init__(self, prep: Prepared, node: str, pools: Sequence[Pool], in_use: InUse) -> None:
+    def __init__(
+        self, prep: Prepared, node: str, pools: Sequence[Pool], in_use: InUse, budget: float
+    ) -> None:
         self.prep, self.node, self.in_use = prep, node, in_use
+        self.steps, self.budget = 0, budget
         self.pools = sorted(
             pools,
             key=lambda p: (
@@ -319,6 +326,9 @@ class _Search:
     def one(self, c: int, r: int, s: int, n: int, sub: bool, start: tuple[int, int, int]) -> bool:
         """The allocator's recursive step: device ``n`` of subrequest ``s`` of request
         ``r`` of claim ``c``, searching from ``start`` (pool, slice, device)."""
+        self.steps += 1
+        if self.steps > self.budget:
+            raise _TimedOutError
         claims = self.prep.claims
         if c >= len(claims):
             return True
@@ -436,11 +446,23 @@ class _Undo(NamedTuple):
             k.remove(self.base, self.sub)
 
 
-def allocate(prep: Prepared, node: str, pools: Sequence[Pool], in_use: InUse) -> Outcome:
+def allocate(
+    prep: Prepared,
+    node: str,
+    pools: Sequence[Pool],
+    in_use: InUse,
+    max_steps: int | None = None,
+) -> Outcome:
     """Decides one node: ``pools`` are the node's view of the drivers' pools (slices
     that target it), ``in_use`` what allocated claims hold. Pure; the same inputs give
-    the same outcome."""
-    search = _Search(prep, node, pools, in_use)
+    the same outcome.
+
+    The search backtracks and can take exponentially many steps on claims that do not
+    fit (as the allocator's: kube-scheduler bounds it with a time limit, its
+    ``DRASchedulerFilterTimeout``); ``max_steps`` bounds it by steps, deterministically,
+    and a search that runs out is an error that stops the attempt (kube-scheduler's
+    ``node <name>: timed out trying to allocate devices``). None: no bound."""
+    search = _Search(prep, node, pools, in_use, float("inf") if max_steps is None else max_steps)
     try:
         search.setup()
         done = search.one(0, 0, 0, 0, False, (0, 0, 0))
@@ -448,6 +470,8 @@ def allocate(prep: Prepared, node: str, pools: Sequence[Pool], in_use: InUse) ->
         return Outcome(reason=str(e), error=True)
     except _MaxSizeError:
         return Outcome(reason="allocation max size exceeded", error=True)
+    except _TimedOutError:
+        return Outcome(reason=f"node {node}: timed out trying to allocate devices", error=True)
     if not done:
         return Outcome(reason=CANNOT_ALLOCATE)
     return Outcome(allocations=tuple(_written(search, c) for c in range(len(prep.claims))))

@@ -323,7 +323,7 @@ def activation(driver: str, device: Device) -> celtypes.MapType:
     )
 
 
-_KEPT = 1 << 16
+_KEPT = 1 << 18
 """How many (selector, device) answers :func:`selects` keeps before starting afresh."""
 _ANSWERS: dict[tuple[str, str, int], tuple[Device, bool | str]] = {}
 _VIEWS: dict[tuple[str, int], tuple[Device, celtypes.MapType | str]] = {}
