@@ -14,7 +14,7 @@ import pytest
 from shared.core.dra import CANNOT_ALLOCATE, InUse, Outcome, allocate, prepare, read
 from shared.core.dra import capacity as cap
 from shared.core.dra.allocate import Prepared
-from shared.core.dra.cel import activation, compile_selector
+from shared.core.dra.cel import SelectorError, activation, compile_selector
 from shared.core.dra.model import Capacity, Range
 
 D = "gpu.tessera.io"
@@ -400,3 +400,83 @@ def test_a_search_beyond_its_step_budget_stops_the_attempt() -> None:
     out = allocate(prep, NODE, node, InUse(), max_steps=10)
     assert out.error
     assert out.reason == f"node {NODE}: timed out trying to allocate devices"
+
+
+def test_a_subrequest_has_no_admin_access() -> None:
+    # resource.k8s.io/v1 has no adminAccess on a firstAvailable subrequest: a field
+    # written there is not read, so the device in use stays unavailable.
+    node = pools(dev("gpu-0"))
+    held = InUse(devices=frozenset({(D, NODE, "gpu-0")}))
+    out = decide([claim(first_available({"adminAccess": True}))], node, held)
+    assert out.reason == CANNOT_ALLOCATE
+
+
+def test_an_error_in_an_equality_stays_an_error() -> None:
+    sel = f"device.attributes['{D}'].missing == 1 || true"
+    assert matches(sel, dev("g"))  # CEL's || absorbs the error
+    with pytest.raises(SelectorError):
+        matches(f"device.attributes['{D}'].missing != 1", dev("g"))
+
+
+def test_class_and_claim_config_are_copied_per_request() -> None:
+    classes = {
+        "gpu": read.class_record(
+            {
+                "metadata": {"name": "gpu"},
+                "spec": {"config": [{"opaque": {"driver": D, "parameters": {"a": 1}}}]},
+            }
+        )
+    }
+    spec = {
+        "requests": [exactly("r0"), exactly("r1")],
+        "config": [{"requests": ["r1"], "opaque": {"driver": D, "parameters": {"b": 2}}}],
+    }
+    c = read.claim_record({"metadata": {"name": "c"}, "spec": {"devices": spec}})
+    prep = prepare([c], classes)
+    assert isinstance(prep, Prepared)
+    out = allocate(prep, NODE, pools(dev("gpu-0"), dev("gpu-1")), InUse())
+    assert out.allocations is not None
+    written = read.allocation_json(out.allocations[0], lambda: "x")["devices"]["config"]
+    assert written == [
+        {
+            "source": "FromClass",
+            "requests": ["r0", "r1"],
+            "opaque": {"driver": D, "parameters": {"a": 1}},
+        },
+        {
+            "source": "FromClaim",
+            "requests": ["r1"],
+            "opaque": {"driver": D, "parameters": {"b": 2}},
+        },
+    ]
+
+
+def test_the_newest_generation_of_a_pool_is_read() -> None:
+    def sl(name: str, generation: int, count: int, *devices: str) -> dict[str, Any]:
+        pool = {"name": "p", "generation": generation, "resourceSliceCount": count}
+        spec = {"driver": D, "nodeName": NODE, "pool": pool, "devices": [dev(d) for d in devices]}
+        return {"metadata": {"name": name}, "spec": spec}
+
+    [pool] = read.node_pools([sl("old", 1, 1, "a"), sl("new", 2, 1, "b")], NODE)
+    assert [d.name for s in pool.slices for d in s.devices] == ["b"]
+    assert not pool.incomplete
+    [pool] = read.node_pools([sl("x", 2, 2, "b")], NODE)
+    assert pool.incomplete
+    assert read.node_pools([sl("x", 2, 1, "b")], "other-node") == []
+
+
+def test_in_use_sums_the_shares_of_a_device() -> None:
+    def share(uid: str, memory: str) -> dict[str, Any]:
+        result = {
+            "request": "r",
+            "driver": D,
+            "pool": NODE,
+            "device": "g",
+            "shareID": uid,
+            "consumedCapacity": {"memory": memory},
+        }
+        return {"status": {"allocation": {"devices": {"results": [result]}}}}
+
+    held = read.in_use([share("1", "1Gi"), share("2", "512Mi")])
+    assert held.consumed == {(D, NODE, "g"): {"memory": Fraction(1536 * MI)}}
+    assert held.devices == frozenset()
