@@ -7,7 +7,7 @@ every run): ResourceSlices (one or two drivers; a pool per node, sometimes in tw
 slices, sometimes with a stale older generation or a slice missing; a pool for every
 node; devices with int, bool, string and version attributes, some in another domain;
 capacities with a default, a validRange with a step, validValues, or no policy; some
-devices shared, some tainted), DeviceClasses with CEL selectors, claims already
+devices shared, some tainted, some with binding conditions), DeviceClasses with CEL selectors, claims already
 allocated (devices held whole, shares consuming capacity, admin access), and one to
 three claims to allocate (ExactCount or All, selectors, capacity requests, some beyond
 a policy's range, firstAvailable, admin access, tolerations, matchAttribute and
@@ -104,6 +104,11 @@ def _device(rng: random.Random, i: int, driver: str) -> Obj:
         device["capacity"] = capacity
         if rng.random() < 0.6:
             device["allowMultipleAllocations"] = True
+    if rng.random() < 0.05:
+        device["bindingConditions"] = ["attached"]
+        device["bindingFailureConditions"] = ["attach-failed"]
+        if rng.random() < 0.5:
+            device["bindsToNode"] = True
     if rng.random() < 0.1:
         device["taints"] = [{"key": "gpu.tessera.io/unhealthy", "effect": "NoSchedule"}]
     return device
@@ -398,6 +403,9 @@ def _results(allocation: Obj) -> list[tuple[Any, ...]]:
         consumed = {k: _milli(v) for k, v in (r.get("consumedCapacity") or {}).items()}
         out.append(
             (
+                json.dumps(r.get("tolerations") or [], sort_keys=True),
+                tuple(r.get("bindingConditions") or ()),
+                tuple(r.get("bindingFailureConditions") or ()),
                 r["request"],
                 r["driver"],
                 r["pool"],
@@ -427,6 +435,8 @@ def features(case: Obj, kube: Obj) -> set[str]:
                 )
             if r.get("tolerations"):
                 out.add("tolerations")
+            if r.get("bindingConditions"):
+                out.add("binding conditions")
         if not a.get("nodeSelector"):
             out.add("no node selector (allNodes pool)")
     for c in case["claims"]:
