@@ -156,6 +156,30 @@ def _slices(rng: random.Random) -> tuple[list[Obj], list[tuple[str, str, Obj]]]:
         }
         slices.append({"metadata": {"name": "fabric"}, "spec": spec})
         seen.extend((NET, "fabric", d) for d in devices)
+    if rng.random() < 0.4:  # a rack's pool, chosen by a node selector
+        terms: list[Obj] = [
+            {
+                "matchExpressions": [
+                    {"key": "rack", "operator": "In", "values": rng.choice([["r1"], ["r1", "r2"]])}
+                ]
+            }
+        ]
+        if rng.random() < 0.3:
+            terms[0]["matchFields"] = [
+                {"key": "metadata.name", "operator": "In", "values": [rng.choice([NODE, "node-b"])]}
+            ]
+        if rng.random() < 0.1:
+            terms.append({"matchExpressions": [{"key": "zone", "operator": "Exists"}]})
+        for part in range(rng.choice([1, 1, 2])):
+            devices = [_device(rng, 60 + 10 * part + k, NET) for k in range(rng.randint(1, 2))]
+            spec = {
+                "driver": NET,
+                "nodeSelector": {"nodeSelectorTerms": terms},
+                "pool": {"name": f"rack-{part}", "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            }
+            slices.append({"metadata": {"name": f"rack-{part}"}, "spec": spec})
+            seen.extend((NET, f"rack-{part}", d) for d in devices)
     if rng.random() < 0.3:  # another node's pool
         other = {
             "driver": GPU,
@@ -347,7 +371,9 @@ def generate(seed: int, index: int) -> Obj:
     slices, seen = _slices(rng)
     return {
         "id": index,
-        "node": {"metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}},
+        "node": {
+            "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "rack": "r1"}}
+        },
         "slices": slices,
         "classes": _classes(rng),
         "allocated": _allocated(rng, seen),
@@ -439,6 +465,8 @@ def features(case: Obj, kube: Obj) -> set[str]:
                 out.add("binding conditions")
         if not a.get("nodeSelector"):
             out.add("no node selector (allNodes pool)")
+        elif "matchExpressions" in json.dumps(a["nodeSelector"]):
+            out.add("node selector from a slice's")
     for c in case["claims"]:
         for q in c["spec"]["devices"]["requests"]:
             for ex in [q.get("exactly") or {}, *q.get("firstAvailable", ())]:
@@ -500,7 +528,7 @@ def differences(kube: Obj, ours: Obj) -> list[str]:
     ka, oa = kube.get("allocations") or [], ours["allocations"]
     if [_results(a) for a in ka] != [_results(a) for a in oa]:
         diffs.append("device results")
-    if [bool(a.get("nodeSelector")) for a in ka] != [bool(a.get("nodeSelector")) for a in oa]:
+    if [a.get("nodeSelector") for a in ka] != [a.get("nodeSelector") for a in oa]:
         diffs.append("node selector")
     if [len((a.get("devices") or {}).get("config") or ()) for a in ka] != [
         len((a.get("devices") or {}).get("config") or ()) for a in oa

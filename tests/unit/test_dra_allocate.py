@@ -480,3 +480,24 @@ def test_in_use_sums_the_shares_of_a_device() -> None:
     held = read.in_use([share("1", "1Gi"), share("2", "512Mi")])
     assert held.consumed == {(D, NODE, "g"): {"memory": Fraction(1536 * MI)}}
     assert held.devices == frozenset()
+
+
+def test_a_slice_node_selector_becomes_the_allocation_node_selector() -> None:
+    rack = {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r1"]}]}
+    spec = {
+        "driver": D,
+        "nodeSelector": {"nodeSelectorTerms": [rack]},
+        "pool": {"name": "rack", "generation": 1, "resourceSliceCount": 1},
+        "devices": [dev("nic-0")],
+    }
+    slices = [{"metadata": {"name": "rack"}, "spec": spec}]
+    assert read.node_pools(slices, NODE, {"rack": "r2"}) == []
+    node = read.node_pools(slices, NODE, {"rack": "r1"})
+    out = decide([claim(exactly())], node)
+    assert out.allocations is not None
+    assert out.allocations[0].node_selector == {"nodeSelectorTerms": [rack]}
+    # Two terms: the allocator cannot write one selector for them.
+    spec["nodeSelector"] = {"nodeSelectorTerms": [rack, rack]}
+    out = decide([claim(exactly())], read.node_pools(slices, NODE, {"rack": "r1"}))
+    assert out.error
+    assert out.reason.endswith("unsupported ResourceSlice.NodeSelector with 2 terms")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from shared.core.dra import capacity as cap
 from shared.core.dra.cel import SelectorError, compile_selector, selects
@@ -474,14 +474,17 @@ def allocate(
         return Outcome(reason=f"node {node}: timed out trying to allocate devices", error=True)
     if not done:
         return Outcome(reason=CANNOT_ALLOCATE)
-    return Outcome(allocations=tuple(_written(search, c) for c in range(len(prep.claims))))
+    try:
+        written = tuple(_written(search, c) for c in range(len(prep.claims)))
+    except _FailedError as e:
+        return Outcome(reason=str(e), error=True)
+    return Outcome(allocations=written)
 
 
 def _written(search: _Search, c: int) -> Allocation:
     """Claim ``c``'s ``status.allocation``, from the search's choices."""
     claim = search.prep.claims[c]
     results = []
-    pinned = False
     for req, dev, amounts in search.results[c]:
         results.append(
             DeviceResult(
@@ -497,7 +500,6 @@ def _written(search: _Search, c: int) -> Allocation:
                 binding_failure_conditions=dev.device.binding_failure_conditions,
             )
         )
-        pinned = pinned or bool(dev.slice.node_name) or dev.device.binds_to_node
     config: list[tuple[str, tuple[str, ...], object]] = []
     by_class: dict[str, list[int]] = {}
     picked: dict[int, _Req] = {}
@@ -521,6 +523,47 @@ def _written(search: _Search, c: int) -> Allocation:
             chosen = picked[r]
             if request.name in names or (chosen.parent and chosen.result_name in names):
                 config.append(("FromClaim", names, entry))
-    return Allocation(
-        results=tuple(results), config=tuple(config), node=search.node if pinned else None
-    )
+    selector = _node_selector(search, claim, [dev for _, dev, _ in search.results[c]])
+    return Allocation(results=tuple(results), config=tuple(config), node_selector=selector)
+
+
+def _node_selector(search: _Search, claim: Claim, devices: list[_Dev]) -> dict[str, Any] | None:
+    """The allocation's node selector, as the allocator makes it: the node itself at the
+    first device of a node's own slice (or one that binds to the node); else the
+    requirements of the slices' one-term node selectors, each once."""
+    fields: list[Mapping[str, Any]] = []
+    expressions: list[Mapping[str, Any]] = []
+    for dev in devices:
+        if dev.slice.node_name or dev.device.binds_to_node:
+            pin = {"key": "metadata.name", "operator": "In", "values": [search.node]}
+            return {"nodeSelectorTerms": [{"matchFields": [pin]}]}
+        terms = (dev.slice.node_selector or {}).get("nodeSelectorTerms") or []
+        if len(terms) > 1:
+            raise _FailedError(
+                f"create NodeSelector for claim {claim.name}: unsupported "
+                f"ResourceSlice.NodeSelector with {len(terms)} terms"
+            )
+        for one in terms:
+            _merge(one.get("matchFields") or (), fields)
+            _merge(one.get("matchExpressions") or (), expressions)
+    if not fields and not expressions:
+        return None
+    term: dict[str, Any] = {}
+    if expressions:
+        term["matchExpressions"] = expressions
+    if fields:
+        term["matchFields"] = fields
+    return {"nodeSelectorTerms": [term]}
+
+
+def _merge(new: Sequence[Mapping[str, Any]], into: list[Mapping[str, Any]]) -> None:
+    """Adds the requirements ``into`` lacks (same key, operator and set of values)."""
+    for requirement in new:
+        values = set(requirement.get("values") or ())
+        if not any(
+            r.get("key") == requirement.get("key")
+            and r.get("operator") == requirement.get("operator")
+            and set(r.get("values") or ()) == values
+            for r in into
+        ):
+            into.append(requirement)

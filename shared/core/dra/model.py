@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -96,6 +96,9 @@ class Slice(msgspec.Struct, frozen=True):
     devices: tuple[Device, ...]
     node_name: str = ""
     """``spec.nodeName``: the allocation's node selector then names the node."""
+    node_selector: Mapping[str, Any] | None = None
+    """``spec.nodeSelector`` (a ``v1.NodeSelector``): its one term's requirements go
+    into the allocation's node selector."""
 
 
 class Pool(msgspec.Struct, frozen=True):
@@ -193,9 +196,10 @@ class Allocation(msgspec.Struct, frozen=True):
     results: tuple[DeviceResult, ...]
     config: tuple[tuple[str, tuple[str, ...], object], ...] = ()
     """(source ``FromClass``/``FromClaim``, requests, the configuration) entries."""
-    node: str | None = None
-    """The node its selector pins (``matchFields metadata.name In [node]``); None: no
-    node selector (devices every node reaches)."""
+    node_selector: Mapping[str, Any] | None = None
+    """``nodeSelector`` (a ``v1.NodeSelector``): the node itself for a device of a
+    node's own slice, else the requirements of the slices' node selectors; None: every
+    node reaches the devices."""
 
 
 class Outcome(msgspec.Struct, frozen=True):

@@ -143,6 +143,7 @@ def node_pools(
                         name=str((o.get("metadata") or {}).get("name", "")),
                         devices=tuple(device_record(d) for d in o["spec"].get("devices") or ()),
                         node_name=str(o["spec"].get("nodeName") or ""),
+                        node_selector=o["spec"].get("nodeSelector"),
                     )
                     for o in current
                 ),
@@ -294,16 +295,8 @@ def allocation_json(allocation: Allocation, share_id: Callable[[], str]) -> dict
             for source, names, entry in allocation.config
         ]
     result: dict[str, Any] = {"devices": devices}
-    if allocation.node is not None:
-        result["nodeSelector"] = {
-            "nodeSelectorTerms": [
-                {
-                    "matchFields": [
-                        {"key": "metadata.name", "operator": "In", "values": [allocation.node]}
-                    ]
-                }
-            ]
-        }
+    if allocation.node_selector is not None:
+        result["nodeSelector"] = allocation.node_selector
     return result
 
 
