@@ -501,3 +501,17 @@ def test_a_slice_node_selector_becomes_the_allocation_node_selector() -> None:
     out = decide([claim(exactly())], read.node_pools(slices, NODE, {"rack": "r1"}))
     assert out.error
     assert out.reason.endswith("unsupported ResourceSlice.NodeSelector with 2 terms")
+
+
+def test_in_use_plus_then_minus_an_allocation_is_what_it_was() -> None:
+    node = pools(dev("gpu-0", shared=True), dev("gpu-1"))
+    out = decide([claim(exactly("a", capacity={"requests": {"cores": "25"}}), exactly("b"))], node)
+    assert out.allocations is not None
+    before = InUse(consumed={(D, NODE, "gpu-0"): {"cores": Fraction(50)}})
+    after = before.plus(out.allocations)
+    assert after.devices == {(D, NODE, "gpu-1")}
+    assert after.consumed[(D, NODE, "gpu-0")]["cores"] == 75
+    assert after.minus(out.allocations) == before
+    # Assumed, the same claims do not fit again beside themselves.
+    again = decide([claim(exactly("a", capacity={"requests": {"cores": "60"}}))], node, after)
+    assert again.reason == CANNOT_ALLOCATE

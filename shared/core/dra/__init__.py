@@ -8,7 +8,9 @@ decides a claim").
 - shared/core/dra/read.py: API objects in and out;
 - shared/core/dra/cel.py: selectors (CEL with Kubernetes' libraries);
 - shared/core/dra/capacity.py: consumable capacity and request policies;
-- shared/core/dra/allocate.py: :func:`prepare` once per pod, :func:`allocate` per node.
+- shared/core/dra/devices.py: the search's units (requests, devices, constraints, taints);
+- shared/core/dra/allocate.py: :func:`prepare` once per pod, :func:`allocate` per node;
+- shared/core/dra/written.py: the allocation as the allocator writes it.
 """
 
 from shared.core.dra.allocate import CANNOT_ALLOCATE, Prepared, allocate, prepare

@@ -16,7 +16,7 @@ choice that lets every later request be served wins, and a choice is undone when
 later request cannot be served (backtracking). A ``firstAvailable`` request tries its
 subrequests in order, each with the whole rest of the search. ``All`` takes every
 matching device (none matching: the node does not fit). Constraints are checked as
-devices are added, with the allocator's bookkeeping (see :class:`_Constraint`).
+devices are added, with the allocator's bookkeeping (see :class:`Tracker`).
 Selector results are remembered per device and request for the node: a selector is
 evaluated only on devices the search reaches, so a selector that fails on some device
 stops the attempt exactly where the allocator's would.
@@ -26,28 +26,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from shared.core.dra import capacity as cap
 from shared.core.dra.cel import SelectorError, compile_selector, selects
+from shared.core.dra.devices import Dev, Req, Tracker, tainted
 from shared.core.dra.model import (
     ALLOCATION_RESULTS_MAX,
     Allocation,
-    Attribute,
     Claim,
-    Constraint,
-    Device,
     DeviceClass,
     DeviceKey,
-    DeviceResult,
     InUse,
     Outcome,
     Pool,
     Request,
-    Slice,
-    Taint,
-    Toleration,
 )
+from shared.core.dra.written import SelectorTermsError, allocation
 
 CANNOT_ALLOCATE = "cannot allocate all claims"
 """DynamicResources' Filter text when the allocator finds no allocation on the node."""
@@ -92,99 +87,6 @@ def prepare(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> Prep
     return Prepared(tuple(claims), classes)
 
 
-class _Req(NamedTuple):
-    request: Request
-    parent: str
-    """The request's name when this is one of its subrequests, else ''."""
-    cls: DeviceClass
-    wanted: int
-    everything: tuple[_Dev, ...] | None
-    """The devices ``All`` takes, else None."""
-
-    @property
-    def result_name(self) -> str:
-        return f"{self.parent}/{self.request.name}" if self.parent else self.request.name
-
-
-class _Dev(NamedTuple):
-    key: DeviceKey
-    device: Device
-    slice: Slice
-
-
-def _lookup(device: Device, driver: str, name: str) -> Attribute | None:
-    """A constraint's attribute (a qualified name): as written, or, in the driver's own
-    domain, the name without its domain."""
-    found = device.attributes.get(name)
-    if found is not None:
-        return found
-    domain, sep, short = name.partition("/")
-    if not sep or domain != driver:
-        return None
-    return device.attributes.get(short)
-
-
-class _Constraint:
-    """matchAttribute or distinctAttribute over one claim's devices, with the allocator's
-    bookkeeping: matchAttribute remembers the first device's value until it has no
-    device left; distinctAttribute remembers one value per request name (the last
-    device added for it) and compares a new device with those only."""
-
-    def __init__(self, spec: Constraint) -> None:
-        self.spec = spec
-        self.first: Attribute | None = None
-        self.by_request: dict[str, Attribute] = {}
-        self.count = 0
-
-    def _applies(self, request: str, sub: str) -> bool:
-        names = self.spec.requests
-        return not names or request in names or (bool(sub) and f"{request}/{sub}" in names)
-
-    def add(self, request: str, sub: str, dev: _Dev) -> bool:
-        if not self._applies(request, sub):
-            return True
-        found = _lookup(dev.device, dev.key[0], self.spec.attribute)
-        if found is None:
-            return False
-        if self.count == 0:
-            self.first = found
-            self.by_request[request] = found
-            self.count = 1
-            return True
-        if self.spec.distinct:
-            if any(v.kind == found.kind and v == found for v in self.by_request.values()):
-                return False
-            self.by_request[request] = found
-        elif self.first != found:
-            return False
-        self.count += 1
-        return True
-
-    def remove(self, request: str, sub: str) -> None:
-        if not self._applies(request, sub):
-            return
-        self.by_request.pop(request, None)
-        self.count -= 1
-
-
-def _tolerates(toleration: Toleration, taint: Taint) -> bool:
-    if toleration.effect and toleration.effect != taint.effect:
-        return False
-    if toleration.key and toleration.key != taint.key:
-        return False
-    if toleration.operator == "Exists":
-        return True
-    return toleration.operator in ("", "Equal") and toleration.value == taint.value
-
-
-def _tainted(device: Device, request: Request) -> bool:
-    return any(
-        taint.effect in ("NoSchedule", "NoExecute")
-        and not any(_tolerates(t, taint) for t in request.tolerations)
-        for taint in device.taints
-    )
-
-
 def _add(into: dict[str, Fraction], amounts: Mapping[str, Fraction], sign: int) -> None:
     for name, amount in amounts.items():
         into[name] = into.get(name, Fraction(0)) + sign * amount
@@ -212,20 +114,20 @@ class _Search:
         ]
         self.seen: dict[tuple[DeviceKey, int, int, int], bool] = {}
         self.needs: dict[tuple[int, DeviceKey], dict[str, Fraction] | None] = {}
-        self.reqs: dict[tuple[int, int, int], _Req] = {}
+        self.reqs: dict[tuple[int, int, int], Req] = {}
         self.chosen: dict[tuple[int, int], int] = {}
         self.holding: dict[DeviceKey, set[int]] = {}
         self.taking: dict[DeviceKey, dict[str, Fraction]] = {}
-        self.results: list[list[tuple[_Req, _Dev, Mapping[str, Fraction] | None]]] = []
-        self.constraints: list[list[_Constraint]] = []
+        self.results: list[list[tuple[Req, Dev, Mapping[str, Fraction] | None]]] = []
+        self.constraints: list[list[Tracker]] = []
         self.devices = self._index()
-        self.by_pool: dict[int, list[tuple[int, int, int, _Dev]]] = {}
+        self.by_pool: dict[int, list[tuple[int, int, int, Dev]]] = {}
         for entry in self.devices:
             self.by_pool.setdefault(entry[0], []).append(entry)
 
     # --- selection ------------------------------------------------------------------
 
-    def _selectors(self, where: str, texts: Sequence[str], dev: _Dev) -> bool:
+    def _selectors(self, where: str, texts: Sequence[str], dev: Dev) -> bool:
         for i, text in enumerate(texts):
             try:
                 if not selects(text, dev.key[0], dev.device):
@@ -234,7 +136,7 @@ class _Search:
                 raise _FailedError(f"{where}: selector #{i}: {e}") from None
         return True
 
-    def _selectable(self, at: tuple[int, int, int], req: _Req, dev: _Dev) -> bool:
+    def _selectable(self, at: tuple[int, int, int], req: Req, dev: Dev) -> bool:
         memo = (dev.key, *at)
         if (known := self.seen.get(memo)) is not None:
             return known
@@ -246,7 +148,7 @@ class _Search:
         self.seen[memo] = ok
         return ok
 
-    def _room(self, req: _Req, dev: _Dev) -> bool:
+    def _room(self, req: Req, dev: Dev) -> bool:
         capacity = dev.device.capacity
         if not capacity:
             return not req.request.capacity
@@ -262,7 +164,7 @@ class _Search:
     def _in_use(self, key: DeviceKey) -> bool:
         return key in self.in_use.devices or bool(self.holding.get(key))
 
-    def _index(self) -> list[tuple[int, int, int, _Dev]]:
+    def _index(self) -> list[tuple[int, int, int, Dev]]:
         """Every device of the complete pools, in search order, with its place."""
         found = []
         for p, (pool, slices) in enumerate(self.order):
@@ -270,13 +172,13 @@ class _Search:
                 continue
             for s, (slice_, devices) in enumerate(slices):
                 for d, device in enumerate(devices):
-                    dev = _Dev((pool.driver, pool.name, device.name), device, slice_)
+                    dev = Dev((pool.driver, pool.name, device.name), device, slice_)
                     found.append((p, s, d, dev))
         return found
 
     # --- the requests -----------------------------------------------------------------
 
-    def validate(self, at: tuple[int, int, int], request: Request, parent: str) -> _Req:
+    def validate(self, at: tuple[int, int, int], request: Request, parent: str) -> Req:
         claim = self.prep.claims[at[0]]
         cls = self.prep.classes.get(request.device_class)
         if cls is None:
@@ -284,7 +186,7 @@ class _Search:
                 f"claim {claim.namespace}/{claim.name}, request {request.name}: could not "
                 f"retrieve device class {request.device_class}"
             )
-        req = _Req(request, parent, cls, request.count, None)
+        req = Req(request, parent, cls, request.count, None)
         if not request.all:
             return req
         everything = []
@@ -321,7 +223,7 @@ class _Search:
                     f"{least} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}"
                 )
             self.results.append([])
-            self.constraints.append([_Constraint(k) for k in claim.constraints])
+            self.constraints.append([Tracker(k) for k in claim.constraints])
 
     def one(self, c: int, r: int, s: int, n: int, sub: bool, start: tuple[int, int, int]) -> bool:
         """The allocator's recursive step: device ``n`` of subrequest ``s`` of request
@@ -387,7 +289,7 @@ class _Search:
             undo()
         return False
 
-    def take(self, at: tuple[int, int, int], req: _Req, dev: _Dev, must: bool) -> _Undo | None:
+    def take(self, at: tuple[int, int, int], req: Req, dev: Dev, must: bool) -> _Undo | None:
         """Adds ``dev`` to the claim for ``req``; None if it cannot be."""
         c = at[0]
         request, key, device = req.request, dev.key, dev.device
@@ -395,10 +297,10 @@ class _Search:
             return None
         if not request.admin_access and self._in_use(key):
             return None
-        if device.consumes_counters or _tainted(device, request):
+        if device.consumes_counters or tainted(device, request):
             return None
         base, sub = (req.parent, request.name) if req.parent else (request.name, "")
-        added: list[_Constraint] = []
+        added: list[Tracker] = []
         for constraint in self.constraints[c]:
             if not constraint.add(base, sub, dev):
                 for k in reversed(added):
@@ -431,7 +333,7 @@ class _Undo(NamedTuple):
     base: str
     sub: str
     key: DeviceKey
-    added: list[_Constraint]
+    added: list[Tracker]
     amounts: Mapping[str, Fraction] | None
     shared: bool
 
@@ -476,7 +378,7 @@ def allocate(
         return Outcome(reason=CANNOT_ALLOCATE)
     try:
         written = tuple(_written(search, c) for c in range(len(prep.claims)))
-    except _FailedError as e:
+    except SelectorTermsError as e:
         return Outcome(reason=str(e), error=True)
     return Outcome(allocations=written)
 
@@ -484,86 +386,5 @@ def allocate(
 def _written(search: _Search, c: int) -> Allocation:
     """Claim ``c``'s ``status.allocation``, from the search's choices."""
     claim = search.prep.claims[c]
-    results = []
-    for req, dev, amounts in search.results[c]:
-        results.append(
-            DeviceResult(
-                request=req.result_name,
-                driver=dev.key[0],
-                pool=dev.key[1],
-                device=dev.key[2],
-                admin_access=True if req.request.admin_access else None,
-                tolerations=req.request.tolerations,
-                share=dev.device.shared,
-                consumed=amounts or None,
-                binding_conditions=dev.device.binding_conditions,
-                binding_failure_conditions=dev.device.binding_failure_conditions,
-            )
-        )
-    config: list[tuple[str, tuple[str, ...], object]] = []
-    by_class: dict[str, list[int]] = {}
-    picked: dict[int, _Req] = {}
-    for r in range(len(claim.requests)):
-        req = search.reqs[c, r, search.chosen.get((c, r), 0)]
-        picked[r] = req
-        if req.cls.name in by_class:
-            for i in by_class[req.cls.name]:
-                source, names, entry = config[i]
-                config[i] = (source, (*names, req.result_name), entry)
-            continue
-        by_class[req.cls.name] = []
-        for entry in req.cls.config:
-            by_class[req.cls.name].append(len(config))
-            config.append(("FromClass", (req.result_name,), entry))
-    for names, entry in claim.config:
-        if not names:
-            config.append(("FromClaim", names, entry))
-            continue
-        for r, request in enumerate(claim.requests):
-            chosen = picked[r]
-            if request.name in names or (chosen.parent and chosen.result_name in names):
-                config.append(("FromClaim", names, entry))
-    selector = _node_selector(search, claim, [dev for _, dev, _ in search.results[c]])
-    return Allocation(results=tuple(results), config=tuple(config), node_selector=selector)
-
-
-def _node_selector(search: _Search, claim: Claim, devices: list[_Dev]) -> dict[str, Any] | None:
-    """The allocation's node selector, as the allocator makes it: the node itself at the
-    first device of a node's own slice (or one that binds to the node); else the
-    requirements of the slices' one-term node selectors, each once."""
-    fields: list[Mapping[str, Any]] = []
-    expressions: list[Mapping[str, Any]] = []
-    for dev in devices:
-        if dev.slice.node_name or dev.device.binds_to_node:
-            pin = {"key": "metadata.name", "operator": "In", "values": [search.node]}
-            return {"nodeSelectorTerms": [{"matchFields": [pin]}]}
-        terms = (dev.slice.node_selector or {}).get("nodeSelectorTerms") or []
-        if len(terms) > 1:
-            raise _FailedError(
-                f"create NodeSelector for claim {claim.name}: unsupported "
-                f"ResourceSlice.NodeSelector with {len(terms)} terms"
-            )
-        for one in terms:
-            _merge(one.get("matchFields") or (), fields)
-            _merge(one.get("matchExpressions") or (), expressions)
-    if not fields and not expressions:
-        return None
-    term: dict[str, Any] = {}
-    if expressions:
-        term["matchExpressions"] = expressions
-    if fields:
-        term["matchFields"] = fields
-    return {"nodeSelectorTerms": [term]}
-
-
-def _merge(new: Sequence[Mapping[str, Any]], into: list[Mapping[str, Any]]) -> None:
-    """Adds the requirements ``into`` lacks (same key, operator and set of values)."""
-    for requirement in new:
-        values = set(requirement.get("values") or ())
-        if not any(
-            r.get("key") == requirement.get("key")
-            and r.get("operator") == requirement.get("operator")
-            and set(r.get("values") or ()) == values
-            for r in into
-        ):
-            into.append(requirement)
+    picked = [search.reqs[c, r, search.chosen.get((c, r), 0)] for r in range(len(claim.requests))]
+    return allocation(claim, search.node, search.results[c], picked)

@@ -13,7 +13,7 @@ value the caller keeps in its ledger, next to the device-plugin grants, and pass
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -171,6 +171,39 @@ class InUse(msgspec.Struct, frozen=True):
 
     devices: frozenset[DeviceKey] = frozenset()
     consumed: Mapping[DeviceKey, Mapping[str, Fraction]] = {}
+
+    def plus(self, allocations: Iterable[Allocation]) -> InUse:
+        """What is held once ``allocations`` are made too (the ledger assumes a pod's
+        claims allocated before the API server has them)."""
+        return self._with(allocations, 1)
+
+    def minus(self, allocations: Iterable[Allocation]) -> InUse:
+        """What is held once ``allocations`` are released (or an assumption undone)."""
+        return self._with(allocations, -1)
+
+    def _with(self, allocations: Iterable[Allocation], sign: int) -> InUse:
+        devices = set(self.devices)
+        consumed = {k: dict(v) for k, v in self.consumed.items()}
+        for allocation in allocations:
+            for r in allocation.results:
+                if r.admin_access:
+                    continue
+                key = (r.driver, r.pool, r.device)
+                if not r.share:
+                    if sign > 0:
+                        devices.add(key)
+                    else:
+                        devices.discard(key)
+                    continue
+                into = consumed.setdefault(key, {})
+                for name, amount in (r.consumed or {}).items():
+                    into[name] = into.get(name, Fraction(0)) + sign * amount
+                if sign < 0:
+                    for name in [n for n, v in into.items() if not v]:
+                        del into[name]
+                    if not into:
+                        del consumed[key]
+        return InUse(frozenset(devices), consumed)
 
 
 class DeviceResult(msgspec.Struct, frozen=True, omit_defaults=True):
