@@ -146,6 +146,8 @@ def _slices(rng: random.Random) -> tuple[list[Obj], list[tuple[str, str, Obj]]]:
                 "devices": [_device(rng, 90, driver)],
             }
             slices.append({"metadata": {"name": f"{pool}-old"}, "spec": old})
+    if rng.random() < 0.3:
+        _partitions(rng, slices, seen)
     if rng.random() < 0.3:  # a pool every node reaches
         devices = [_device(rng, 50 + k, NET) for k in range(rng.randint(1, 2))]
         spec = {
@@ -189,6 +191,41 @@ def _slices(rng: random.Random) -> tuple[list[Obj], list[tuple[str, str, Obj]]]:
         }
         slices.append({"metadata": {"name": "node-b-gpu"}, "spec": other})
     return slices, seen
+
+
+def _partitions(rng: random.Random, slices: list[Obj], seen: list[tuple[str, str, Obj]]) -> None:
+    """A partitionable card: a pool of one slice of shared counters (its memory and
+    eight compute slices) and one of partitions drawing on them, some overlapping, now
+    and then one drawing on a counter the pool lacks (the pool is then invalid)."""
+    pool = f"{NODE}-parts"
+    counters = {"memory": {"value": "80Gi"}, "slices": {"value": "8"}}
+    devices = []
+    for k in range(rng.randint(2, 5)):
+        device = _device(rng, 70 + k, GPU)
+        size = rng.choice([1, 2, 4, 8])
+        drawn = {"memory": {"value": f"{10 * size}Gi"}, "slices": {"value": str(size)}}
+        if rng.random() < 0.04:
+            drawn["nonexistent"] = {"value": "1"}
+        device["consumesCounters"] = [{"counterSet": "card", "counters": drawn}]
+        devices.append(device)
+    if rng.random() < 0.04:
+        devices.append(dict(devices[0]))  # a duplicate name: the pool is invalid
+    base = {"driver": GPU, "nodeName": NODE}
+    ref = {"name": pool, "generation": 1, "resourceSliceCount": 2}
+    slices.append(
+        {
+            "metadata": {"name": f"{pool}-counters"},
+            "spec": {
+                **base,
+                "pool": ref,
+                "sharedCounters": [{"name": "card", "counters": counters}],
+            },
+        }
+    )
+    slices.append(
+        {"metadata": {"name": f"{pool}-devices"}, "spec": {**base, "pool": ref, "devices": devices}}
+    )
+    seen.extend((GPU, pool, d) for d in devices)
 
 
 GUARDED = [
@@ -463,6 +500,8 @@ def features(case: Obj, kube: Obj) -> set[str]:
                 out.add("tolerations")
             if r.get("bindingConditions"):
                 out.add("binding conditions")
+            if r["pool"].endswith("-parts"):
+                out.add("a partition drawing on shared counters")
         if not a.get("nodeSelector"):
             out.add("no node selector (allNodes pool)")
         elif "matchExpressions" in json.dumps(a["nodeSelector"]):

@@ -13,9 +13,9 @@ import pytest
 
 from shared.core.dra import CANNOT_ALLOCATE, InUse, Outcome, allocate, prepare, read
 from shared.core.dra import capacity as cap
-from shared.core.dra.allocate import Prepared
 from shared.core.dra.cel import SelectorError, activation, compile_selector
 from shared.core.dra.model import Capacity, Range
+from shared.core.dra.prepare import Prepared
 
 D = "gpu.tessera.io"
 NODE = "node-a"
@@ -515,3 +515,59 @@ def test_in_use_plus_then_minus_an_allocation_is_what_it_was() -> None:
     # Assumed, the same claims do not fit again beside themselves.
     again = decide([claim(exactly("a", capacity={"requests": {"cores": "60"}}))], node, after)
     assert again.reason == CANNOT_ALLOCATE
+
+
+def partitioned(*sizes: int, held: tuple[str, ...] = ()) -> tuple[list[Any], InUse]:
+    """A card of 8 slices offered as partitions of ``sizes`` slices each."""
+    ref = {"name": "card", "generation": 1, "resourceSliceCount": 2}
+    devices = [
+        dev(f"p{i}")
+        | {
+            "consumesCounters": [
+                {"counterSet": "card", "counters": {"slices": {"value": str(size)}}}
+            ]
+        }
+        for i, size in enumerate(sizes)
+    ]
+    slices = [
+        {
+            "metadata": {"name": "a-counters"},
+            "spec": {
+                "driver": D,
+                "nodeName": NODE,
+                "pool": ref,
+                "sharedCounters": [{"name": "card", "counters": {"slices": {"value": "8"}}}],
+            },
+        },
+        {
+            "metadata": {"name": "b-devices"},
+            "spec": {"driver": D, "nodeName": NODE, "pool": ref, "devices": devices},
+        },
+    ]
+    return read.node_pools(slices, NODE), InUse(devices=frozenset((D, "card", h) for h in held))
+
+
+def test_partitions_draw_on_the_shared_counters() -> None:
+    node, nothing = partitioned(4, 4, 2)
+    out = decide([claim(exactly(count=2))], node, nothing)
+    assert devices_of(out) == [["r=p0", "r=p1"]]  # 4 + 4 of 8
+    assert decide([claim(exactly(count=3))], node, nothing).reason == CANNOT_ALLOCATE
+    # p0 allocated already: 4 left, p1 and p2 together would need 6.
+    node, held = partitioned(4, 4, 2, held=("p0",))
+    assert decide([claim(exactly(count=2))], node, held).reason == CANNOT_ALLOCATE
+    assert devices_of(decide([claim(exactly())], node, held)) == [["r=p1"]]
+
+
+def test_a_pool_drawing_on_a_missing_counter_is_invalid() -> None:
+    spec = {"driver": D, "nodeName": NODE, "devices": [dev("x")]}
+    ref = {"name": "card", "generation": 1, "resourceSliceCount": 1}
+    broken = dev("x") | {
+        "consumesCounters": [{"counterSet": "nope", "counters": {"s": {"value": "1"}}}]
+    }
+    slices = [{"metadata": {"name": "s"}, "spec": {**spec, "pool": ref, "devices": [broken]}}]
+    [pool] = read.node_pools(slices, NODE)
+    assert pool.invalid == "counter set nope not found"
+    out = decide([claim(exactly())], [pool])
+    assert out.reason == "invalid resource pools were encountered"
+    assert not out.error
+    assert decide([claim(exactly(allocationMode="All"))], [pool]).error

@@ -1,12 +1,13 @@
 """Whether a pod's unallocated ResourceClaims can be allocated on one node, and how.
 
-:func:`prepare` does, once per pod, what does not depend on the node: it resolves each
-request's DeviceClass and compiles the selectors. :func:`allocate` then decides one
-node from that node's pools and the cluster's :class:`~shared.core.dra.model.InUse`,
-as the structured allocator of the release tools/go.mod pins decides (its variant for
-the default feature gates of 1.36: consumable capacity, prioritized lists, admin
-access, device taints and binding conditions on), and returns the allocations to write
-or the reason kube-scheduler's DynamicResources filter gives.
+:func:`~shared.core.dra.prepare.prepare` does, once per pod, what does not depend on the
+node: it resolves each request's DeviceClass and compiles the selectors. :func:`allocate`
+then decides one node from that node's pools and the cluster's
+:class:`~shared.core.dra.model.InUse`, as the structured allocator of the release
+tools/go.mod pins decides (its variant for the default feature gates of 1.36:
+consumable capacity, prioritized lists, admin access, device taints, partitionable
+devices and binding conditions on), and returns the allocations to write or the reason
+kube-scheduler's DynamicResources filter gives.
 
 The search is that allocator's: claims in order, requests in order, a request's
 devices one after another; for each, the node's devices in pool order (driver, then
@@ -29,19 +30,19 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from shared.core.dra import capacity as cap
-from shared.core.dra.cel import SelectorError, compile_selector, selects
+from shared.core.dra.cel import SelectorError, selects
+from shared.core.dra.counters import Counters
 from shared.core.dra.devices import Dev, Req, Tracker, tainted
 from shared.core.dra.model import (
     ALLOCATION_RESULTS_MAX,
     Allocation,
-    Claim,
-    DeviceClass,
     DeviceKey,
     InUse,
     Outcome,
     Pool,
     Request,
 )
+from shared.core.dra.prepare import Prepared
 from shared.core.dra.written import SelectorTermsError, allocation
 
 CANNOT_ALLOCATE = "cannot allocate all claims"
@@ -58,33 +59,6 @@ class _TimedOutError(Exception):
 
 class _MaxSizeError(Exception):
     """A claim would get more than ALLOCATION_RESULTS_MAX devices on this path."""
-
-
-class Prepared(NamedTuple):
-    """A pod's claims with their classes resolved: what :func:`allocate` reads."""
-
-    claims: tuple[Claim, ...]
-    classes: Mapping[str, DeviceClass]
-
-
-def prepare(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> Prepared | Outcome:
-    """Once per pod: an Outcome (unresolvable on every node) when a request names a
-    DeviceClass that does not exist, with DynamicResources' PreFilter text; else the
-    claims ready for :func:`allocate`. Compiles every selector once (cached)."""
-    for claim in claims:
-        for request in claim.requests:
-            for sub in (request.exactly,) if request.exactly else request.first_available:
-                if sub is None:
-                    continue
-                name = request.name if request.exactly else f"{request.name}/{sub.name}"
-                cls = classes.get(sub.device_class)
-                if cls is None:
-                    return Outcome(
-                        reason=f"request {name}: device class {sub.device_class} does not exist"
-                    )
-                for text in cls.selectors + sub.selectors:
-                    compile_selector(text)
-    return Prepared(tuple(claims), classes)
 
 
 def _add(into: dict[str, Fraction], amounts: Mapping[str, Fraction], sign: int) -> None:
@@ -121,6 +95,8 @@ class _Search:
         self.results: list[list[tuple[Req, Dev, Mapping[str, Fraction] | None]]] = []
         self.constraints: list[list[Tracker]] = []
         self.devices = self._index()
+        self.counters = Counters([pool for pool, _ in self.order], in_use)
+        self.shares: dict[DeviceKey, int] = {}
         self.by_pool: dict[int, list[tuple[int, int, int, Dev]]] = {}
         for entry in self.devices:
             self.by_pool.setdefault(entry[0], []).append(entry)
@@ -168,11 +144,11 @@ class _Search:
         """Every device of the complete pools, in search order, with its place."""
         found = []
         for p, (pool, slices) in enumerate(self.order):
-            if pool.incomplete:
+            if pool.incomplete or pool.invalid:
                 continue
             for s, (slice_, devices) in enumerate(slices):
                 for d, device in enumerate(devices):
-                    dev = Dev((pool.driver, pool.name, device.name), device, slice_)
+                    dev = Dev((pool.driver, pool.name, device.name), device, slice_, p)
                     found.append((p, s, d, dev))
         return found
 
@@ -198,6 +174,12 @@ class _Search:
                     f"claim {claim.namespace}/{claim.name}, request {request.name}: asks for "
                     f"all devices, but resource pool {pool.driver}/{pool.name} is currently "
                     "being updated"
+                )
+            if pool.invalid:
+                raise _FailedError(
+                    f"claim {claim.namespace}/{claim.name}, request {request.name}: asks for "
+                    f"all devices, but resource pool {pool.driver}/{pool.name} is currently "
+                    "invalid"
                 )
             for *_, dev in self.by_pool.get(p, ()):
                 if self._selectable(at, req, dev) and self._room(req, dev):
@@ -297,7 +279,16 @@ class _Search:
             return None
         if not request.admin_access and self._in_use(key):
             return None
-        if device.consumes_counters or tainted(device, request):
+        # A shared device with a share already drew on its pool's counters.
+        drawn = device.shared and (
+            dev.key in self.in_use.consumed or bool(self.shares.get(dev.key))
+        )
+        reserved = bool(device.counters) and not drawn
+        if reserved and not self.counters.reserve(dev.pool, device):
+            return None
+        if tainted(device, request):
+            if reserved:
+                self.counters.release(dev.pool, device)
             return None
         base, sub = (req.parent, request.name) if req.parent else (request.name, "")
         added: list[Tracker] = []
@@ -305,6 +296,8 @@ class _Search:
             if not constraint.add(base, sub, dev):
                 for k in reversed(added):
                     k.remove(base, sub)
+                if reserved:
+                    self.counters.release(dev.pool, device)
                 if must:
                     claim = self.prep.claims[c]
                     raise _FailedError(
@@ -317,14 +310,17 @@ class _Search:
         if not self._room(req, dev):
             for k in reversed(added):
                 k.remove(base, sub)
+            if reserved:
+                self.counters.release(dev.pool, device)
             return None
         amounts = cap.consumption(request.capacity, device.capacity) if device.shared else None
         if device.shared:
             _add(self.taking.setdefault(key, {}), amounts or {}, +1)
+            self.shares[key] = self.shares.get(key, 0) + 1
         else:
             self.holding.setdefault(key, set()).add(c)
         self.results[c].append((req, dev, amounts))
-        return _Undo(self, c, base, sub, key, added, amounts, device.shared)
+        return _Undo(self, c, base, sub, dev, added, amounts, reserved)
 
 
 class _Undo(NamedTuple):
@@ -332,20 +328,23 @@ class _Undo(NamedTuple):
     claim: int
     base: str
     sub: str
-    key: DeviceKey
+    dev: Dev
     added: list[Tracker]
     amounts: Mapping[str, Fraction] | None
-    shared: bool
+    reserved: bool
 
     def __call__(self) -> None:
-        search = self.search
+        search, key = self.search, self.dev.key
         search.results[self.claim].pop()
-        if self.shared:
-            _add(search.taking[self.key], self.amounts or {}, -1)
+        if self.dev.device.shared:
+            _add(search.taking[key], self.amounts or {}, -1)
+            search.shares[key] -= 1
         else:
-            search.holding[self.key].discard(self.claim)
+            search.holding[key].discard(self.claim)
         for k in reversed(self.added):
             k.remove(self.base, self.sub)
+        if self.reserved:
+            search.counters.release(self.dev.pool, self.dev.device)
 
 
 def allocate(
@@ -375,6 +374,8 @@ def allocate(
     except _TimedOutError:
         return Outcome(reason=f"node {node}: timed out trying to allocate devices", error=True)
     if not done:
+        if any(pool.invalid for pool in pools):
+            return Outcome(reason="invalid resource pools were encountered")
         return Outcome(reason=CANNOT_ALLOCATE)
     try:
         written = tuple(_written(search, c) for c in range(len(prep.claims)))

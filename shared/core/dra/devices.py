@@ -42,6 +42,8 @@ class Dev(NamedTuple):
     key: DeviceKey
     device: Device
     slice: Slice
+    pool: int
+    """Its pool's place in the search's order."""
 
 
 def lookup(device: Device, driver: str, name: str) -> Attribute | None:

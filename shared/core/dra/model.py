@@ -83,9 +83,9 @@ class Device(msgspec.Struct, frozen=True):
     binding_conditions: tuple[str, ...] = ()
     binding_failure_conditions: tuple[str, ...] = ()
     binds_to_node: bool = False
-    consumes_counters: bool = False
-    """It draws on a pool's shared counters (partitionable devices): not decided here,
-    such a device is never picked (see docs/dra.md)."""
+    counters: tuple[tuple[str, Mapping[str, Fraction]], ...] = ()
+    """``consumesCounters``: (counter set, amounts) it draws on its pool's shared
+    counters while allocated (partitionable devices)."""
 
 
 class Slice(msgspec.Struct, frozen=True):
@@ -102,13 +102,21 @@ class Slice(msgspec.Struct, frozen=True):
 
 
 class Pool(msgspec.Struct, frozen=True):
-    """A driver's pool as the node sees it: its slices of the newest generation, in any
-    order. ``incomplete`` when fewer slices are seen than ``resourceSliceCount``."""
+    """A driver's pool as the node sees it: its slices of the newest generation that
+    target the node, in any order. ``incomplete`` when fewer slices are seen than
+    ``resourceSliceCount``; ``invalid`` (why) when two devices share a name, two counter
+    sets a name, or a device draws on a counter the pool lacks: neither is searched."""
 
     driver: str
     name: str
     slices: tuple[Slice, ...]
     incomplete: bool = False
+    invalid: str = ""
+    counter_sets: Mapping[str, Mapping[str, Fraction]] = {}
+    """``sharedCounters``: counter set → counter → value."""
+    elsewhere: tuple[Device, ...] = ()
+    """The pool's devices in slices that do not target the node: what those allocated
+    draw on the shared counters counts too."""
 
 
 class DeviceClass(msgspec.Struct, frozen=True):
@@ -171,6 +179,14 @@ class InUse(msgspec.Struct, frozen=True):
 
     devices: frozenset[DeviceKey] = frozenset()
     consumed: Mapping[DeviceKey, Mapping[str, Fraction]] = {}
+    """Per shared device that allocated shares consume capacity of (with a
+    ``consumedCapacity``), the sums."""
+    shares: Mapping[DeviceKey, int] = {}
+    """How many allocated shares each shared device has."""
+
+    def holds(self, key: DeviceKey) -> bool:
+        """The device is allocated, whole or in shares."""
+        return key in self.devices or key in self.consumed or bool(self.shares.get(key))
 
     def plus(self, allocations: Iterable[Allocation]) -> InUse:
         """What is held once ``allocations`` are made too (the ledger assumes a pod's
@@ -184,6 +200,7 @@ class InUse(msgspec.Struct, frozen=True):
     def _with(self, allocations: Iterable[Allocation], sign: int) -> InUse:
         devices = set(self.devices)
         consumed = {k: dict(v) for k, v in self.consumed.items()}
+        shares = dict(self.shares)
         for allocation in allocations:
             for r in allocation.results:
                 if r.admin_access:
@@ -195,15 +212,20 @@ class InUse(msgspec.Struct, frozen=True):
                     else:
                         devices.discard(key)
                     continue
+                shares[key] = shares.get(key, 0) + sign
+                if not shares[key]:
+                    del shares[key]
+                if r.consumed is None:
+                    continue
                 into = consumed.setdefault(key, {})
-                for name, amount in (r.consumed or {}).items():
+                for name, amount in r.consumed.items():
                     into[name] = into.get(name, Fraction(0)) + sign * amount
                 if sign < 0:
                     for name in [n for n, v in into.items() if not v]:
                         del into[name]
                     if not into:
                         del consumed[key]
-        return InUse(frozenset(devices), consumed)
+        return InUse(frozenset(devices), consumed, shares)
 
 
 class DeviceResult(msgspec.Struct, frozen=True, omit_defaults=True):

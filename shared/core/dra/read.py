@@ -89,7 +89,13 @@ def device_record(raw: Mapping[str, Any]) -> Device:
         binding_conditions=tuple(raw.get("bindingConditions") or ()),
         binding_failure_conditions=tuple(raw.get("bindingFailureConditions") or ()),
         binds_to_node=bool(raw.get("bindsToNode")),
-        consumes_counters=bool(raw.get("consumesCounters")),
+        counters=tuple(
+            (
+                str(c.get("counterSet", "")),
+                {str(k): _q(v.get("value", 0)) for k, v in (c.get("counters") or {}).items()},
+            )
+            for c in raw.get("consumesCounters") or ()
+        ),
     )
 
 
@@ -103,13 +109,18 @@ def _targets(spec: Mapping[str, Any], node: str, labels: Mapping[str, str]) -> b
     return False
 
 
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation", 0))
+
+
 def node_pools(
     slices: Iterable[Mapping[str, Any]], node: str, labels: Mapping[str, str] | None = None
 ) -> list[Pool]:
     """The pools ``node`` sees among the cluster's slices: per driver and pool, the
-    slices of the newest generation that target the node; a pool whose newest
-    generation has fewer slices than its ``resourceSliceCount`` is incomplete, one whose
-    node slices are older than another slice of it is left out."""
+    slices of the newest generation that target the node (a slice of shared counters
+    targets every node); a pool whose newest generation has fewer slices than its
+    ``resourceSliceCount`` is incomplete, one whose node slices are older than another
+    slice of it is left out."""
     every: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     mine: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for obj in slices:
@@ -117,39 +128,91 @@ def node_pools(
         pool = spec.get("pool") or {}
         key = (str(spec.get("driver", "")), str(pool.get("name", "")))
         every.setdefault(key, []).append(obj)
-        if _targets(spec, node, labels or {}):
+        if spec.get("sharedCounters") or _targets(spec, node, labels or {}):
             mine.setdefault(key, []).append(obj)
     pools = []
     for key, objs in mine.items():
-
-        def generation(o: Mapping[str, Any]) -> int:
-            return int(((o.get("spec") or {}).get("pool") or {}).get("generation", 0))
-
-        newest = max(generation(o) for o in objs)
-        current = [o for o in objs if generation(o) == newest]
+        newest = max(_generation(o) for o in objs)
+        current = [o for o in objs if _generation(o) == newest]
         wanted = int(current[0]["spec"]["pool"].get("resourceSliceCount", 1))
-        incomplete = False
+        others: list[Mapping[str, Any]] = []
         if len(current) != wanted:
-            if any(generation(o) > newest for o in every[key]):
+            if any(_generation(o) > newest for o in every[key]):
                 continue
-            incomplete = sum(generation(o) == newest for o in every[key]) != wanted
-        pools.append(
-            Pool(
-                driver=key[0],
-                name=key[1],
-                incomplete=incomplete,
-                slices=tuple(
-                    Slice(
-                        name=str((o.get("metadata") or {}).get("name", "")),
-                        devices=tuple(device_record(d) for d in o["spec"].get("devices") or ()),
-                        node_name=str(o["spec"].get("nodeName") or ""),
-                        node_selector=o["spec"].get("nodeSelector"),
-                    )
-                    for o in current
-                ),
-            )
-        )
+            at_newest = [o for o in every[key] if _generation(o) == newest]
+            if len(at_newest) != wanted:
+                pools.append(Pool(driver=key[0], name=key[1], slices=(), incomplete=True))
+                continue
+            names = {_name(o) for o in current}
+            others = [o for o in at_newest if _name(o) not in names]
+        pools.append(_pool(key, current, others))
     return pools
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _pool(
+    key: tuple[str, str], current: list[Mapping[str, Any]], others: list[Mapping[str, Any]]
+) -> Pool:
+    """One complete pool, checked as the allocator checks it."""
+    current = sorted(current, key=_name)
+    counter_sets: dict[str, dict[str, Fraction]] = {}
+    device_slices = []
+    invalid = ""
+    for o in current:
+        shared = o["spec"].get("sharedCounters")
+        if not shared:
+            device_slices.append(o)
+            continue
+        for counter_set in shared:
+            name = str(counter_set.get("name", ""))
+            if name in counter_sets:
+                invalid = invalid or f"duplicate counter set name {name}"
+            counter_sets[name] = {
+                str(k): _q(v.get("value", 0))
+                for k, v in (counter_set.get("counters") or {}).items()
+            }
+    made = [
+        Slice(
+            name=_name(o),
+            devices=tuple(device_record(d) for d in o["spec"].get("devices") or ()),
+            node_name=str(o["spec"].get("nodeName") or ""),
+            node_selector=o["spec"].get("nodeSelector"),
+        )
+        for o in device_slices
+    ]
+    elsewhere = tuple(device_record(d) for o in others for d in o["spec"].get("devices") or ())
+    seen: set[str] = set()
+    for device in (d for s in made for d in s.devices):
+        if device.name in seen and not invalid:
+            invalid = f"duplicate device name {device.name}"
+        seen.add(device.name)
+    if not invalid:
+        invalid = _counter_problem(counter_sets, [d for s in made for d in s.devices])
+    if not invalid:
+        invalid = _counter_problem(counter_sets, list(elsewhere))
+    if invalid:
+        return Pool(driver=key[0], name=key[1], slices=(), invalid=invalid)
+    return Pool(
+        driver=key[0],
+        name=key[1],
+        slices=tuple(made),
+        counter_sets=counter_sets,
+        elsewhere=elsewhere,
+    )
+
+
+def _counter_problem(sets: Mapping[str, Mapping[str, Fraction]], devices: list[Device]) -> str:
+    for device in devices:
+        for name, amounts in device.counters:
+            if name not in sets:
+                return f"counter set {name} not found"
+            for counter in amounts:
+                if counter not in sets[name]:
+                    return f"counter {counter} not found in counter set {name}"
+    return ""
 
 
 def class_record(obj: Mapping[str, Any]) -> DeviceClass:
@@ -224,23 +287,27 @@ def claim_record(obj: Mapping[str, Any]) -> Claim:
 
 
 def in_use(claims: Iterable[Mapping[str, Any]]) -> InUse:
-    """What the allocated claims hold: a result with a ``shareID`` consumes capacity,
-    one with admin access holds nothing, any other holds its device."""
+    """What the allocated claims hold: a result with a ``shareID`` is a share (its
+    ``consumedCapacity`` summed per device), one with admin access holds nothing, any
+    other holds its device."""
     devices: set[DeviceKey] = set()
     consumed: dict[DeviceKey, dict[str, Fraction]] = {}
+    shares: dict[DeviceKey, int] = {}
     for obj in claims:
         allocation = (obj.get("status") or {}).get("allocation") or {}
         for r in (allocation.get("devices") or {}).get("results") or ():
             if r.get("adminAccess"):
                 continue
             key = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
-            if r.get("shareID") is not None:
-                into = consumed.setdefault(key, {})
-                for name, amount in (r.get("consumedCapacity") or {}).items():
-                    into[name] = into.get(name, Fraction(0)) + _q(amount)
-            else:
+            if r.get("shareID") is None:
                 devices.add(key)
-    return InUse(frozenset(devices), consumed)
+                continue
+            shares[key] = shares.get(key, 0) + 1
+            if r.get("consumedCapacity") is not None:
+                into = consumed.setdefault(key, {})
+                for name, amount in r["consumedCapacity"].items():
+                    into[name] = into.get(name, Fraction(0)) + _q(amount)
+    return InUse(frozenset(devices), consumed, shares)
 
 
 def quantity_text(value: Fraction) -> str:
