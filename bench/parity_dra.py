@@ -5,7 +5,8 @@
 Generates random cases for one node, seeded (case ``i`` of seed ``s`` is the same on
 every run): ResourceSlices (one or two drivers; a pool per node, sometimes in two
 slices, sometimes with a stale older generation or a slice missing; a pool for every
-node; devices with int, bool, string and version attributes, some in another domain;
+node; rack pools chosen by node selectors; a partitionable card, its partitions drawing
+on shared counters, now and then an invalid pool; devices with int, bool, string and version attributes, some in another domain;
 capacities with a default, a validRange with a step, validValues, or no policy; some
 devices shared, some tainted, some with binding conditions), DeviceClasses with CEL
 selectors, claims already allocated (devices held whole, shares consuming capacity,
