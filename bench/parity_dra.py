@@ -6,14 +6,14 @@ Generates random cases for one node, seeded (case ``i`` of seed ``s`` is the sam
 every run): ResourceSlices (one or two drivers; a pool per node, sometimes in two
 slices, sometimes with a stale older generation or a slice missing; a pool for every
 node; rack pools chosen by node selectors; a partitionable card, its partitions drawing
-on shared counters, now and then an invalid pool; devices with int, bool, string and version attributes, some in another domain;
-capacities with a default, a validRange with a step, validValues, or no policy; some
-devices shared, some tainted, some with binding conditions), DeviceClasses with CEL
-selectors, claims already allocated (devices held whole, shares consuming capacity,
-admin access), and one to three claims to allocate (ExactCount or All, selectors,
-capacity requests, some beyond a policy's range, firstAvailable, admin access,
-tolerations, matchAttribute and distinctAttribute constraints, now and then a selector
-that does not compile or fails on a device). Both sides decide:
+on shared counters, now and then an invalid pool; devices with int, bool, string and
+version attributes, some in another domain; capacities with a default, a validRange with
+a step, validValues, or no policy; some devices shared, some tainted, some with binding
+conditions), DeviceClasses with CEL selectors, claims already allocated (devices held
+whole, shares consuming capacity, admin access), and one to three claims to allocate
+(ExactCount or All, selectors, capacity requests, some beyond a policy's range,
+firstAvailable, admin access, tolerations, matchAttribute and distinctAttribute
+constraints, now and then a selector that does not compile or fails on a device). Both sides decide:
 
 - the pinned release's allocator, run by tools/parity in its ``-dra`` mode (built from
   tools/ on first use into the temporary directory, keyed by its sources);
