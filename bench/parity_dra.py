@@ -13,7 +13,8 @@ conditions), DeviceClasses with CEL selectors, claims already allocated (devices
 whole, shares consuming capacity, admin access), and one to three claims to allocate
 (ExactCount or All, selectors, capacity requests, some beyond a policy's range,
 firstAvailable, admin access, tolerations, matchAttribute and distinctAttribute
-constraints, now and then a selector that does not compile or fails on a device). Both sides decide:
+constraints, now and then a selector that does not compile or fails on a device).
+Both sides decide:
 
 - the pinned release's allocator, run by tools/parity in its ``-dra`` mode (built from
   tools/ on first use into the temporary directory, keyed by its sources);
@@ -21,11 +22,12 @@ constraints, now and then a selector that does not compile or fails on a device)
 
 It compares the outcome (fits, unschedulable, or an error that stops the attempt), the
 reason text of an unschedulable one, and, where it fits, every device result (request,
-driver, pool, device, admin access, a share or not, consumed capacity), the node
-selector, the number of config entries, and what each shared device has consumed after
-the allocation. Of an error it compares the text; of a selector's error, which class or
-claim, which selector, and whether it failed compiling or running (CEL's own words
-after that differ between the libraries). Exits 1 on any disagreement.
+driver, pool, device, admin access, a share or not, consumed capacity, tolerations,
+binding conditions), the node selector, the number of config entries, and what each
+shared device has consumed after the allocation. Of an error it compares the text; of a
+selector's error, which class or claim, which selector, and whether it failed compiling
+or running (CEL's own words after that differ between the libraries). Exits 1 on any
+disagreement.
 """
 
 from __future__ import annotations
