@@ -136,6 +136,19 @@ def test_a_request_above_the_range_is_refused_with_a_reason() -> None:
     assert cap.refusal({"cores": Fraction(50)}, {"cores": c}) == ""
 
 
+def test_refusals_name_the_amounts_as_quantities() -> None:
+    c = Capacity(Fraction(100), values=(Fraction(10), Fraction(25)))
+    assert cap.refusal({"cores": Fraction(30)}, {"cores": c}) == (
+        "capacity 'cores': 30 is not one of the valid values (10, 25)"
+    )
+    r = Capacity(Fraction(8 << 30), range=Range(Fraction(1 << 20), None, Fraction(1 << 20)))
+    assert cap.refusal({"m": Fraction(9 << 30)}, {"m": r}) == (
+        "capacity 'm': 9Gi is more than the device has (8Gi)"
+    )
+    assert cap.refusal({"m": Fraction(1_500_000)}, {"m": r}) == ""
+    assert cap.shown(Fraction(1_500_000)) == "1500k"
+
+
 def test_a_capacity_the_device_lacks_does_not_fit() -> None:
     c = Capacity(Fraction(100))
     assert not cap.fits({"memory": Fraction(1)}, {"cores": c}, None, None)
@@ -571,3 +584,19 @@ def test_a_pool_drawing_on_a_missing_counter_is_invalid() -> None:
     assert out.reason == "invalid resource pools were encountered"
     assert not out.error
     assert decide([claim(exactly(allocationMode="All"))], [pool]).error
+
+
+def test_a_capacity_request_no_device_can_serve_is_explained() -> None:
+    node = pools(dev("gpu-0", shared=True))
+    out = decide([claim(exactly(capacity={"requests": {"memory": "100Gi"}}))], node)
+    assert out.reason == CANNOT_ALLOCATE
+    assert out.hints == (
+        "claim ns/c, request r: no device it selects can serve its capacity request "
+        "(capacity 'memory': 100Gi is outside the request policy's range (1Gi to 80Gi, "
+        "step 1Gi))",
+    )
+    # A request that merely finds the device full gets no such hint.
+    held = InUse(consumed={(D, NODE, "gpu-0"): {"memory": Fraction(80 * 1024 * MI)}})
+    full = decide([claim(exactly(capacity={"requests": {"memory": "1Gi"}}))], node, held)
+    assert full.reason == CANNOT_ALLOCATE
+    assert full.hints == ()

@@ -40,6 +40,7 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
+	resourcedefaults "k8s.io/kubernetes/pkg/apis/resource/v1"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 )
@@ -115,6 +116,17 @@ func allocatedState(claims []*resourceapi.ResourceClaim) structured.AllocatedSta
 
 func evalDRA(ctx context.Context, c *draCase) draResult {
 	res := draResult{ID: c.ID}
+	// What the API server applies on create (allocationMode ExactCount, count 1,
+	// toleration operator Equal, ...), as the harness defaults its other objects.
+	for _, claim := range c.Claims {
+		resourcedefaults.SetObjectDefaults_ResourceClaim(claim)
+	}
+	for _, claim := range c.Allocated {
+		resourcedefaults.SetObjectDefaults_ResourceClaim(claim)
+	}
+	for _, slice := range c.Slices {
+		resourcedefaults.SetObjectDefaults_ResourceSlice(slice)
+	}
 	features, fts := draFeatures()
 	classes := classLister{}
 	for _, cl := range c.Classes {

@@ -376,12 +376,33 @@ def allocate(
     if not done:
         if any(pool.invalid for pool in pools):
             return Outcome(reason="invalid resource pools were encountered")
-        return Outcome(reason=CANNOT_ALLOCATE)
+        return Outcome(reason=CANNOT_ALLOCATE, hints=_hints(search))
     try:
         written = tuple(_written(search, c) for c in range(len(prep.claims)))
     except SelectorTermsError as e:
         return Outcome(reason=str(e), error=True)
     return Outcome(allocations=written)
+
+
+def _hints(search: _Search) -> tuple[str, ...]:
+    """Requests whose capacity request no device they select could ever serve (from the
+    selectors' answers the search has already; none is evaluated for this)."""
+    hints = []
+    for (c, r, s), req in search.reqs.items():
+        if not req.request.capacity:
+            continue
+        why = [
+            cap.refusal(req.request.capacity, dev.device.capacity)
+            for *_, dev in search.devices
+            if search.seen.get((dev.key, c, r, s))
+        ]
+        if why and all(why):
+            claim = search.prep.claims[c]
+            hints.append(
+                f"claim {claim.namespace}/{claim.name}, request {req.result_name}: no device "
+                f"it selects can serve its capacity request ({why[0]})"
+            )
+    return tuple(hints)
 
 
 def _written(search: _Search, c: int) -> Allocation:

@@ -135,24 +135,45 @@ def consumption(requests: Amounts | None, capacity: Mapping[str, Capacity]) -> d
     }
 
 
+def shown(value: Fraction | None) -> str:
+    """An amount as people write quantities: ``4Gi``, ``1500k``... (exact)."""
+    if value is None:
+        return "none"
+    if value.denominator != 1:
+        milli = value * 1000
+        return f"{milli.numerator}m" if milli.denominator == 1 else str(float(value))
+    whole = value.numerator
+    for suffix, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if whole and whole % size == 0:
+            return f"{whole // size}{suffix}"
+    for suffix, size in (("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if whole and whole % size == 0:
+            return f"{whole // size}{suffix}"
+    return str(whole)
+
+
 def refusal(requests: Amounts | None, capacity: Mapping[str, Capacity]) -> str:
     """Why a request cannot be served by a device whatever is free ('' if it can be):
-    a capacity the device lacks, or an amount its request policy refuses."""
+    a capacity the device lacks, an amount its request policy refuses, more than the
+    device has."""
     for name in requests or {}:
         if name not in capacity:
             return f"capacity {name!r} is not one of the device's ({', '.join(sorted(capacity))})"
     for name, cap in capacity.items():
         asked = None if requests is None else requests.get(name)
         amount = consumed(asked, cap)
+        what = shown(amount) if asked in (None, amount) else f"{shown(asked)} (rounded up to "
+        what = what if asked in (None, amount) else what + f"{shown(amount)})"
         if breaks_policy(amount, cap):
-            shown = f"{asked} rounded to {amount}" if asked is not None else f"{amount}"
             if cap.range is not None:
+                low, high = shown(cap.range.min), shown(cap.range.max)
+                step = f", step {shown(cap.range.step)}" if cap.range.step else ""
                 return (
-                    f"capacity {name!r}: {shown} is outside the request policy's range "
-                    f"({cap.range.min}..{cap.range.max}, step {cap.range.step})"
+                    f"capacity {name!r}: {what} is outside the request policy's range "
+                    f"({low} to {high}{step})"
                 )
-            valid = ", ".join(str(v) for v in cap.values)
-            return f"capacity {name!r}: {shown} is not one of the valid values ({valid})"
+            valid = ", ".join(shown(v) for v in cap.values)
+            return f"capacity {name!r}: {what} is not one of the valid values ({valid})"
         if amount > cap.value:
-            return f"capacity {name!r}: {amount} is more than the device has ({cap.value})"
+            return f"capacity {name!r}: {what} is more than the device has ({shown(cap.value)})"
     return ""

@@ -266,6 +266,10 @@ class Outcome(msgspec.Struct, frozen=True):
     allocations: tuple[Allocation, ...] | None = None
     reason: str = ""
     error: bool = False
+    hints: tuple[str, ...] = ()
+    """For people, beside ``cannot allocate all claims``: a request whose capacity
+    request every device it selects refuses whatever is free (an amount outside the
+    request policy, a capacity the device lacks, more than the device has)."""
 
     @property
     def fits(self) -> bool:
