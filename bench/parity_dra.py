@@ -5,15 +5,16 @@
 Generates random cases for one node, seeded (case ``i`` of seed ``s`` is the same on
 every run): ResourceSlices (one or two drivers; a pool per node, sometimes in two
 slices, sometimes with a stale older generation or a slice missing; a pool for every
-node; rack pools chosen by node selectors; a partitionable card, its partitions drawing
-on shared counters, now and then an invalid pool; devices with int, bool, string and
-version attributes, some in another domain; capacities with a default, a validRange with
-a step, validValues, or no policy; some devices shared, some tainted, some with binding
-conditions), DeviceClasses with CEL selectors, claims already allocated (devices held
-whole, shares consuming capacity, admin access), and one to three claims to allocate
-(ExactCount or All, selectors, capacity requests, some beyond a policy's range,
-firstAvailable, admin access, tolerations, matchAttribute and distinctAttribute
-constraints, now and then a selector that does not compile or fails on a device).
+node; rack pools chosen by node selectors; a slice whose devices each name their nodes;
+a partitionable card, its partitions drawing on shared counters, now and then an invalid
+pool; devices with int, bool, string and version attributes, some in another domain;
+capacities with a default, a validRange with a step, validValues, or no policy; some
+devices shared, some tainted, some with binding conditions), DeviceClasses with CEL
+selectors, claims already allocated (devices held whole, shares consuming capacity,
+admin access), and one to three claims to allocate (ExactCount or All, selectors,
+capacity requests, some beyond a policy's range, firstAvailable, admin access,
+tolerations, matchAttribute and distinctAttribute constraints, now and then a selector
+that does not compile or fails on a device).
 Both sides decide:
 
 - the pinned release's allocator, run by tools/parity in its ``-dra`` mode (built from
@@ -149,9 +150,15 @@ def _slices(rng: random.Random) -> tuple[list[Obj], list[tuple[str, str, Obj]]]:
                 "devices": [_device(rng, 90, driver)],
             }
             slices.append({"metadata": {"name": f"{pool}-old"}, "spec": old})
-    if rng.random() < 0.3:
+    # At most two of the pools beside the node's own: the search is exponential in the
+    # devices on claims that do not fit (on both sides), and a few more devices than
+    # this make single cases take minutes.
+    extras = rng.sample(["fabric", "rack", "parts", "spread"], k=rng.choice([0, 1, 1, 2]))
+    if "parts" in extras:
         _partitions(rng, slices, seen)
-    if rng.random() < 0.3:  # a pool every node reaches
+    if "spread" in extras:
+        _per_device(rng, slices, seen)
+    if "fabric" in extras:  # a pool every node reaches
         devices = [_device(rng, 50 + k, NET) for k in range(rng.randint(1, 2))]
         spec = {
             "driver": NET,
@@ -161,7 +168,7 @@ def _slices(rng: random.Random) -> tuple[list[Obj], list[tuple[str, str, Obj]]]:
         }
         slices.append({"metadata": {"name": "fabric"}, "spec": spec})
         seen.extend((NET, "fabric", d) for d in devices)
-    if rng.random() < 0.4:  # a rack's pool, chosen by a node selector
+    if "rack" in extras:  # a rack's pool, chosen by a node selector
         terms: list[Obj] = [
             {
                 "matchExpressions": [
@@ -229,6 +236,33 @@ def _partitions(rng: random.Random, slices: list[Obj], seen: list[tuple[str, str
         {"metadata": {"name": f"{pool}-devices"}, "spec": {**base, "pool": ref, "devices": devices}}
     )
     seen.extend((GPU, pool, d) for d in devices)
+
+
+def _per_device(rng: random.Random, slices: list[Obj], seen: list[tuple[str, str, Obj]]) -> None:
+    """A slice with per-device node selection: each device names its node, or every
+    node, or a node selector (the rack's)."""
+    devices = []
+    for k in range(rng.randint(2, 4)):
+        device = _device(rng, 80 + k, NET)
+        match rng.choice(["here", "here", "other", "all", "rack"]):
+            case "here":
+                device["nodeName"] = NODE
+            case "other":
+                device["nodeName"] = "node-b"
+            case "all":
+                device["allNodes"] = True
+            case _:
+                rack = {"key": "rack", "operator": "In", "values": ["r1"]}
+                device["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [rack]}]}
+        devices.append(device)
+    spec = {
+        "driver": NET,
+        "perDeviceNodeSelection": True,
+        "pool": {"name": "spread", "generation": 1, "resourceSliceCount": 1},
+        "devices": devices,
+    }
+    slices.append({"metadata": {"name": "spread"}, "spec": spec})
+    seen.extend((NET, "spread", d) for d in devices)
 
 
 GUARDED = [
@@ -505,6 +539,8 @@ def features(case: Obj, kube: Obj) -> set[str]:
                 out.add("binding conditions")
             if r["pool"].endswith("-parts"):
                 out.add("a partition drawing on shared counters")
+            if r["pool"] == "spread":
+                out.add("a device with its own node selection")
         if not a.get("nodeSelector"):
             out.add("no node selector (allNodes pool)")
         elif "matchExpressions" in json.dumps(a["nodeSelector"]):

@@ -600,3 +600,19 @@ def test_a_capacity_request_no_device_can_serve_is_explained() -> None:
     full = decide([claim(exactly(capacity={"requests": {"memory": "1Gi"}}))], node, held)
     assert full.reason == CANNOT_ALLOCATE
     assert full.hints == ()
+
+
+def test_per_device_node_selection_offers_only_this_nodes_devices() -> None:
+    devices = [dev("far") | {"nodeName": "node-b"}, dev("near") | {"nodeName": NODE}]
+    spec = {
+        "driver": D,
+        "perDeviceNodeSelection": True,
+        "pool": {"name": "spread", "generation": 1, "resourceSliceCount": 1},
+        "devices": devices,
+    }
+    node = read.node_pools([{"metadata": {"name": "spread"}, "spec": spec}], NODE)
+    out = decide([claim(exactly())], node)
+    assert devices_of(out) == [["r=near"]]
+    assert out.allocations is not None
+    pin = {"key": "metadata.name", "operator": "In", "values": [NODE]}
+    assert out.allocations[0].node_selector == {"nodeSelectorTerms": [{"matchFields": [pin]}]}

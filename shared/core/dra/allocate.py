@@ -121,6 +121,8 @@ class _Search:
         ok = ok and self._selectors(
             f"claim {claim.namespace}/{claim.name}", req.request.selectors, dev
         )
+        if ok and dev.slice.per_device and dev.device.name not in dev.slice.here:
+            ok = False  # another node's device, checked after the selectors as upstream
         self.seen[memo] = ok
         return ok
 

@@ -83,6 +83,10 @@ class Device(msgspec.Struct, frozen=True):
     binding_conditions: tuple[str, ...] = ()
     binding_failure_conditions: tuple[str, ...] = ()
     binds_to_node: bool = False
+    node_name: str = ""
+    """Its own ``nodeName`` (a slice with per-device node selection)."""
+    node_selector: Mapping[str, Any] | None = None
+    """Its own ``nodeSelector`` (a slice with per-device node selection)."""
     counters: tuple[tuple[str, Mapping[str, Fraction]], ...] = ()
     """``consumesCounters``: (counter set, amounts) it draws on its pool's shared
     counters while allocated (partitionable devices)."""
@@ -99,6 +103,10 @@ class Slice(msgspec.Struct, frozen=True):
     node_selector: Mapping[str, Any] | None = None
     """``spec.nodeSelector`` (a ``v1.NodeSelector``): its one term's requirements go
     into the allocation's node selector."""
+    per_device: bool = False
+    """``perDeviceNodeSelection``: each device says which nodes reach it."""
+    here: frozenset[str] = frozenset()
+    """With ``per_device``: the devices the node reaches."""
 
 
 class Pool(msgspec.Struct, frozen=True):

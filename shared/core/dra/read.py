@@ -89,6 +89,8 @@ def device_record(raw: Mapping[str, Any]) -> Device:
         binding_conditions=tuple(raw.get("bindingConditions") or ()),
         binding_failure_conditions=tuple(raw.get("bindingFailureConditions") or ()),
         binds_to_node=bool(raw.get("bindsToNode")),
+        node_name=str(raw.get("nodeName") or ""),
+        node_selector=raw.get("nodeSelector"),
         counters=tuple(
             (
                 str(c.get("counterSet", "")),
@@ -100,6 +102,9 @@ def device_record(raw: Mapping[str, Any]) -> Device:
 
 
 def _targets(spec: Mapping[str, Any], node: str, labels: Mapping[str, str]) -> bool:
+    """The slice (or a device, with per-device node selection) reaches the node."""
+    if spec.get("perDeviceNodeSelection"):
+        return any(_targets(d, node, labels) for d in spec.get("devices") or ())
     if spec.get("nodeName"):
         return bool(spec["nodeName"] == node)
     if spec.get("allNodes"):
@@ -145,7 +150,7 @@ def node_pools(
                 continue
             names = {_name(o) for o in current}
             others = [o for o in at_newest if _name(o) not in names]
-        pools.append(_pool(key, current, others))
+        pools.append(_pool(key, current, others, node, labels or {}))
     return pools
 
 
@@ -154,7 +159,11 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 def _pool(
-    key: tuple[str, str], current: list[Mapping[str, Any]], others: list[Mapping[str, Any]]
+    key: tuple[str, str],
+    current: list[Mapping[str, Any]],
+    others: list[Mapping[str, Any]],
+    node: str,
+    labels: Mapping[str, str],
 ) -> Pool:
     """One complete pool, checked as the allocator checks it."""
     current = sorted(current, key=_name)
@@ -180,6 +189,12 @@ def _pool(
             devices=tuple(device_record(d) for d in o["spec"].get("devices") or ()),
             node_name=str(o["spec"].get("nodeName") or ""),
             node_selector=o["spec"].get("nodeSelector"),
+            per_device=bool(o["spec"].get("perDeviceNodeSelection")),
+            here=frozenset(
+                str(d.get("name", ""))
+                for d in o["spec"].get("devices") or ()
+                if o["spec"].get("perDeviceNodeSelection") and _targets(d, node, labels)
+            ),
         )
         for o in device_slices
     ]

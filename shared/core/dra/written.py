@@ -72,10 +72,11 @@ def _node_selector(node: str, claim: Claim, devices: list[Dev]) -> dict[str, Any
     fields: list[Mapping[str, Any]] = []
     expressions: list[Mapping[str, Any]] = []
     for dev in devices:
-        if dev.slice.node_name or dev.device.binds_to_node:
+        where = dev.device if dev.slice.per_device else dev.slice
+        if where.node_name or dev.device.binds_to_node:
             pin = {"key": "metadata.name", "operator": "In", "values": [node]}
             return {"nodeSelectorTerms": [{"matchFields": [pin]}]}
-        terms = (dev.slice.node_selector or {}).get("nodeSelectorTerms") or []
+        terms = (where.node_selector or {}).get("nodeSelectorTerms") or []
         if len(terms) > 1:
             raise SelectorTermsError(
                 f"create NodeSelector for claim {claim.name}: unsupported "
