@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -61,6 +62,9 @@ type draResult struct {
 	Allocations []resourceapi.AllocationResult `json:"allocations,omitempty"`
 	Consumed    map[string]map[string]string   `json:"consumed,omitempty"`
 }
+
+// draFilterTimeout is the DynamicResources plugin's default filter timeout.
+const draFilterTimeout = 10 * time.Second
 
 type classLister map[string]*resourceapi.DeviceClass
 
@@ -163,8 +167,16 @@ func evalDRA(ctx context.Context, c *draCase) draResult {
 		res.Outcome, res.Reason = "error", err.Error()
 		return res
 	}
+	// kube-scheduler gives the allocator DRASchedulerFilterTimeout (10 s by
+	// default) per node; its search is exponential on some claims.
+	ctx, cancel := context.WithTimeout(ctx, draFilterTimeout)
+	defer cancel()
 	results, err := allocator.Allocate(ctx, &c.Node, c.Claims)
 	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		res.Outcome = "timeout"
+		res.Reason = fmt.Sprintf("node %s: timed out trying to allocate devices", c.Node.Name)
+		return res
 	case errors.Is(err, structured.ErrFailedAllocationOnNode):
 		res.Outcome, res.Reason = "unschedulable", err.Error()
 		return res
