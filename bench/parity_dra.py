@@ -272,6 +272,8 @@ def _per_device(rng: random.Random, slices: list[Obj], seen: list[tuple[str, str
 
 
 GUARDED = [
+    f"device.attributes['{GPU}'].index < 2.5",
+    f"device.attributes['{GPU}'].index == 1.0 || device.attributes['{GPU}'].type == 'mig'",
     f"device.attributes['{GPU}'].type == 'gpu'",
     f"device.attributes['{GPU}'].index >= 1",
     f"device.attributes['{GPU}'].healthy",

@@ -616,3 +616,11 @@ def test_per_device_node_selection_offers_only_this_nodes_devices() -> None:
     assert out.allocations is not None
     pin = {"key": "metadata.name", "operator": "In", "values": [NODE]}
     assert out.allocations[0].node_selector == {"nodeSelectorTerms": [{"matchFields": [pin]}]}
+
+
+def test_numbers_of_different_types_compare_by_value() -> None:
+    d = dev("g", index=3)
+    assert matches(f"device.attributes['{D}'].index < 3.5", d)
+    assert matches(f"device.attributes['{D}'].index >= 3.0", d)
+    assert matches(f"device.attributes['{D}'].index == 3.0", d)
+    assert not matches(f"device.attributes['{D}'].index > 3", d)

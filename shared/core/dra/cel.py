@@ -12,7 +12,8 @@ functions: ``quantity()``, ``isQuantity()``, ``semver()``, ``isSemver()``, and t
 methods ``isGreaterThan``, ``isLessThan``, ``compareTo``, ``major``/``minor``/``patch``,
 ``add``/``sub``/``asInteger``/``isInteger``/``asApproximateFloat``/``sign``; and the
 string helpers ``lowerAscii``, ``upperAscii``, ``trim``, ``split``, ``indexOf``.
-Values of different types are unequal (``==`` is false), as in Kubernetes' CEL.
+Values of different types are unequal (``==`` is false) and numbers of different types
+compare by value (``1 < 1.5``), as in Kubernetes' CEL.
 
 The library is ``cel-python`` (module ``celpy``), pure Python and maintained, chosen
 over the Rust-backed ``common-expression-language`` because Kubernetes' selectors call
@@ -32,6 +33,7 @@ selectors run once per device, not once per pod and node.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Callable, Mapping
 from fractions import Fraction
@@ -169,7 +171,7 @@ def _equal(a: object, b: object) -> celtypes.BoolType:
         return celtypes.BoolType(False)
     numbers = (int, float)
     if isinstance(a, numbers) and isinstance(b, numbers):
-        return celtypes.BoolType(a == b)
+        return celtypes.BoolType(_plain(a) == _plain(b))
     if type(a) is not type(b) and not (isinstance(a, str) and isinstance(b, str)):
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             return celtypes.BoolType(a == b)
@@ -177,6 +179,32 @@ def _equal(a: object, b: object) -> celtypes.BoolType:
             return celtypes.BoolType(a == b)
         return celtypes.BoolType(False)
     return celtypes.BoolType(a == b)
+
+
+def _plain(number: object) -> int | float:
+    """A CEL number as Python's own (celpy's refuse to compare across types)."""
+    return int(number) if isinstance(number, int) else float(number)  # type: ignore[arg-type]
+
+
+def _ordered(name: str) -> Callable[[object, object], object]:
+    """``<``, ``<=``, ``>``, ``>=`` with numbers of different types compared by value
+    (Kubernetes' CEL compares ``1 < 1.5``); anything else as celpy compares it."""
+    default = celpy.evaluation.base_functions[name]
+    test = {"_<_": operator.lt, "_<=_": operator.le, "_>_": operator.gt, "_>=_": operator.ge}[name]
+
+    def compare(a: object, b: object) -> object:
+        numbers = (int, float)
+        if (
+            isinstance(a, numbers)
+            and isinstance(b, numbers)
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+            and type(a) is not type(b)
+        ):
+            return celtypes.BoolType(test(_plain(a), _plain(b)))
+        return default(a, b)
+
+    return compare
 
 
 def _unequal(a: object, b: object) -> celtypes.BoolType:
@@ -214,6 +242,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "indexOf": lambda s, sub: celtypes.IntType(s.find(sub)),
     "_==_": _equal,
     "_!=_": _unequal,
+    **{name: _ordered(name) for name in ("_<_", "_<=_", "_>_", "_>=_")},
 }
 
 _ENV = celpy.Environment()
