@@ -33,6 +33,7 @@ func main() {
 	listPlugins := flag.Bool("list-plugins", false, "print the default profile's plugins per extension point (with score weights) as JSON and exit")
 	workers := flag.Int("j", runtime.GOMAXPROCS(0), "cases evaluated in parallel, each by its own framework instance (output order is kept)")
 	stats := flag.Bool("stats", false, "at end of input, print per-case timing (decode + evaluate + encode) and throughput to stderr")
+	draMode := flag.Bool("dra", false, "DRA mode: decide ResourceClaim allocation on one node with the structured allocator (see dra.go)")
 	flag.Parse()
 
 	// A case allocates a few MB and keeps none of it, while the live heap is
@@ -46,6 +47,14 @@ func main() {
 	// stderr quiet.
 	klog.SetOutput(io.Discard)
 	klog.LogToStderr(false)
+
+	if *draMode {
+		if err := serveDRA(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "tessera-parity:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
