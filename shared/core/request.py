@@ -546,6 +546,15 @@ class RequestParser:
         resource = g.name(Role.COUNT if count is not None else slicing[0])
         if memory and not g.memory_in_mib:
             memory *= spec.gpu_memory_factor
+        if memory and memory > MAX_AMOUNT:
+            self._err(
+                errors,
+                g,
+                Role.MEMORY,
+                cname,
+                f"{memory} MiB is more than any device has; ask for at most {MAX_AMOUNT} MiB",
+            )
+            return []
         memory = memory or None
         percent = percent or None
         if cores is not None and percent_unit and per_device != 100:

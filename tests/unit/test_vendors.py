@@ -178,6 +178,8 @@ def test_metax_sgpu_memory_is_gib_unless_written_with_a_suffix() -> None:
     d = only({"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": "2Gi"})
     assert (d.memory_mib, d.cores, d.exclusive) == (2048, 100, True)
     assert only({"metax-tech.com/sgpu": 1, "metax-tech.com/vcore": 20}).cores == 20
+    [error] = errors({"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 16385})  # GiB
+    assert "16778240 MiB is more than any device has" in error.message
 
 
 def test_metax_gpu_is_whole_cards() -> None:
