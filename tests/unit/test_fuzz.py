@@ -866,10 +866,7 @@ def test_one_resource_name_with_two_roles_is_refused(
     [
         (b"nodes: [", "is not valid YAML"),
         (b"nodes: [{name: \xff}]", "is not UTF-8 text"),
-        (
-            b"[" * 20000 + b"]" * 20000,
-            "too deep",
-        ),  # past any recursion limit (cel-python raises it to 2500)
+        (b"[" * 1000 + b"]" * 1000, "too deep"),
         (b"nodes: [{name: a, devices: [{model: m, memory: " + b"1" * 4400 + b"}]}]", "YAML"),
     ],
 )
