@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import operator
 import re
+import sys
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
@@ -245,7 +246,12 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     **{name: _ordered(name) for name in ("_<_", "_<=_", "_>_", "_>=_")},
 }
 
+_LIMIT = sys.getrecursionlimit()
 _ENV = celpy.Environment()
+# celpy's Environment raises the process's recursion limit (to 2,500); the services'
+# other readers (YAML files, bus events) refuse input nested too deep by that limit, so
+# it is put back: a selector nested past it fails to compile (RecursionError is caught).
+sys.setrecursionlimit(_LIMIT)
 
 
 class Selector:
