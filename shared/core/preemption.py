@@ -37,7 +37,7 @@ from shared.core.hierarchy import QueueTree, kinship, may_reclaim, may_take, rol
 from shared.core.ledger import PodGrant, Statement
 from shared.core.model import GangKey, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placement, Placer
-from shared.core.queues import GroupSpec, QueueSpec, Resources, accumulate, add, within
+from shared.core.queues import EPS, GroupSpec, QueueSpec, Resources, accumulate, add, within
 from shared.core.subgroups import SubGroups
 
 MAX_UNITS = 256
@@ -135,7 +135,8 @@ class Candidate(Protocol):
 
     @property
     def created_at(self) -> float:
-        """When it was created: of units otherwise equal, the newest is offered first."""
+        """When it was created: of units otherwise equal (what they give back too), the
+        newest is offered first."""
         ...
 
     @property
@@ -192,6 +193,7 @@ def victims(
     level: int = -1,
     protection: Protection | None = None,
     owed: Mapping[str, Resources] | None = None,
+    starved: bool = False,
 ) -> tuple[VictimUnit, ...]:
     """Bound pods that may be evicted for the gang ``key`` (whose waiting ``members``
     need ``need``), as units, cheapest first (Volcano's preempt and reclaim).
@@ -211,7 +213,14 @@ def victims(
     ``may_take`` allows (over their deserved share up the tree to ``level`` ancestors,
     never below a guarantee), siblings first, then cousins; what a queue gives is
     counted as it is offered, so no queue is offered below what it deserves. With
-    ``owed`` (a memory of past use: ``hierarchy.fair``), fair shares stand for deserved.
+    ``owed`` (the fair shares: ``hierarchy.fair``) they stand for deserved: a queue is
+    not taken below its fair share, where it could take the room back at once. With
+    ``owed`` and ``starved`` (the gang waited past the starvation guard), a queue within
+    its deserved share also reclaims from queues over their deserved, whatever their
+    fair share (the tree's promise, kept where fragmented room never fits the gang).
+
+    Of units otherwise equal, the one that gives back the most of ``need`` comes first
+    (one eviction may do where two would), then the newest.
 
     With ``protection``, a unit with a pod that has not run its minimum runtime yet is
     not offered; ``protection.soonest`` says when the first such protection ends.
@@ -224,7 +233,10 @@ def victims(
     if tree is not None:
         rolled = rolled_up(tree, used)
         under = may_reclaim(tree, queue, rolled, need, level, owed)
-        reclaim = under
+        # past the starvation guard, within its deserved share it also reclaims from
+        # queues over theirs, whatever their fair share (the tree's guarantee)
+        static = starved and owed is not None and may_reclaim(tree, queue, rolled, need, level)
+        reclaim = under or static
     else:
         under = bool(queues) and within(
             add(used.get(queue, {}), need), share.get(queue, {}), absent=0.0
@@ -237,7 +249,7 @@ def victims(
         )
     if top <= lowest and not reclaim:
         return ()
-    offers: list[tuple[tuple[int, int, int, int, float], VictimUnit]] = []
+    offers: list[tuple[tuple[int, int, int, int, float, float], VictimUnit]] = []
     reclaimed: dict[str, Resources] = {}
     for other, members_of in bound.items():
         if other == key or not members_of:
@@ -256,13 +268,14 @@ def victims(
             for s in unit:
                 vector = add(vector, s.vector)
             kin = 0
+            bar = "deserved" if owed is None else "fair"
             if tree is not None:
-                over = (
-                    theirs != queue
-                    and under
-                    and theirs in tree.parent
-                    and may_take(tree, queue, theirs, rolled, vector, level, owed) is None
-                )
+                over = False
+                if theirs != queue and theirs in tree.parent:
+                    if under and may_take(tree, queue, theirs, rolled, vector, level, owed) is None:
+                        over = True
+                    elif static and may_take(tree, queue, theirs, rolled, vector, level) is None:
+                        over, bar = True, "deserved"
                 kin = kinship(tree, queue, theirs) if over else 0
             else:
                 still = add(used.get(theirs, {}), reclaimed.get(theirs, {}), -1)
@@ -282,7 +295,6 @@ def victims(
             if priority < top:
                 why = f"priority {priority} < {top}"
             else:
-                bar = "deserved" if owed is None else "fair"
                 why = f'queue "{theirs}" is over its {bar} share'
                 reclaimed[theirs] = add(reclaimed.get(theirs, {}), vector)
                 if tree is not None:  # what it gives is counted up its tree
@@ -291,7 +303,7 @@ def victims(
             if unit is ordered and group is not None:
                 why += f"; all of gang {other.name} (never below minMember {min_member})"
             newest = max(s.created_at for s in unit)
-            cost = (priority, 0 if over else 1, -kin, len(unit), -newest)
+            cost = (priority, 0 if over else 1, -kin, len(unit), -_covers(vector, need), -newest)
             covered = tuple(covering(s, budgets) for s in unit)
             offer = VictimUnit(
                 pods=tuple(s.pod for s in unit),
@@ -302,6 +314,15 @@ def victims(
     offers.sort(key=lambda o: o[0])
     units = tuple(v for _, v in offers)
     return respecting(units, allowances(units, budgets))[:MAX_UNITS]
+
+
+def _covers(vector: Resources, need: Resources) -> float:
+    """How much of ``need`` evicting a unit that holds ``vector`` gives back: over the
+    dimensions ``need`` asks for, the mean part of it covered (at most all of it)."""
+    dims = [d for d, v in need.items() if v > EPS]
+    return (
+        sum(min(vector.get(d, 0.0), need[d]) / need[d] for d in dims) / len(dims) if dims else 0.0
+    )
 
 
 def covering(s: Candidate, budgets: Mapping[str, Mapping[str, Budget]]) -> tuple[str, ...]:
