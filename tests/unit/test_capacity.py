@@ -248,3 +248,26 @@ def test_reclaim_takes_toward_the_fair_share_and_past_the_guard_toward_deserved(
     assert starved.victims
     assert starved.victims[0].why.startswith('queue "a" is over its deserved share')
     assert starved.hold  # within its deserved: it holds nodes too
+
+
+def test_only_a_gang_within_its_deserved_holds_nodes_whatever_its_fair_share() -> None:
+    # 4 cards; a deserves 1 and holds 1, b deserves 3 and asks nothing: a's fair share is
+    # 2 (what b leaves), with or without a memory of past use. a's second pod failed and
+    # waited past the starvation guard: within its fair share but beyond its deserved,
+    # it does not hold nodes idle for itself (they would be kept from b, who deserves them).
+    from shared.core.usage import UsageParams
+
+    for weight in (0.0, 1.0):
+        g = tree(
+            4,
+            q("a", deserved=cores(100)),
+            q("b", deserved=cores(300)),
+            usage=UsageParams(weight=weight),
+        )
+        bind(g, into(g, "a", "a0"), CARD)
+        mine = into(g, "a", "mine")
+        g.pending(mine)
+        [first] = g.dispatch(0.0).ready
+        g.failed([mine.pod.uid], first.attempt, unresolvable=False, now=0.0)
+        [late] = g.dispatch(1000.0).ready
+        assert not late.hold
