@@ -37,7 +37,7 @@ from shared.core.hierarchy import QueueTree, kinship, may_reclaim, may_take, rol
 from shared.core.ledger import PodGrant, Statement
 from shared.core.model import GangKey, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placement, Placer
-from shared.core.queues import EPS, GroupSpec, QueueSpec, Resources, accumulate, add, within
+from shared.core.queues import GroupSpec, QueueSpec, Resources, accumulate, add, within
 from shared.core.subgroups import SubGroups
 
 MAX_UNITS = 256
@@ -135,8 +135,7 @@ class Candidate(Protocol):
 
     @property
     def created_at(self) -> float:
-        """When it was created: of units otherwise equal (what they give back too), the
-        newest is offered first."""
+        """When it was created: of units otherwise equal, the newest is offered first."""
         ...
 
     @property
@@ -219,9 +218,6 @@ def victims(
     its deserved share also reclaims from queues over their deserved, whatever their
     fair share (the tree's promise, kept where fragmented room never fits the gang).
 
-    Of units otherwise equal, the one that gives back the most of ``need`` comes first
-    (one eviction may do where two would), then the newest.
-
     With ``protection``, a unit with a pod that has not run its minimum runtime yet is
     not offered; ``protection.soonest`` says when the first such protection ends.
     """
@@ -249,7 +245,7 @@ def victims(
         )
     if top <= lowest and not reclaim:
         return ()
-    offers: list[tuple[tuple[int, int, int, int, float, float], VictimUnit]] = []
+    offers: list[tuple[tuple[int, int, int, int, float], VictimUnit]] = []
     reclaimed: dict[str, Resources] = {}
     for other, members_of in bound.items():
         if other == key or not members_of:
@@ -303,7 +299,7 @@ def victims(
             if unit is ordered and group is not None:
                 why += f"; all of gang {other.name} (never below minMember {min_member})"
             newest = max(s.created_at for s in unit)
-            cost = (priority, 0 if over else 1, -kin, len(unit), -_covers(vector, need), -newest)
+            cost = (priority, 0 if over else 1, -kin, len(unit), -newest)
             covered = tuple(covering(s, budgets) for s in unit)
             offer = VictimUnit(
                 pods=tuple(s.pod for s in unit),
@@ -314,15 +310,6 @@ def victims(
     offers.sort(key=lambda o: o[0])
     units = tuple(v for _, v in offers)
     return respecting(units, allowances(units, budgets))[:MAX_UNITS]
-
-
-def _covers(vector: Resources, need: Resources) -> float:
-    """How much of ``need`` evicting a unit that holds ``vector`` gives back: over the
-    dimensions ``need`` asks for, the mean part of it covered (at most all of it)."""
-    dims = [d for d, v in need.items() if v > EPS]
-    return (
-        sum(min(vector.get(d, 0.0), need[d]) / need[d] for d in dims) / len(dims) if dims else 0.0
-    )
 
 
 def covering(s: Candidate, budgets: Mapping[str, Mapping[str, Budget]]) -> tuple[str, ...]:

@@ -276,26 +276,3 @@ def test_the_coordinator_offers_by_budget_and_sends_what_each_allows() -> None:
     never = member(priority=9)
     never.preemption_policy = NEVER
     assert failed_once(g, never).victims == ()
-
-
-def test_of_units_otherwise_equal_the_one_giving_back_most_of_what_is_asked_goes_first() -> None:
-    # Two priority-0 lone pods, the newer one holding half a card: a gang asking a whole
-    # card is offered the whole card first (one eviction may do), then the newer.
-    pl = placer({"a": gpus(2)})
-    whole = bound_member(place(pl, WHOLE, name="whole"), 0)
-    part = bound_member(place(pl, half(), name="part"), 0)
-    whole.vector = {"nvidia.count": 1.0, "nvidia.cores": 100.0}
-    part.vector, part.created_at = {"nvidia.count": 1.0, "nvidia.cores": 50.0}, 5.0
-    top = Member(pod=ref(), key=BIG, request=request(WHOLE), priority=10)
-    offered = victims(
-        BIG,
-        [top],
-        {"nvidia.count": 1.0, "nvidia.cores": 100.0},
-        bound={m.key: {m.pod.uid: m} for m in (whole, part)},
-        groups={},
-        queues={},
-        used={},
-        share={},
-        lowest=0,
-    )
-    assert [u.pods[0].uid for u in offered] == [whole.pod.uid, part.pod.uid]
