@@ -670,10 +670,13 @@ class Gangs:
         tree = self.tree()
         rolled = rolled_up(tree, used) if tree is not None else {}
         owed = None  # capacity: the fair shares order queues, admit gangs, bound reclaim
+        closed = {q.name for q in self.queues.values() if q.state != "Open"}
         if tree is not None:  # (with usage weight 0, a plain water-filling of demand)
             past = rolled_up(tree, self.usage.normalized)
             k = self.policy.usage.weight
-            owed = fair(tree, self.capacity()[0], rolled_up(tree, demand), past, k)
+            # a queue that takes no new pods asks only what it holds
+            asks = {q: used.get(q, {}) if q in closed else v for q, v in demand.items()}
+            owed = fair(tree, self.capacity()[0], rolled_up(tree, asks), past, k)
         told: list[tuple[Member, Status]] = []
         ready: list[tuple[tuple[object, ...], ReadyGang]] = []
         caps = {q.name: q.capability for q in self.queues.values() if q.capability}
@@ -704,7 +707,7 @@ class Gangs:
             if tree is not None:  # capacity: each ancestor's real capability, a hard cap
                 # and, while a queue below its fair share waits, the queue's fair share:
                 # what it borrowed beyond would be reclaimed as soon as it got room
-                bar = owed if _below_fair(tree, queue, waiting, rolled, owed) else None
+                bar = owed if _below_fair(tree, queue, waiting - closed, rolled, owed) else None
                 fits = partial(_within_tree, tree, queue, rolled, bar)
             else:
                 limits: list[tuple[Resources, float]] = []

@@ -271,3 +271,14 @@ def test_only_a_gang_within_its_deserved_holds_nodes_whatever_its_fair_share() -
         g.failed([mine.pod.uid], first.attempt, unresolvable=False, now=0.0)
         [late] = g.dispatch(1000.0).ready
         assert not late.hold
+
+
+def test_a_closed_queue_asks_only_what_it_holds_and_keeps_no_one_at_their_fair_share() -> None:
+    # 4 cards; a holds 3 (deserved 2), b (deserved 2) is Closed with a pod pending: b
+    # takes no new pods, so it is owed nothing for it and a may still borrow.
+    g = tree(4, q("a", deserved=cores(200)), q("b", deserved=cores(200), state="Closed"))
+    for i in range(3):
+        bind(g, into(g, "a", f"a{i}"), CARD)
+    g.pending(into(g, "b", "b0"))
+    g.pending(into(g, "a", "a3"))
+    assert [name for name, _ in sent(g)] == ["a3"]
