@@ -75,12 +75,15 @@ clock (a pod's work is rounded up to a step). The script re-executes itself with
 PYTHONHASHSEED=0, as bench/packing.py does, so a run repeats exactly.
 
 The full run (80 nodes, 2,000 pods, 3 h in 10 s steps) takes about two minutes on 2
-cores, nearly all of it the ``capacity`` replay: that plugin sends every waiting gang on
-every step where something was released (only capability bounds it), each weighing its
-victims and the room it could make, where ``proportion`` holds back the gangs of queues
-over their share. ``--quick`` (24 nodes, 500 pods, 2 h) takes seconds. More pods per
-GPU-hour make shorter pods and a longer backlog, and the ``capacity`` replay's time grows
-with backlog times cluster size: 4,000 pods on 80 nodes over 4 h ran past ten minutes.
+cores, nearly all of it the ``capacity`` replays: that plugin sends the waiting gangs
+of a queue over its fair share on every step where something was released unless a queue
+below its own waits (only capability bounds it then), each weighing its victims and the
+room it could make, where ``proportion`` holds back the gangs of queues over their share
+whenever another queue waits. Run it with ``PYTHONPATH=.`` from a checkout whose
+``.venv`` is another checkout's: the editable install would import that one's core.
+``--quick`` (24 nodes, 500 pods, 2 h) takes seconds. More pods per GPU-hour make shorter
+pods and a longer backlog, and the ``capacity`` replay's time grows with backlog times
+cluster size: 4,000 pods on 80 nodes over 4 h ran past ten minutes.
 """
 
 from __future__ import annotations

@@ -17,7 +17,11 @@ devices (shared/core/queues.py); a gang whose queue's allocated + in-flight + ga
 would pass its capability (always) or its deserved share (while another queue has a
 gang waiting) waits while the others are served; a PodGroup not yet started counts as
 at least its ``minResources`` there (Volcano's enqueue check). A group may be sent in part: the
-members its queue allows, if they reach ``minMember``.
+members its queue allows, if they reach ``minMember``. Under ``capacity`` the tree's real
+capabilities bound a queue always, and its fair share (``hierarchy.fair``: deserved up to
+what it asks, plus its part of what others leave) while another queue below its own has
+a gang waiting: what it borrowed beyond would be reclaimed as soon as that queue got
+room (bench/fairness.py counted most of the tree's evictions there).
 
 Order. Ready gangs go by queue priority, then the queue furthest below its share, then
 pod priority, then age.
@@ -34,8 +38,10 @@ API server was out of reach, after its backoff when it refused the Binding
 (``bind_failed``), and not until it is announced again when the refusal was for its
 scheduling gates (``withdraw``).
 A gang that failed for lack of room is sent with the bound pods that may be preempted
-for it (shared/core/preemption.py ``victims``), and once it has waited past the
-starvation guard with ``hold``.
+for it (shared/core/preemption.py ``victims``: under ``capacity``, those of queues over
+their fair share, and once it has waited past the starvation guard within its deserved
+share, also of queues over their deserved), and once it has waited past the starvation
+guard with ``hold`` (under ``capacity``, only within its deserved share).
 
 Per pod::
 
@@ -67,6 +73,7 @@ from shared.core.hierarchy import (
     over_capability,
     rolled_up,
 )
+from shared.core.hierarchy import share as fair_ratio
 from shared.core.model import (
     DeviceInfo,
     GangKey,
@@ -662,11 +669,14 @@ class Gangs:
         used, demand, share = self.shares()
         tree = self.tree()
         rolled = rolled_up(tree, used) if tree is not None else {}
-        owed = None  # capacity with a memory of past use: the fair shares order queues
-        if tree is not None and self.policy.usage.weight > 0:
+        owed = None  # capacity: the fair shares order queues, admit gangs, bound reclaim
+        closed = {q.name for q in self.queues.values() if q.state != "Open"}
+        if tree is not None:  # (with usage weight 0, a plain water-filling of demand)
             past = rolled_up(tree, self.usage.normalized)
             k = self.policy.usage.weight
-            owed = fair(tree, self.capacity()[0], rolled_up(tree, demand), past, k)
+            # a queue that takes no new pods asks only what it holds
+            asks = {q: used.get(q, {}) if q in closed else v for q, v in demand.items()}
+            owed = fair(tree, self.capacity()[0], rolled_up(tree, asks), past, k)
         told: list[tuple[Member, Status]] = []
         ready: list[tuple[tuple[object, ...], ReadyGang]] = []
         caps = {q.name: q.capability for q in self.queues.values() if q.capability}
@@ -695,7 +705,10 @@ class Gangs:
             base = used.get(queue, {})
             fits: Callable[[Resources], bool]
             if tree is not None:  # capacity: each ancestor's real capability, a hard cap
-                fits = partial(_within_tree, tree, queue, rolled)
+                # and, while a queue below its fair share waits, the queue's fair share:
+                # what it borrowed beyond would be reclaimed as soon as it got room
+                bar = owed if _below_fair(tree, queue, waiting - closed, rolled, owed) else None
+                fits = partial(_within_tree, tree, queue, rolled, bar)
             else:
                 limits: list[tuple[Resources, float]] = []
                 if queue in caps:  # capability: a hard cap, always; unnamed dimensions are free
@@ -731,6 +744,8 @@ class Gangs:
             protection = Protection(
                 now, self.policy.preempt_min_runtime_s, self.policy.reclaim_min_runtime_s
             )
+            guard = self.policy.starvation_guard_s
+            starved = now - min(m.since for m in taken) >= guard
             if any(m.failed for m in taken):  # it did not fit last time: what could help?
                 if self.policy.preemption:
                     offered = victims(
@@ -748,6 +763,7 @@ class Gangs:
                         level=self.policy.ancestor_reclaim_level,
                         protection=protection,
                         owed=owed,
+                        starved=starved,
                     )
                 if self.policy.consolidation:
                     moving = movable(
@@ -762,12 +778,12 @@ class Gangs:
                     )
                 if math.isfinite(protection.soonest):
                     protected_s = protection.soonest
-                guard = self.policy.starvation_guard_s
-                hold = guard > 0 and now - min(m.since for m in taken) >= guard
-                if hold and tree is not None:  # capacity: only a gang within its share
-                    # holds nodes; one borrowing beyond it would keep them from the
-                    # queues that deserve them (bench/fairness.py found it starving them)
-                    hold = may_reclaim(tree, queue, rolled, need, 0, owed)
+                hold = guard > 0 and starved
+                if hold and tree is not None:  # capacity: only a gang within its deserved
+                    # share holds nodes; one borrowing beyond it (its fair share's surplus
+                    # included) would keep them idle from the queues that deserve them
+                    # (bench/fairness.py found it starving them, and costing allocation)
+                    hold = may_reclaim(tree, queue, rolled, need, 0)
             first = taken[0]
             order: tuple[object, ...]
             if tree is not None:
@@ -972,11 +988,36 @@ def _within_limits(base: Resources, limits: list[tuple[Resources, float]], need:
 
 
 def _within_tree(
-    tree: QueueTree, queue: str, rolled: Mapping[str, Resources], need: Resources
+    tree: QueueTree,
+    queue: str,
+    rolled: Mapping[str, Resources],
+    owed: Mapping[str, Resources] | None,
+    need: Resources,
 ) -> bool:
     """``capacity``: ``need`` more keeps the queue and every ancestor within their real
-    capability."""
+    capability, and the queue within its fair share (``owed``) when given."""
+    if owed is not None and not within(
+        add(rolled.get(queue, {}), need), owed.get(queue, {}), absent=math.inf
+    ):
+        return False
     return over_capability(tree, queue, rolled, need) is None
+
+
+def _below_fair(
+    tree: QueueTree,
+    queue: str,
+    waiting: Iterable[str],
+    rolled: Mapping[str, Resources],
+    owed: Mapping[str, Resources] | None,
+) -> bool:
+    """``capacity``: another leaf queue with a gang waiting holds less than its fair share
+    (``owed``) as ``rolled`` is now: ``queue`` may then not borrow beyond its own (the
+    tree's form of ``proportion``'s "within its deserved share while another queue
+    waits", shared/core/queues.py)."""
+    return owed is not None and any(
+        q != queue and q in owed and tree.leaf(q) and fair_ratio(tree, q, rolled, owed) < 1 - EPS
+        for q in waiting
+    )
 
 
 def _turns(

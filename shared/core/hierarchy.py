@@ -23,9 +23,15 @@ each level of the path, so a team's queues together stay within the team's own b
   checks none of those ancestors by default, so a child over its deserved is reclaimed from
   while its parent is under the parent's; Tessera checks all of them unless told a level.
 
-- **Fair shares** (``fair``), with a memory of past use (shared/core/usage.py): the
-  surplus above deserved divided top down as KAI divides it; given as ``owed``, they
-  stand for deserved in the order of turns and in reclaim.
+- **Fair shares** (``fair``): each queue's deserved up to what it asks, and the surplus
+  above divided top down as KAI divides it, by weight moved by a memory of past use
+  (shared/core/usage.py; with weight 0 a plain water-filling). Given as ``owed``, they
+  stand for deserved in the order of turns and in reclaim: a queue is reclaimed from only
+  above its fair share, never to where it could take the room straight back (with the
+  static deserved, a queue lent what another left idle was reclaimed at the margin and
+  took it back: bench/fairness.py). The coordinator also bounds admission by them while
+  a queue below its own waits, and keeps the deserved bar for a gang that waited past
+  its starvation guard (shared/core/gangs.py).
 
 Nothing here reads the cluster: the caller gives the queues and what each leaf uses.
 """

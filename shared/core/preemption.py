@@ -192,6 +192,7 @@ def victims(
     level: int = -1,
     protection: Protection | None = None,
     owed: Mapping[str, Resources] | None = None,
+    starved: bool = False,
 ) -> tuple[VictimUnit, ...]:
     """Bound pods that may be evicted for the gang ``key`` (whose waiting ``members``
     need ``need``), as units, cheapest first (Volcano's preempt and reclaim).
@@ -211,7 +212,11 @@ def victims(
     ``may_take`` allows (over their deserved share up the tree to ``level`` ancestors,
     never below a guarantee), siblings first, then cousins; what a queue gives is
     counted as it is offered, so no queue is offered below what it deserves. With
-    ``owed`` (a memory of past use: ``hierarchy.fair``), fair shares stand for deserved.
+    ``owed`` (the fair shares: ``hierarchy.fair``) they stand for deserved: a queue is
+    not taken below its fair share, where it could take the room back at once. With
+    ``owed`` and ``starved`` (the gang waited past the starvation guard), a queue within
+    its deserved share also reclaims from queues over their deserved, whatever their
+    fair share (the tree's promise, kept where fragmented room never fits the gang).
 
     With ``protection``, a unit with a pod that has not run its minimum runtime yet is
     not offered; ``protection.soonest`` says when the first such protection ends.
@@ -224,7 +229,10 @@ def victims(
     if tree is not None:
         rolled = rolled_up(tree, used)
         under = may_reclaim(tree, queue, rolled, need, level, owed)
-        reclaim = under
+        # past the starvation guard, within its deserved share it also reclaims from
+        # queues over theirs, whatever their fair share (the tree's guarantee)
+        static = starved and owed is not None and may_reclaim(tree, queue, rolled, need, level)
+        reclaim = under or static
     else:
         under = bool(queues) and within(
             add(used.get(queue, {}), need), share.get(queue, {}), absent=0.0
@@ -256,13 +264,14 @@ def victims(
             for s in unit:
                 vector = add(vector, s.vector)
             kin = 0
+            bar = "deserved" if owed is None else "fair"
             if tree is not None:
-                over = (
-                    theirs != queue
-                    and under
-                    and theirs in tree.parent
-                    and may_take(tree, queue, theirs, rolled, vector, level, owed) is None
-                )
+                over = False
+                if theirs != queue and theirs in tree.parent:
+                    if under and may_take(tree, queue, theirs, rolled, vector, level, owed) is None:
+                        over = True
+                    elif static and may_take(tree, queue, theirs, rolled, vector, level) is None:
+                        over, bar = True, "deserved"
                 kin = kinship(tree, queue, theirs) if over else 0
             else:
                 still = add(used.get(theirs, {}), reclaimed.get(theirs, {}), -1)
@@ -282,7 +291,6 @@ def victims(
             if priority < top:
                 why = f"priority {priority} < {top}"
             else:
-                bar = "deserved" if owed is None else "fair"
                 why = f'queue "{theirs}" is over its {bar} share'
                 reclaimed[theirs] = add(reclaimed.get(theirs, {}), vector)
                 if tree is not None:  # what it gives is counted up its tree

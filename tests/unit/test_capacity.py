@@ -112,13 +112,14 @@ def test_a_queue_under_its_deserved_reclaims_from_its_sibling_first_on_a_full_cl
     # One of a1's two pods: taking both would put a1 below its deserved (Volcano #4408:
     # reclaim evicted far more than was missing); b1 is within its deserved.
     assert offered in {m.pod.uid for m in hogs}
-    assert waiting.victims[0].why.startswith('queue "a1" is over its deserved share')
+    assert waiting.victims[0].why.startswith('queue "a1" is over its fair share')
 
 
 def test_a_parents_deserved_bounds_its_childrens_reclaim() -> None:
     # Volcano #5107: a1 is over its deserved (2 cards of 1) but its parent a is within its
     # own (2 of 3): b, under its deserved, may not take a1's pods; with Volcano's
-    # ancestorReclaimLevel 0 it may.
+    # ancestorReclaimLevel 0 it may (b's gang waited past the starvation guard, so the
+    # deserved bar counts: a1 is within its fair share, all of a's that a2 leaves).
     def offered(level: int) -> set[str]:
         g = tree(
             3,
@@ -195,3 +196,89 @@ def test_min_resources_beyond_the_whole_cluster_are_told() -> None:
     assert "minResources exceed what the cluster may ever hold (nvidia.cores 300 > 200)" in (
         status.message()
     )
+
+
+def test_a_queue_over_its_fair_share_waits_while_a_queue_below_its_own_waits() -> None:
+    # 4 cards; a holds 3 (deserved 2), b none (deserved 2). b's first pod did not fit
+    # (it backs off) and a second comes: b asks 2 cards, so each is owed 2. a's new pod
+    # would take a to 4, beyond its fair share while b waits below its own: it waits
+    # (borrowed, it would be reclaimed as soon as b got room). b's goes.
+    g = tree(4, q("a", deserved=cores(200)), q("b", deserved=cores(200)))
+    for i in range(3):
+        bind(g, into(g, "a", f"a{i}"), CARD)
+    first = into(g, "b", "b0")
+    g.pending(first)
+    [ready] = g.dispatch(0.0).ready
+    g.failed([first.pod.uid], ready.attempt, unresolvable=False, now=0.0)
+    g.pending(into(g, "b", "b1"))
+    g.pending(into(g, "a", "a3"))
+    assert [name for name, _ in sent(g, 0.5)] == ["b1"]
+    # with no queue below its fair share waiting, a borrows up to its real capability
+    g2 = tree(4, q("a", deserved=cores(200)), q("b", deserved=cores(200)))
+    for i in range(3):
+        bind(g2, into(g2, "a", f"a{i}"), CARD)
+    g2.pending(into(g2, "a", "a3"))
+    assert [name for name, _ in sent(g2)] == ["a3"]
+
+
+def test_reclaim_takes_toward_the_fair_share_and_past_the_guard_toward_deserved() -> None:
+    # 4 cards; a deserves 1 and holds 3, c deserves 1 and asks nothing, b deserves 2 and
+    # asks 1 card that did not fit (fragmented room, say). Fair shares: b 1, a 1 + what
+    # b and c leave = 3. a is over its deserved but within its fair share: b's gang is
+    # offered nothing (evicting would put a below its fair share, and a would take the
+    # room back). Once b's gang has waited past the starvation guard (300 s), it may
+    # reclaim from a queue over its deserved (Volcano's guarantee).
+    g = tree(
+        4,
+        q("a", deserved=cores(100)),
+        q("b", deserved=cores(200)),
+        q("c", deserved=cores(100)),
+    )
+    for i in range(3):
+        bind(g, into(g, "a", f"a{i}"), CARD)
+    mine = into(g, "b", "mine")
+    g.pending(mine)
+    [first] = g.dispatch(0.0).ready
+    g.failed([mine.pod.uid], first.attempt, unresolvable=False, now=0.0)
+    [again] = g.dispatch(10.0).ready
+    assert again.victims == ()
+    assert not again.hold
+    g.failed([mine.pod.uid], again.attempt, unresolvable=False, now=10.0)
+    [starved] = g.dispatch(1000.0).ready
+    assert starved.victims
+    assert starved.victims[0].why.startswith('queue "a" is over its deserved share')
+    assert starved.hold  # within its deserved: it holds nodes too
+
+
+def test_only_a_gang_within_its_deserved_holds_nodes_whatever_its_fair_share() -> None:
+    # 4 cards; a deserves 1 and holds 1, b deserves 3 and asks nothing: a's fair share is
+    # 2 (what b leaves), with or without a memory of past use. a's second pod failed and
+    # waited past the starvation guard: within its fair share but beyond its deserved,
+    # it does not hold nodes idle for itself (they would be kept from b, who deserves them).
+    from shared.core.usage import UsageParams
+
+    for weight in (0.0, 1.0):
+        g = tree(
+            4,
+            q("a", deserved=cores(100)),
+            q("b", deserved=cores(300)),
+            usage=UsageParams(weight=weight),
+        )
+        bind(g, into(g, "a", "a0"), CARD)
+        mine = into(g, "a", "mine")
+        g.pending(mine)
+        [first] = g.dispatch(0.0).ready
+        g.failed([mine.pod.uid], first.attempt, unresolvable=False, now=0.0)
+        [late] = g.dispatch(1000.0).ready
+        assert not late.hold
+
+
+def test_a_closed_queue_asks_only_what_it_holds_and_keeps_no_one_at_their_fair_share() -> None:
+    # 4 cards; a holds 3 (deserved 2), b (deserved 2) is Closed with a pod pending: b
+    # takes no new pods, so it is owed nothing for it and a may still borrow.
+    g = tree(4, q("a", deserved=cores(200)), q("b", deserved=cores(200), state="Closed"))
+    for i in range(3):
+        bind(g, into(g, "a", f"a{i}"), CARD)
+    g.pending(into(g, "b", "b0"))
+    g.pending(into(g, "a", "a3"))
+    assert [name for name, _ in sent(g)] == ["a3"]
