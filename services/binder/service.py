@@ -46,6 +46,7 @@ from typing import Any, Literal, NamedTuple
 
 from kubernetes_asyncio.client import ApiException
 
+from services.binder import claims
 from services.binder.nominated import Nominator
 from shared import events as ev
 from shared import kube
@@ -271,7 +272,10 @@ class Binder(Service):
                 "tessera.devices", ",".join(d.uuid for c in decided.grants for d in c.devices)
             )
             await self.nominator.settled(decided.pod.uid)
-            refused = await self._bind(decided, annotations)
+            written = await claims.reserve(self.api, decided.pod, decided.claims)
+            refused = Refused(*written) if written else await self._bind(decided, annotations)
+            if refused is not None and decided.claims and not written:
+                await claims.undo(self.api, decided.pod, decided.claims)
         if refused is None:
             self.bound.add(decided.pod.uid)
             now = time.time()

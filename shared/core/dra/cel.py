@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import operator
 import re
+import sys
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
@@ -245,7 +246,12 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     **{name: _ordered(name) for name in ("_<_", "_<=_", "_>_", "_>=_")},
 }
 
+_LIMIT = sys.getrecursionlimit()
 _ENV = celpy.Environment()
+# celpy's Environment raises the interpreter's recursion limit for the whole process
+# (to 2,500); every other reader of nested input (events, config, inventories:
+# tests/unit/test_fuzz.py) counts on the default to refuse what nests too deep.
+sys.setrecursionlimit(_LIMIT)
 
 
 class Selector:
