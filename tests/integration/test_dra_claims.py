@@ -28,6 +28,7 @@ from shared import kube
 from shared.config import NatsConfig
 from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, start_pipeline
+from tests.service.test_ops import tessera
 
 pytestmark = pytest.mark.integration
 
@@ -212,9 +213,18 @@ async def test_two_30_percent_shares_go_to_one_card(pipeline: Pipeline, ns: str)
     assert results[0]["shareID"] != results[1]["shareID"]
 
 
-async def test_a_claim_no_device_can_serve_tells_the_pod_why(pipeline: Pipeline, ns: str) -> None:
+async def test_a_claim_no_device_can_serve_tells_the_pod_why(
+    pipeline: Pipeline, ns: str, kubeconfig: Path
+) -> None:
     await create_claim(pipeline, ns, "huge", devices(memory="100Gi"))
     await pipeline.create(ns, claiming("huge", {"resourceClaimName": "huge"}))
     message = await told(pipeline, ns, "huge", "cannot allocate all claims")
     assert "outside the request policy's range" in message, message
     assert "allocation" not in (await claim(pipeline, ns, "huge")).get("status", {})
+    # tessera explain: the last attempt's reason, and the same from trying it now.
+    flags = ["--config", str(pipeline.config), "--kubeconfig", str(kubeconfig)]
+    code, out, err, _ = await tessera("explain", "pod", f"{ns}/huge", *flags)
+    assert (code, err) == (0, ""), err
+    now = out.split("Now (", 1)[1]
+    assert "cannot allocate all claims" in now, out
+    assert "outside the request policy's range" in now, out

@@ -193,3 +193,17 @@ def test_bad_claims_are_refused_with_what_is_wrong() -> None:
     )
     assert isinstance(nothing, Status)
     assert nothing.message() == "0/1 nodes are available: 1 cannot allocate all claims."
+
+
+def test_a_search_past_its_step_budget_stops_the_attempt_with_the_reason() -> None:
+    devices = [{"name": f"gpu-{i}", "attributes": {"group": {"int": i % 3}}} for i in range(24)]
+    d = dra(node_slice("n1", *devices), nodes=("n1",))
+    d.max_steps = 200
+    # Nine devices of one group where each group has eight: the search backtracks.
+    requests = [{"name": f"r{i}", "exactly": {"deviceClassName": DRIVER}} for i in range(9)]
+    spec = {"requests": requests, "constraints": [{"matchAttribute": f"{DRIVER}/group"}]}
+    stopped = d.restrict(member("p", spec))
+    assert isinstance(stopped, Status)
+    assert "timed out trying to allocate devices" in stopped.message()
+    eight = {"requests": requests[:8], "constraints": spec["constraints"]}
+    assert nodes_of(d.restrict(member("q", eight))) == ["n1"]
