@@ -27,7 +27,7 @@ from kubernetes_asyncio.client import ApiException
 from shared import kube
 from shared.config import NatsConfig
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, start_pipeline
+from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
 from tests.service.test_ops import tessera
 
 pytestmark = pytest.mark.integration
@@ -41,6 +41,7 @@ INVENTORY = {
 RESOURCE = "/apis/resource.k8s.io/v1"
 DRIVER = "dw.tessera.io"
 CLASS = "dw-gpu.tessera.io"
+GROUP = "scheduling.k8s.io/group-name"
 
 
 def card(model: str, gib: int) -> dict[str, Any]:
@@ -110,6 +111,14 @@ async def pipeline(
         await kube.request(p.api, "DELETE", f"{RESOURCE}/resourceslices/{node}-{DRIVER}")
     await kube.request(p.api, "DELETE", f"{RESOURCE}/deviceclasses/{CLASS}")
     await p.close()
+
+
+@pytest.fixture(autouse=True)
+async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
+    """Each test's claims are deleted after it (no kube-controller-manager here would
+    deallocate them): their devices are free for the next test."""
+    yield
+    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims")
 
 
 def devices(model: str = "", **capacity: str) -> dict[str, Any]:
@@ -228,3 +237,42 @@ async def test_a_claim_no_device_can_serve_tells_the_pod_why(
     now = out.split("Now (", 1)[1]
     assert "cannot allocate all claims" in now, out
     assert "outside the request policy's range" in now, out
+
+
+async def test_a_gang_whose_claims_contend_for_one_card_is_refused_whole_then_fits(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await podgroup(pipeline, ns, "pair", 2)
+    for name in ("g1", "g2"):  # each alone fits the A100; both together do not
+        await create_claim(pipeline, ns, name, devices("A100", cores="60", memory="4Gi"))
+        obj = claiming(name, {"resourceClaimName": name})
+        obj["metadata"]["annotations"] = {GROUP: "pair"}
+        await pipeline.create(ns, obj)
+    message = await told(pipeline, ns, "g1", "beside the gang's other pods")
+    assert "cannot allocate all claims on dw-b" in message, message
+    for name in ("g1", "g2"):
+        assert not (await pipeline.get(ns, name))["spec"].get("nodeName")
+        assert "allocation" not in (await claim(pipeline, ns, name)).get("status", {})
+    # The other gang member asks less: both go, their claims on the one card.
+    await pipeline.delete(ns, "g2")
+    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims/g2")
+    await create_claim(pipeline, ns, "g3", devices("A100", cores="40", memory="4Gi"))
+    obj = claiming("g3", {"resourceClaimName": "g3"})
+    obj["metadata"]["annotations"] = {GROUP: "pair"}
+    await pipeline.create(ns, obj)
+    assert await pipeline.node_of(ns, "g1") == "dw-b"
+    assert await pipeline.node_of(ns, "g3") == "dw-b"
+
+
+async def test_a_deleted_claim_gives_its_share_back(pipeline: Pipeline, ns: str) -> None:
+    await create_claim(pipeline, ns, "big", devices("A100", cores="80", memory="4Gi"))
+    await pipeline.create(ns, claiming("big", {"resourceClaimName": "big"}))
+    assert await pipeline.node_of(ns, "big") == "dw-b"
+    await create_claim(pipeline, ns, "next", devices("A100", cores="50", memory="4Gi"))
+    await pipeline.create(ns, claiming("next", {"resourceClaimName": "next"}))
+    await told(pipeline, ns, "next", "cannot allocate all claims")
+    # The pod ends and its claim is deleted (kube-controller-manager's part, played here).
+    await pipeline.delete(ns, "big")
+    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims/big")
+    placed = await pipeline.bound(ns, "next", timeout_s=60)
+    assert placed["spec"]["nodeName"] == "dw-b"
