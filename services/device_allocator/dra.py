@@ -62,6 +62,19 @@ def _status(code: Code, kind: str, detail: str, nodes: int, known: int) -> Statu
     return Status(code=code, reasons=(reason,), nodes=known)
 
 
+def _readable(kind: str, obj: Mapping[str, Any]) -> bool:
+    """The core reads it without raising (shared/core/dra/read.py)."""
+    try:
+        if kind == "slice":
+            node = str((obj.get("spec") or {}).get("nodeName") or "")
+            read.node_pools([obj], node)
+        else:
+            read.in_use([obj])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return False
+    return True
+
+
 class Dra:
     """The slices and claim allocations the allocator knows, what it assumed, and the
     per-pod decisions of the gang being placed."""
@@ -81,7 +94,12 @@ class Dra:
     # --- what the watcher sends ---------------------------------------------------------
 
     def seen(self, kind: str, key: str, obj: Mapping[str, Any] | None) -> None:
-        """A slice or a claim's allocation changed (``obj`` None: gone)."""
+        """A slice or a claim's allocation changed (``obj`` None: gone). One that
+        cannot be read (a malformed quantity, a field of the wrong type) is dropped,
+        logged: it holds or offers nothing until it changes."""
+        if obj is not None and not _readable(kind, obj):
+            log.warning("%s %s cannot be read: ignored until it changes", kind, key)
+            obj = None
         if kind == "slice":
             if obj is None:
                 self.slices.pop(key, None)

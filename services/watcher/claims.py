@@ -214,7 +214,10 @@ class ClaimReader:
         if name in ("slice", "claim"):
             keys = set()
             for obj in items:
-                keys.add(key := objects.key(obj))
+                try:
+                    keys.add(key := objects.key(obj))
+                except (KeyError, TypeError):
+                    continue  # logged below, as every unreadable object is
                 await self._forward(name, key, obj)
             for kind, key in [k for k in self.forwarded if k[0] == name and k[1] not in keys]:
                 await self._forward(kind, key, None)

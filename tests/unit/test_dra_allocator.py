@@ -207,3 +207,15 @@ def test_a_search_past_its_step_budget_stops_the_attempt_with_the_reason() -> No
     assert "timed out trying to allocate devices" in stopped.message()
     eight = {"requests": requests[:8], "constraints": spec["constraints"]}
     assert nodes_of(d.restrict(member("q", eight))) == ["n1"]
+
+
+def test_a_slice_or_claim_that_cannot_be_read_is_ignored_not_a_crash() -> None:
+    bad = node_slice("n1", card("gpu-0"))
+    bad["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
+    d = dra(bad, nodes=("n1",))
+    assert d.slices == {}
+    result = {"shareID": "s", "consumedCapacity": {"x": []}}
+    claim = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    d.seen("claim", "ns/c", claim)
+    assert d.observed == {}
+    assert isinstance(d.restrict(member("p", share())), Status)
