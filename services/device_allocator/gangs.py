@@ -31,11 +31,16 @@ from shared.core import network, pace
 from shared.core.ledger import PodGrant
 from shared.core.placement import GangMember, Placer
 from shared.core.room import Room
-from shared.core.status import Reason, Status, combined
+from shared.core.status import Code, Reason, Status, combined
 from shared.runtime import Runtime
 from shared.telemetry import span
 
 log = logging.getLogger(__name__)
+
+SPANNING = (
+    "a gang placed across allocator shards cannot allocate ResourceClaims yet: "
+    "keep a gang with claims within one shard"
+)
 
 
 class Gangs:
@@ -76,6 +81,13 @@ class Gangs:
         why not, with room made for it where it may). Sharded, a gang this shard cannot
         place goes on to the next."""
         if gang.spanning is not None:
+            if any(p.spec and p.spec.claims and p.spec.claims.allocate for p in gang.members):
+                # Placed across shards, claims would go unallocated: refused, said why.
+                why = Reason(kind="claim-allocate", detail=SPANNING, nodes=0, plugin=PLUGIN)
+                across = Status(code=Code.UNRESOLVABLE, reasons=(why,))
+                pods = tuple(p.pod for p in gang.members)
+                await self.rt.bus.publish(outcomes.failed(gang, pods, across, self.refused))
+                return
             await self.spans.place(gang, self.guard, time.monotonic())
             return
         if self.spans.repeat(gang):
