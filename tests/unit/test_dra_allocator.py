@@ -213,9 +213,29 @@ def test_a_slice_or_claim_that_cannot_be_read_is_ignored_not_a_crash() -> None:
     bad = node_slice("n1", card("gpu-0"))
     bad["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
     d = dra(bad, nodes=("n1",))
-    assert d.slices == {}
+    assert d.slices.by_name == {}
     result = {"shareID": "s", "consumedCapacity": {"x": []}}
     claim = {"status": {"allocation": {"devices": {"results": [result]}}}}
     d.seen("claim", "ns/c", claim)
     assert d.observed == {}
     assert isinstance(d.restrict(member("p", share())), Status)
+
+
+def test_a_slice_change_forgets_only_its_nodes_pools() -> None:
+    d = dra(node_slice("n1", card("gpu-0")), node_slice("n2", card("gpu-0")))
+    first = {n: d.pools(n) for n in ("n1", "n2")}
+    newer = node_slice("n1", card("gpu-0"), card("gpu-1"))
+    newer["spec"]["pool"]["generation"] = 2
+    d.seen("slice", newer["metadata"]["name"], newer)
+    assert d.pools("n2") is first["n2"]  # kept
+    [pool] = d.pools("n1")
+    assert [dev.name for s in pool.slices for dev in s.devices] == ["gpu-0", "gpu-1"]
+    assert d.slices.of("n2") == [node_slice("n2", card("gpu-0"))]
+    everywhere = node_slice("x", card("gpu-9"))
+    everywhere["spec"].pop("nodeName")
+    everywhere["spec"]["allNodes"] = True
+    d.seen("slice", "x", everywhere)
+    assert len(d.pools("n2")) == 2  # its own pool and the one every node sees
+    d.seen("slice", "x", None)
+    assert d.slices.everywhere == {}
+    assert len(d.pools("n2")) == 1
