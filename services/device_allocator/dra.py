@@ -315,6 +315,15 @@ class Dra:
         self._in_use = None
         return None
 
+    def restore(self, claims: Mapping[PodUID, tuple[ev.ClaimAllocation, ...]]) -> None:
+        """What open reservations held at start (services/device_allocator/reservations.py),
+        less the claims already seen allocated."""
+        for uid, held in claims.items():
+            kept = tuple(c for c in held if f"{c.namespace}/{c.name}" not in self.observed)
+            if kept:
+                self.assumed[uid] = kept
+        self._in_use = None
+
     def release(self, uid: PodUID) -> None:
         """The pod's assumed claims are given back (its bind failed, timed out, or it is
         gone); claims already seen allocated are given back when the watcher sees them

@@ -118,7 +118,12 @@ class Gangs:
                 self._count(gang, placed, decided, failed, time.perf_counter() - started)
                 if placed:
                     # Durable before any decision goes out (a restart rebuilds them).
-                    await asyncio.gather(*(self.reserved.put(g, gang.attempt) for g in placed))
+                    await asyncio.gather(
+                        *(
+                            self.reserved.put(g, gang.attempt, self.dra.decided(g.pod.uid))
+                            for g in placed
+                        )
+                    )
                     for grant in placed:
                         claims = self.dra.decided(grant.pod.uid)
                         decided.append(outcomes.decided(grant, gang, claims))

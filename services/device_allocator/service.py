@@ -229,6 +229,7 @@ class Allocator(Service):
                 len(read),
             )
             reserved = await self.reserved.load(self.ledger, mine)
+            self.dra.restore({uid: r.claims for uid, r in self.reserved.open.items() if r.claims})
         log.info(
             "ledger rebuilt%s: %d nodes, %d devices, %d bound pods, %d reservations",
             f" for shard {self.shard}" if self.shard else "",

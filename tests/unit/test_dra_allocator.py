@@ -239,3 +239,14 @@ def test_a_slice_change_forgets_only_its_nodes_pools() -> None:
     d.seen("slice", "x", None)
     assert d.slices.everywhere == {}
     assert len(d.pools("n2")) == 1
+
+
+def test_claims_held_by_open_reservations_are_held_again_after_a_restart() -> None:
+    d = dra(node_slice("n1", card("gpu-0")), nodes=("n1",))
+    m = member("a", share(cores="60", memory="4Gi"))
+    d.restrict(m)
+    assert d.assume([(m.pod.uid, "n1")]) is None
+    held = {m.pod.uid: d.decided(m.pod.uid)}
+    restarted = dra(node_slice("n1", card("gpu-0")), nodes=("n1",))
+    restarted.restore(held)
+    assert isinstance(restarted.restrict(member("b", share(cores="60", memory="4Gi"))), Status)
