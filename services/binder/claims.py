@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 CONFLICT_RETRIES = 5
+DENIED = 'cannot update resource "resourceclaims/'
+"""What the API server writes when the binder's own account may not write a claim's
+allocation (deploy/kustomize/base/rbac.yaml lacks a verb): the operator's to fix."""
 
 
 def _path(claim: ev.ClaimAllocation) -> str:

@@ -323,8 +323,8 @@ class Binder(Service):
         )
         if refused.cause != "refused":
             return  # nothing the owner can do: gated, gone, bound elsewhere, out of reach
-        if DENIED in refused.why:
-            log.error("the binder's account may not bind pods: %s", refused.why)
+        if DENIED in refused.why or claims.DENIED in refused.why:
+            log.error("the binder's account may not bind pods or write claims: %s", refused.why)
             return
         await self.tell_unschedulable(
             decided.pod, f"Binding to {decided.node} refused; placed again later: {refused.why}"
