@@ -250,3 +250,46 @@ def test_claims_held_by_open_reservations_are_held_again_after_a_restart() -> No
     restarted = dra(node_slice("n1", card("gpu-0")), nodes=("n1",))
     restarted.restore(held)
     assert isinstance(restarted.restrict(member("b", share(cores="60", memory="4Gi"))), Status)
+
+
+def test_the_node_agents_slice_and_the_shipped_classes_serve_shares_and_mig() -> None:
+    """The node agent's own slice (services/node_agent/dra/slices.py) and the DeviceClasses
+    of deploy/kustomize/components/dra: a 30 % / 4 GiB share of the card, handed to the
+    container as that share; a MIG instance whole."""
+    from pathlib import Path
+
+    import yaml
+
+    from services.node_agent.dra.slices import dra_devices, grant_of, resource_slice
+    from tests.unit.test_dra import A100_MIG, CFG, H100, NODE
+
+    shipped = Path(__file__).resolve().parents[2] / "deploy/kustomize/components/dra"
+    classes = {
+        c["metadata"]["name"]: c
+        for c in yaml.safe_load_all((shipped / "deviceclasses.yaml").read_text())
+    }
+    body = resource_slice(CFG, NODE, (H100, A100_MIG), generation=1)
+    d = dra(body, nodes=(str(NODE),))
+
+    def asking(name: str, cls: str, **capacity: str) -> GangMember:
+        exactly: dict[str, Any] = {"deviceClassName": cls}
+        if capacity:
+            exactly["capacity"] = {"requests": capacity}
+        spec = {"requests": [{"name": "gpu", "exactly": exactly}]}
+        claims = Claims(allocate=(DraClaim("ns", name, "u", spec),), classes=classes)
+        return GangMember(
+            pod=ref(name), request=request({}), spec=PodSpec(namespace="ns", claims=claims)
+        )
+
+    pod = asking("share", "gpu.tessera.io", cores="30", memory="4Gi")
+    assert not isinstance(d.restrict(pod), Status)
+    assert d.assume([(pod.pod.uid, str(NODE))]) is None
+    [result] = d.decided(pod.pod.uid)[0].allocation["devices"]["results"]
+    by_name = {x.name: x for x in dra_devices(CFG, NODE, (H100, A100_MIG))}
+    grant = grant_of(by_name[result["device"]], result["consumedCapacity"])
+    assert (grant.uuid, grant.memory_mib, grant.cores) == (H100.uuid, 4096, 30)
+    mig = asking("mig", "mig.tessera.io")
+    assert not isinstance(d.restrict(mig), Status)
+    assert d.assume([(mig.pod.uid, str(NODE))]) is None
+    [result] = d.decided(mig.pod.uid)[0].allocation["devices"]["results"]
+    assert by_name[result["device"]].mig is not None
