@@ -158,6 +158,9 @@ async def claim(p: Pipeline, ns: str, name: str) -> dict[str, Any]:
 
 
 async def told(p: Pipeline, ns: str, name: str, text: str) -> str:
+    """The FailedScheduling Event naming ``text`` (waiting for it), and the same in the
+    pod's ``PodScheduled`` condition; the pod is not bound."""
+
     async def event() -> str | None:
         for e in await p.events(ns, name):
             if e["reason"] == "FailedScheduling" and text in e["message"]:
@@ -165,7 +168,11 @@ async def told(p: Pipeline, ns: str, name: str, text: str) -> str:
         return None
 
     message = await eventually(event, what=f"FailedScheduling on {name} saying {text!r}")
-    assert not (await p.get(ns, name))["spec"].get("nodeName")
+    obj = await p.get(ns, name)
+    assert not obj["spec"].get("nodeName")
+    [cond] = [c for c in obj["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+    assert text in cond["message"]
     return message
 
 
