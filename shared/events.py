@@ -534,6 +534,9 @@ class ClaimAllocation(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     uid: str
     allocation: dict[str, Any]
+    reserve_only: bool = False
+    """Allocated before (by anyone): only the pod is added to ``reservedFor``, and a
+    failed Binding leaves the allocation as it was."""
 
 
 class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decided"):

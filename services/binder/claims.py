@@ -103,7 +103,8 @@ async def _reserve(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocati
             reserved = status.get("reservedFor") or []
             if allocation and any(r.get("uid") == pod.uid for r in reserved):
                 return ""  # written before (a decision delivered again)
-            status["allocation"] = claim.allocation
+            if not allocation:
+                status["allocation"] = claim.allocation
             status["reservedFor"] = [*reserved, _consumer(pod)]
             return None
 
@@ -125,7 +126,9 @@ async def undo(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocation, 
         def change(status: dict[str, Any], claim: ev.ClaimAllocation = claim) -> str | None:
             before = status.get("reservedFor") or []
             reserved = [r for r in before if r.get("uid") != pod.uid]
-            ours = _results(status.get("allocation")) == _results(claim.allocation)
+            ours = not claim.reserve_only and _results(status.get("allocation")) == _results(
+                claim.allocation
+            )
             if len(reserved) == len(before) and not (ours and not reserved):
                 return ""  # nothing of this pod's to undo
             if reserved:

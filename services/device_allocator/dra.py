@@ -154,6 +154,8 @@ class Dra:
         self._pools: dict[str, list[Pool]] = {}
         self._in_use: InUse | None = None
         self._prepared: dict[PodUID, tuple[Prepared, tuple[DraClaim, ...]]] = {}
+        self._reserving: dict[PodUID, tuple[DraClaim, ...]] = {}
+        """The members' claims allocated already, to reserve for them."""
         """The members of the gang being placed: their claims, prepared."""
 
     # --- what the watcher sends ---------------------------------------------------------
@@ -196,8 +198,12 @@ class Dra:
         """What the observed and assumed allocations hold."""
         if self._in_use is None:
             objs: list[Mapping[str, Any]] = list(self.observed.values())
-            for claims in self.assumed.values():
-                objs.extend({"status": {"allocation": c.allocation}} for c in claims)
+            for claims in self.assumed.values():  # those not seen allocated yet
+                objs.extend(
+                    {"status": {"allocation": c.allocation}}
+                    for c in claims
+                    if f"{c.namespace}/{c.name}" not in self.observed
+                )
             self._in_use = read.in_use(objs)
         return self._in_use
 
@@ -244,11 +250,14 @@ class Dra:
     def begin(self) -> None:
         """A gang is about to be placed: what was prepared for an earlier one goes."""
         self._prepared.clear()
+        self._reserving.clear()
 
     def restrict(self, member: GangMember) -> GangMember | Status:
         """``member`` limited to the nodes where its claims can be allocated now, or why
         none fits; unchanged without claims to allocate."""
         claims = member.spec.claims if member.spec is not None else None
+        if claims is not None and claims.reserve:
+            self._reserving[member.pod.uid] = claims.reserve
         if claims is None or not claims.allocate:
             return member
         prep = self._prepare(member)
@@ -291,17 +300,29 @@ class Dra:
         in_use = self.in_use()
         made: dict[PodUID, tuple[ev.ClaimAllocation, ...]] = {}
         for uid, node in placed:
+            reserving = tuple(
+                ev.ClaimAllocation(
+                    namespace=c.namespace,
+                    name=c.name,
+                    uid=c.uid,
+                    allocation=c.allocation or {},
+                    reserve_only=True,
+                )
+                for c in self._reserving.pop(uid, ())
+            )
+            if reserving:
+                made[uid] = reserving
             found = self._prepared.pop(uid, None)
             if found is None:
                 continue
             prep, claims = found
             out = allocate(prep, node, self.pools(node), in_use, max_steps=self.max_steps)
             if out.allocations is None:
-                self._prepared.clear()
+                self.begin()
                 text = f"{out.reason} on {node} beside the gang's other pods"
                 return _status(Code.UNSCHEDULABLE, "claim-allocate", text, 1, len(self.hosts.nodes))
             in_use = in_use.plus(out.allocations)
-            made[uid] = tuple(
+            made[uid] = reserving + tuple(
                 ev.ClaimAllocation(
                     namespace=claim.namespace,
                     name=claim.name,
@@ -310,7 +331,7 @@ class Dra:
                 )
                 for claim, a in zip(claims, out.allocations, strict=True)
             )
-        self._prepared.clear()
+        self.begin()
         self.assumed.update(made)
         self._in_use = None
         return None

@@ -95,6 +95,8 @@ class ResourceClaim(msgspec.Struct, frozen=True, omit_defaults=True):
     uid: str = ""
     devices: dict[str, Any] = msgspec.field(default_factory=dict)
     """``spec.devices``: what Tessera allocates when the claim is not allocated."""
+    allocation: dict[str, Any] | None = None
+    """``status.allocation`` as written (the binder reserves an allocated claim)."""
     deleting: bool = False
     owner: str = ""
     allocated: bool = False
@@ -227,6 +229,7 @@ def claim_record(obj: Mapping[str, Any]) -> ResourceClaim:
         deleting=bool(meta.get("deletionTimestamp")),
         owner=_owner(meta),
         allocated=allocation is not None,
+        allocation=allocation,
         nodes=None if selector is None else node_terms(selector),
         reserved=tuple(str(r.get("uid", "")) for r in status.get("reservedFor") or ()),
     )
@@ -317,6 +320,7 @@ def _claims(uses: Uses, read: Read) -> Claims:
         return volumes
     devices = []
     allocate: list[DraClaim] = []
+    reserve: list[DraClaim] = []
     classes: dict[str, dict[str, Any]] = {}
     # DynamicResources' PreFilter: each claim allocated and reserved for the pod, or
     # not allocated: the allocator allocates it (services/device_allocator/dra.py).
@@ -328,8 +332,10 @@ def _claims(uses: Uses, read: Read) -> Claims:
                 if isinstance(found, ApiObject):
                     classes[name] = found.obj
             continue
-        if uses.uid not in claim.reserved:
-            return _wait("DynamicResources", "claim-unreserved", f"{uses.namespace}/{use.claim}")
+        if uses.uid not in claim.reserved:  # the binder reserves it for the pod
+            reserve.append(
+                DraClaim(uses.namespace, use.claim, claim.uid, allocation=claim.allocation)
+            )
         if claim.nodes is not None:
             devices.append(claim.nodes)
     return Claims(
@@ -337,6 +343,7 @@ def _claims(uses: Uses, read: Read) -> Claims:
         zones=volumes[1],
         devices=tuple(devices),
         allocate=tuple(allocate),
+        reserve=tuple(reserve),
         classes=classes,
     )
 

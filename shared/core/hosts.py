@@ -259,6 +259,9 @@ class DraClaim(msgspec.Struct, frozen=True, omit_defaults=True):
     uid: str
     devices: dict[str, Any] = msgspec.field(default_factory=dict)
     """Its ``spec.devices`` as the API server holds it (read by shared/core/dra/read.py)."""
+    allocation: dict[str, Any] | None = None
+    """Its ``status.allocation``, for a claim allocated (by anyone) but not reserved for
+    the pod yet: the binder adds the pod to ``reservedFor`` (``Claims.reserve``)."""
 
 
 class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -279,6 +282,9 @@ class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
     allocate: tuple[DraClaim, ...] = ()
     """The pod's ResourceClaims not allocated yet, in the pod's order: the allocator
     allocates them on the node it chooses (DynamicResources' place)."""
+    reserve: tuple[DraClaim, ...] = ()
+    """The pod's ResourceClaims allocated but not reserved for it: the binder reserves
+    them for the pod before its Binding, as DynamicResources' PreBind does."""
     classes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     """The DeviceClasses those claims name, as API objects, by name (one that does not
     exist is absent: the pod is refused with its name)."""

@@ -90,9 +90,6 @@ _TEXT: dict[str, str] = {
     "pvc-delayed": "pod uses PersistentVolumeClaim {detail}, whose StorageClass {resource} "
     "binds it only once a node is chosen (volumeBindingMode: WaitForFirstConsumer); Tessera "
     "does not choose nodes for volumes yet: use kube-scheduler for this pod",
-    "claim-unreserved": "pod uses ResourceClaim {detail}, which is allocated but not reserved "
-    "for it (status.reservedFor); Tessera does not reserve DRA claims yet: use kube-scheduler "
-    "for this pod",
     # --- devices ---------------------------------------------------------------------
     "device-insufficient": "insufficient {resource}",
     "type-excluded": "gpu type excluded",
@@ -162,7 +159,6 @@ _HINT: dict[str, str] = {
     "claim-class": "create the DeviceClass, or name one that exists",
     "claim-allocate": "change the claim's request (class, selectors, capacity), or wait for "
     "devices to be freed or published",
-    "claim-unreserved": "schedule the pod with kube-scheduler",
     "type-excluded": "the pod's gpu type annotations exclude this model",
     "uuid-excluded": "the pod's gpu uuid annotations exclude these cards",
     "index-excluded": "the pod's gpu index selection excludes these cards",

@@ -183,11 +183,14 @@ async def test_a_claim_allocated_and_reserved_for_the_pod_takes_it_to_its_device
     await create_claim(pipeline, ns, "gpu")
     made = await pipeline.create(ns, claiming("dra", claims=("gpu",)))
     await told(pipeline, ns, "dra", "does not exist")
-    # Allocated by someone else, but not reserved for the pod: the kubelet would refuse it.
+    # Allocated by someone else, not reserved for the pod: the binder reserves it for the
+    # pod before binding it (the kubelet refuses a pod its claim is not reserved for).
     await allocate(pipeline, ns, "gpu", "cl-b")
-    await told(pipeline, ns, "dra", "which is allocated but not reserved for it")
-    await allocate(pipeline, ns, "gpu", "cl-b", reserved_for=made)
     assert await pipeline.node_of(ns, "dra") == "cl-b"
+    path = f"{RESOURCE}/namespaces/{ns}/resourceclaims/gpu"
+    status = (await kube.request(pipeline.api, "GET", path))["status"]
+    assert [r["uid"] for r in status["reservedFor"]] == [made["metadata"]["uid"]]
+    assert status["allocation"]["devices"]["results"][0]["pool"] == "cl-b"
 
 
 async def test_an_unbound_immediate_claim_waits_then_the_pod_goes_where_its_volume_is(

@@ -283,3 +283,21 @@ async def test_a_deleted_claim_gives_its_share_back(pipeline: Pipeline, ns: str)
     await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims/big")
     placed = await pipeline.bound(ns, "next", timeout_s=60)
     assert placed["spec"]["nodeName"] == "dw-b"
+
+
+async def test_one_claim_named_by_two_pods_is_allocated_once_and_reserved_for_both(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await create_claim(pipeline, ns, "both", devices("H100", cores="30", memory="4Gi"))
+    made = [
+        await pipeline.create(ns, claiming(name, {"resourceClaimName": "both"}))
+        for name in ("u1", "u2")
+    ]
+    for name in ("u1", "u2"):
+        placed = await pipeline.bound(ns, name, timeout_s=60)
+        assert placed["spec"]["nodeName"] == "dw-a"
+    status = (await claim(pipeline, ns, "both"))["status"]
+    assert len(status["allocation"]["devices"]["results"]) == 1
+    assert sorted(r["uid"] for r in status["reservedFor"]) == sorted(
+        m["metadata"]["uid"] for m in made
+    )

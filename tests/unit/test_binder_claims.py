@@ -88,3 +88,19 @@ async def test_undo_leaves_a_claim_another_pod_shares(api: FakeApi) -> None:
     assert len(api.obj["status"]["reservedFor"]) == 2
     await claims.undo(object(), pod, DECIDED)  # type: ignore[arg-type]
     assert api.obj["status"] == {"allocation": ALLOCATION, "reservedFor": [other]}
+
+
+async def test_a_claim_allocated_by_another_is_only_reserved_and_undo_keeps_it(
+    api: FakeApi,
+) -> None:
+    api.obj["status"] = {"allocation": ALLOCATION}
+    theirs = (
+        ev.ClaimAllocation(
+            namespace="ns", name="c", uid="u1", allocation=ALLOCATION, reserve_only=True
+        ),
+    )
+    pod = ref("p")
+    assert await claims.reserve(object(), pod, theirs) is None  # type: ignore[arg-type]
+    assert [r["uid"] for r in api.obj["status"]["reservedFor"]] == [pod.uid]
+    await claims.undo(object(), pod, theirs)  # type: ignore[arg-type]
+    assert api.obj["status"] == {"allocation": ALLOCATION}

@@ -260,11 +260,15 @@ def test_an_unallocated_resource_claim_is_listed_for_the_allocator_with_its_clas
 def test_resource_claims_wait_until_allocated_and_reserved_for_the_pod() -> None:
     uses = pod(claims=[{"name": "gpu", "resourceClaimName": "gpu"}])
     assert waits(Objects(), uses) == 'could not find ResourceClaim "ns/gpu"'
-    assert waits(Objects(("claim", claim("gpu", node="n1", reserved=()))), uses) == (
-        "pod uses ResourceClaim ns/gpu, which is allocated but not reserved for it "
-        "(status.reservedFor); Tessera does not reserve DRA claims yet: use kube-scheduler "
-        "for this pod"
+    # Allocated (by anyone) but not reserved for the pod: the binder reserves it.
+    unreserved = Objects(("claim", claim("gpu", node="n1", reserved=()))).verdict(uses)
+    assert unreserved.wait is None
+    [reserve] = unreserved.reserve
+    assert (reserve.name, reserve.allocation) == (
+        "gpu",
+        claim("gpu", node="n1")["status"]["allocation"],
     )
+    assert len(unreserved.devices) == 1  # and it still goes only where the claim was allocated
     template = pod(claims=[{"name": "gpu", "resourceClaimTemplateName": "t"}])
     assert waits(Objects(), template) == 'pod "ns/p": ResourceClaim not created yet'
     made = pod(

@@ -293,3 +293,36 @@ def test_the_node_agents_slice_and_the_shipped_classes_serve_shares_and_mig() ->
     assert d.assume([(mig.pod.uid, str(NODE))]) is None
     [result] = d.decided(mig.pod.uid)[0].allocation["devices"]["results"]
     assert by_name[result["device"]].mig is not None
+
+
+def test_a_claim_allocated_but_not_reserved_is_reserved_for_the_pod_not_counted_twice() -> None:
+    d = dra(node_slice("n1", card("gpu-0")), nodes=("n1",))
+    allocation = {
+        "devices": {
+            "results": [
+                {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": "n1",
+                    "device": "gpu-0",
+                    "shareID": "s",
+                    "consumedCapacity": {"cores": "60", "memory": "1Gi"},
+                }
+            ]
+        }
+    }
+    d.seen("claim", "ns/shared", {"status": {"allocation": allocation}})
+    pod = GangMember(
+        pod=ref("p"),
+        request=request({}),
+        spec=PodSpec(
+            namespace="ns",
+            claims=Claims(reserve=(DraClaim("ns", "shared", "u", allocation=allocation),)),
+        ),
+    )
+    assert d.restrict(pod) is pod
+    assert d.assume([(pod.pod.uid, "n1")]) is None
+    [held] = d.decided(pod.pod.uid)
+    assert (held.name, held.reserve_only, held.allocation) == ("shared", True, allocation)
+    # Its 60 % count once: a 40 % share still fits beside it.
+    assert nodes_of(d.restrict(member("q", share(cores="40", memory="1Gi")))) == ["n1"]
