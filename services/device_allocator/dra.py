@@ -10,7 +10,9 @@ applies (shared/core/plugins/dynamic_resources.py); no node fits: the gang is re
 with the reason. Once the core has placed the gang, :meth:`Dra.assume` allocates each
 member's claims on its node, members in order, each seeing what the ones before took
 (``InUse.plus``): all or nothing. A gang whose members contend for one node's devices
-is refused then, not placed elsewhere (the core's gang search does not see DRA).
+is refused then, not placed elsewhere (the core's gang search does not see DRA). A
+member's claims allocated already but not reserved for it (``Claims.reserve``) ride
+along as ``reserve_only``: the binder only adds the pod to their ``reservedFor``.
 
 One claim's states here (the ledger's own for grants: services/device_allocator/service.py)::
 
@@ -154,9 +156,9 @@ class Dra:
         self._pools: dict[str, list[Pool]] = {}
         self._in_use: InUse | None = None
         self._prepared: dict[PodUID, tuple[Prepared, tuple[DraClaim, ...]]] = {}
-        self._reserving: dict[PodUID, tuple[DraClaim, ...]] = {}
-        """The members' claims allocated already, to reserve for them."""
         """The members of the gang being placed: their claims, prepared."""
+        self._reserving: dict[PodUID, tuple[DraClaim, ...]] = {}
+        """The members' claims allocated already (``Claims.reserve``), to reserve for them."""
 
     # --- what the watcher sends ---------------------------------------------------------
 
