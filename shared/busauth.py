@@ -74,6 +74,7 @@ ROLES: Mapping[str, Role] = {
             ev.NodeUpdated,
             ev.NodeDeleted,
             ev.NamespaceUpdated,
+            ev.DraObject,
             ev.PodGroupUpdated,
             ev.PodGroupDeleted,
             ev.HyperNodeUpdated,

@@ -291,6 +291,20 @@ class NodeUpdated(Event, frozen=True, kw_only=True, tag="node.updated"):
     spec: NodeSpec | None = None
 
 
+DraKind = Literal["slice", "claim"]
+
+
+class DraObject(Event, frozen=True, kw_only=True, tag="dra.object"):
+    """A DRA object the allocator reads (services/device_allocator/dra.py), as the watcher
+    saw it: a ResourceSlice (``slice``, by name) or a ResourceClaim's allocation
+    (``claim``, by ``namespace/name``: only ``metadata`` and ``status.allocation``).
+    ``obj`` None: deleted, or a claim no longer allocated."""
+
+    kind: DraKind
+    key: str
+    obj: dict[str, Any] | None = None
+
+
 class NamespaceUpdated(Event, frozen=True, kw_only=True, tag="namespace.updated"):
     """A namespace's labels (pod affinity terms may select namespaces by label)."""
 
@@ -511,6 +525,20 @@ class GangSpan(Event, frozen=True, kw_only=True, tag="gang.span"):
 # --- allocations (the public API) ----------------------------------------------------
 
 
+class ClaimAllocation(msgspec.Struct, frozen=True, kw_only=True):
+    """A ResourceClaim the allocator allocated for a pod: the binder writes
+    ``allocation`` as its ``status.allocation``, with the pod in ``status.reservedFor``,
+    before the Binding (services/binder/claims.py)."""
+
+    namespace: str
+    name: str
+    uid: str
+    allocation: dict[str, Any]
+    reserve_only: bool = False
+    """Allocated before (by anyone): only the pod is added to ``reservedFor``, and a
+    failed Binding leaves the allocation as it was."""
+
+
 class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decided"):
     """The allocator placed one pod and reserved its devices; the binder writes it."""
 
@@ -522,6 +550,8 @@ class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decide
     attempt: int = 1
     created_at: float = 0.0
     """The pod's creation (its PodPending's): the binder measures creation to bind."""
+    claims: tuple[ClaimAllocation, ...] = ()
+    """The pod's ResourceClaims Tessera allocated: written before the Binding."""
 
 
 class ReasonCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -672,6 +702,7 @@ AnyEvent = (
     | NodeUpdated
     | NodeDeleted
     | NamespaceUpdated
+    | DraObject
     | PodGroupUpdated
     | PodGroupDeleted
     | HyperNodeUpdated

@@ -240,6 +240,11 @@ def sample_events() -> list[ev.Event]:
         ),
         ev.NodeDeleted(node=node),
         ev.NamespaceUpdated(name="ml", labels={"team": "research"}),
+        ev.DraObject(
+            kind="slice",
+            key="node-7-gpu.tessera.io",
+            obj={"metadata": {"name": "node-7-gpu.tessera.io"}, "spec": {"driver": "d"}},
+        ),
         ev.PodGroupUpdated(
             namespace="ml",
             name="job-a",
@@ -339,6 +344,19 @@ def sample_events() -> list[ev.Event]:
             ),
         ),
         ev.AllocationDecided(pod=pod(), node=node, grants=GRANTS, gang=GANG, attempt=2),
+        ev.AllocationDecided(
+            pod=pod(),
+            node=node,
+            grants=(),
+            claims=(
+                ev.ClaimAllocation(
+                    namespace="ml",
+                    name="train-0-gpu",
+                    uid="c1",
+                    allocation={"devices": {"results": [{"request": "gpu", "device": "gpu-0"}]}},
+                ),
+            ),
+        ),
         ev.AllocationFailed.of(
             (pod(), pod("train-1")),
             Status(

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
 
     from shared import kube
+    from shared.core.hosts import Claims
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -724,9 +725,47 @@ def explain_text(
     return "\n".join(lines) + "\n\n" + explain_table(answer, limit)
 
 
-def explain_query(cfg: Config, pod: dict[str, Any]) -> views.ExplainQuery | list[RequestError]:
-    """The pod parsed as the watcher parses it (its request, node-fit spec and group),
-    or the errors that make its request invalid."""
+_CLAIMED = {
+    "pvc": "/api/v1/namespaces/{}/persistentvolumeclaims/{}",
+    "pv": "/api/v1/persistentvolumes/{}",
+    "class": "/apis/storage.k8s.io/v1/storageclasses/{}",
+    "claim": "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}",
+    "dclass": "/apis/resource.k8s.io/v1/deviceclasses/{}",
+}
+"""Where each kind of object a pod's claims verdict reads is (shared/core/claims.py keys)."""
+
+
+async def claims_verdict(api: kube.Client, pod: dict[str, Any]) -> Claims | None:
+    """What the pod's volumes and resource claims allow, as the watcher decides it
+    (services/watcher/claims.py), from the objects read now; None: it claims nothing."""
+    from shared.core import claims as core
+
+    uses = core.pod_uses(pod)
+    if uses is None:
+        return None
+    records: dict[str, Callable[[dict[str, Any]], core.Record]] = {
+        "pvc": core.pvc_record,
+        "pv": core.pv_record,
+        "class": core.class_record,
+        "claim": core.claim_record,
+        "dclass": core.api_object,
+    }
+    known: dict[core.Key, core.Record | None] = {}
+    while True:  # each object read may name more (a claim its class, a volume its PV)
+        found, reads = core.claims_of(uses, lambda key: known.get(key))
+        missing = [key for key in reads if key not in known]
+        if not missing:
+            return found
+        for kind, key in missing:
+            obj = await api_get(api, _CLAIMED[kind].format(*key.split("/")))
+            known[kind, key] = None if obj is None else records[kind](obj)
+
+
+def explain_query(
+    cfg: Config, pod: dict[str, Any], claims: Claims | None = None
+) -> views.ExplainQuery | list[RequestError]:
+    """The pod parsed as the watcher parses it (its request, node-fit spec and group,
+    with ``claims``, its claims' verdict), or the errors that make its request invalid."""
     from services.watcher.translate import pending_event
     from shared import kube
     from shared.config import request_parser
@@ -738,7 +777,10 @@ def explain_query(cfg: Config, pod: dict[str, Any]) -> views.ExplainQuery | list
     if not isinstance(parsed, PodRequest):
         return list(parsed)
     ref = kube.pod_ref(pod)
-    pending = pending_event(pod, ref, parsed, pod_spec(pod, frozenset(parser.table.by_name)))
+    spec = pod_spec(pod, frozenset(parser.table.by_name))
+    if claims is not None:
+        spec = msgspec.structs.replace(spec, claims=claims)
+    pending = pending_event(pod, ref, parsed, spec)
     return views.ExplainQuery(pod=ref, request=parsed, spec=pending.spec, group=pending.group)
 
 
@@ -831,6 +873,7 @@ async def _explain(args: argparse.Namespace) -> int:
         pod = await api_get(api, f"/api/v1/namespaces/{namespace}/pods/{name}")
         if pod is None:
             raise Failed(f"pod {namespace}/{name} not found (at {api.host})")
+        claims = await claims_verdict(api, pod)
         found = await api_get(
             api,
             f"/api/v1/namespaces/{namespace}/events",
@@ -845,7 +888,7 @@ async def _explain(args: argparse.Namespace) -> int:
     answer: Answer = None
     placed = (pod.get("spec") or {}).get("nodeName")
     if not placed and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-        query = explain_query(cfg, pod)
+        query = explain_query(cfg, pod, claims)
         if isinstance(query, views.ExplainQuery):
             async with bus(nats_of(cfg, args)) as nc:
                 answer = await ask(

@@ -46,6 +46,7 @@ from typing import Any, Literal, NamedTuple
 
 from kubernetes_asyncio.client import ApiException
 
+from services.binder import claims
 from services.binder.nominated import Nominator
 from shared import events as ev
 from shared import kube
@@ -271,7 +272,10 @@ class Binder(Service):
                 "tessera.devices", ",".join(d.uuid for c in decided.grants for d in c.devices)
             )
             await self.nominator.settled(decided.pod.uid)
-            refused = await self._bind(decided, annotations)
+            written = await claims.reserve(self.api, decided.pod, decided.claims)
+            refused = Refused(*written) if written else await self._bind(decided, annotations)
+            if refused is not None and decided.claims and not written:
+                await claims.undo(self.api, decided.pod, decided.claims)
         if refused is None:
             self.bound.add(decided.pod.uid)
             now = time.time()
@@ -319,8 +323,8 @@ class Binder(Service):
         )
         if refused.cause != "refused":
             return  # nothing the owner can do: gated, gone, bound elsewhere, out of reach
-        if DENIED in refused.why:
-            log.error("the binder's account may not bind pods: %s", refused.why)
+        if DENIED in refused.why or claims.DENIED in refused.why:
+            log.error("the binder's account may not bind pods or write claims: %s", refused.why)
             return
         await self.tell_unschedulable(
             decided.pod, f"Binding to {decided.node} refused; placed again later: {refused.why}"

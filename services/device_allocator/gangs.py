@@ -21,6 +21,7 @@ from collections.abc import Collection
 import msgspec
 
 from services.device_allocator import outcomes
+from services.device_allocator.dra import PLUGIN, Dra
 from services.device_allocator.fabric import Fabric
 from services.device_allocator.metrics import AllocatorMetrics
 from services.device_allocator.reservations import Reservations
@@ -30,11 +31,16 @@ from shared.core import network, pace
 from shared.core.ledger import PodGrant
 from shared.core.placement import GangMember, Placer
 from shared.core.room import Room
-from shared.core.status import Reason, Status, combined
+from shared.core.status import Code, Reason, Status, combined
 from shared.runtime import Runtime
 from shared.telemetry import span
 
 log = logging.getLogger(__name__)
+
+SPANNING = (
+    "a gang placed across allocator shards cannot allocate ResourceClaims yet: "
+    "keep a gang with claims within one shard"
+)
 
 
 class Gangs:
@@ -50,6 +56,7 @@ class Gangs:
         stats: AllocatorMetrics,
         refused: Collection[str],
         fabric: Fabric,
+        dra: Dra,
     ) -> None:
         self.rt = rt
         self.placer = placer
@@ -62,6 +69,8 @@ class Gangs:
         """The nodes refused for their config (services/device_allocator/nodes.py)."""
         self.fabric = fabric
         """The HyperNodes, for gangs with ``networkTopology`` (fabric.py)."""
+        self.dra = dra
+        """The pods' ResourceClaims, allocated where the pods go (dra.py)."""
         self.window = rt.cfg.scheduler.guard_window()
         """The configured window (0 without FragmentationGuard in the profile)."""
         self.guard = self.window
@@ -72,6 +81,13 @@ class Gangs:
         why not, with room made for it where it may). Sharded, a gang this shard cannot
         place goes on to the next."""
         if gang.spanning is not None:
+            if any(p.spec and p.spec.claims and p.spec.claims.allocate for p in gang.members):
+                # Placed across shards, claims would go unallocated: refused, said why.
+                why = Reason(kind="claim-allocate", detail=SPANNING, nodes=0, plugin=PLUGIN)
+                across = Status(code=Code.UNRESOLVABLE, reasons=(why,))
+                pods = tuple(p.pod for p in gang.members)
+                await self.rt.bus.publish(outcomes.failed(gang, pods, across, self.refused))
+                return
             await self.spans.place(gang, self.guard, time.monotonic())
             return
         if self.spans.repeat(gang):
@@ -82,7 +98,7 @@ class Gangs:
         for p in gang.members:
             held = self.ledger.pods.get(p.pod.uid)
             if held is not None:  # decided before (a redelivery): say it again
-                decided.append(outcomes.decided(held, gang))
+                decided.append(outcomes.decided(held, gang, self.dra.decided(held.pod.uid)))
             else:
                 members.append(outcomes.member(p))
         failed: list[ev.AllocationFailed] = []
@@ -102,9 +118,15 @@ class Gangs:
                 self._count(gang, placed, decided, failed, time.perf_counter() - started)
                 if placed:
                     # Durable before any decision goes out (a restart rebuilds them).
-                    await asyncio.gather(*(self.reserved.put(g, gang.attempt) for g in placed))
+                    await asyncio.gather(
+                        *(
+                            self.reserved.put(g, gang.attempt, self.dra.decided(g.pod.uid))
+                            for g in placed
+                        )
+                    )
                     for grant in placed:
-                        decided.append(outcomes.decided(grant, gang))
+                        claims = self.dra.decided(grant.pod.uid)
+                        decided.append(outcomes.decided(grant, gang, claims))
                         current.add_event(
                             "placed", {"k8s.pod.uid": grant.pod.uid, "k8s.node.name": grant.node}
                         )
@@ -154,6 +176,15 @@ class Gangs:
             if not checked.ok:
                 context = str(m.pod) if len(members) > 1 else ""
                 return [], [], checked.with_context(context), False
+        restricted = []
+        self.dra.begin()
+        for m in members:  # the nodes where its ResourceClaims can be allocated (dra.py)
+            limited = self.dra.restrict(m)
+            if isinstance(limited, Status):
+                context = str(m.pod) if len(members) > 1 else ""
+                return [], [], limited.with_context(context), False
+            restricted.append(limited)
+        members = restricted
         spot = self._spot(gang)
         if spot is not None:  # a moved pod's recreated self: the place kept for it
             self.room.placed(key)
@@ -178,8 +209,13 @@ class Gangs:
                 subgroups=gang.subgroups,
             )
         if result.ok:
-            self.room.placed(key)
             grants = [self.ledger.pods[p.pod.uid] for p in result.placed]
+            refused = self.dra.assume([(g.pod.uid, g.node) for g in grants])
+            if refused is not None:  # the gang is all or nothing: its grants go back
+                for g in grants:
+                    self.ledger.release(g.pod.uid)
+                return [], [], refused, False
+            self.room.placed(key)
             extras = [
                 outcomes.failed(gang, (f.pod,), f.status, self.refused) for f in result.failures
             ]
@@ -205,12 +241,14 @@ class Gangs:
         this shard's nodes where it may, and the refusal that tells its pods why."""
         if gang.tried is not None:
             status = combined([gang.tried, status])
+        pods = tuple(m.pod for m in members)
+        if status.plugin == PLUGIN:  # no victim frees a device the claims could get here
+            return [], outcomes.failed(gang, pods, status, self.refused)
         made = self.room.make_room(
             outcomes.unplaced(gang, members, self.guard),
             status,
             now=time.time(),
         )
-        pods = tuple(m.pod for m in members)
         failed = outcomes.failed(gang, pods, status.with_note(made.note), self.refused)
         failed = msgspec.structs.replace(failed, nominated=made.nominated)
         return outcomes.room_made(gang, members, made, self.room.reserve_s), failed

@@ -28,8 +28,11 @@ def member(p: ev.PodPending) -> GangMember:
     return GangMember(pod=p.pod, request=p.request, group=group, spec=p.spec)
 
 
-def decided(grant: PodGrant, gang: ev.GangReady) -> ev.AllocationDecided:
-    """The decision for one placed pod of ``gang``."""
+def decided(
+    grant: PodGrant, gang: ev.GangReady, claims: tuple[ev.ClaimAllocation, ...] = ()
+) -> ev.AllocationDecided:
+    """The decision for one placed pod of ``gang``, with the ResourceClaims allocated
+    for it (services/device_allocator/dra.py)."""
     lone = gang.min_member <= 1 and len(gang.members) == 1
     created = next((p.created_at for p in gang.members if p.pod.uid == grant.pod.uid), 0.0)
     return ev.AllocationDecided(
@@ -39,6 +42,7 @@ def decided(grant: PodGrant, gang: ev.GangReady) -> ev.AllocationDecided:
         gang=None if lone else gang.gang,
         attempt=gang.attempt,
         created_at=created,
+        claims=claims,
     )
 
 

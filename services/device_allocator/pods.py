@@ -36,7 +36,7 @@ from shared import events as ev
 from shared import kube
 from shared.core import annotations as ann
 from shared.core.ledger import Ledger, PodGrant, Statement
-from shared.core.model import NodeName, PodRef
+from shared.core.model import NodeName, PodRef, PodUID
 from shared.core.room import Room
 from shared.core.status import Reason, Status
 from shared.runtime import Runtime
@@ -61,6 +61,7 @@ class Pods:
         mine: Callable[[NodeName], bool],
         key: bytes | None,
         managed: Collection[str],
+        on_release: Callable[[PodUID], None] = lambda uid: None,
     ) -> None:
         self.rt = rt
         self._api = api
@@ -73,6 +74,8 @@ class Pods:
         """The grant-signing key: a grant not signed with it holds no device."""
         self.managed = managed
         """Tessera's device names (left out of the node-fit requests of bound pods)."""
+        self.on_release = on_release
+        """Gives back what the pod's ResourceClaims were assumed to hold (dra.py)."""
 
     @property
     def api(self) -> kube.Client:
@@ -179,6 +182,7 @@ class Pods:
                 await self.rt.bus.publish(outcomes.kept_for(pod, where, owner))
             return
         grant = self.ledger.release(pod.uid)
+        self.on_release(pod.uid)
         if pod.uid in self.reserved.open:
             await self.reserved.forget(pod.uid)
         if grant is not None:

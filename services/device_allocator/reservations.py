@@ -32,6 +32,7 @@ import msgspec
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from shared import events as ev
 from shared import kube
 from shared.aio import GroupCommit
 from shared.bus import through_failover
@@ -50,6 +51,9 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     grant: PodGrant
     attempt: int
     at: float
+    claims: tuple[ev.ClaimAllocation, ...] = ()
+    """The ResourceClaims allocated with it (services/device_allocator/dra.py): held again
+    after a restart until the binder's write of them is seen."""
 
 
 _decoder = msgspec.json.Decoder(Reservation)
@@ -180,9 +184,11 @@ class Reservations:
         self.writes = 0
         """KV operations so far (a batch put, a rewrite or a delete: one each)."""
 
-    async def put(self, grant: PodGrant, attempt: int) -> None:
-        """Reserve ``grant``; returns once it is stored."""
-        r = Reservation(grant=grant, attempt=attempt, at=time.time())
+    async def put(
+        self, grant: PodGrant, attempt: int, claims: tuple[ev.ClaimAllocation, ...] = ()
+    ) -> None:
+        """Reserve ``grant`` (with the claims allocated for it); returns once it is stored."""
+        r = Reservation(grant=grant, attempt=attempt, at=time.time(), claims=claims)
         self.open[grant.pod.uid] = r
         await self._commit([r])
 

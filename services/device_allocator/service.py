@@ -36,8 +36,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
+from kubernetes_asyncio.client import ApiException
 
 from services.device_allocator import outcomes
+from services.device_allocator.dra import Dra
 from services.device_allocator.fabric import Fabric
 from services.device_allocator.gangs import Gangs
 from services.device_allocator.metrics import AllocatorMetrics
@@ -71,6 +73,7 @@ log = logging.getLogger(__name__)
 ALLOCATOR_CONCURRENCY = 32
 """Events whose I/O may be in flight at once (see the module docstring)."""
 SHARD_ENV = "TESSERA_SHARD"
+RESOURCE = "/apis/resource.k8s.io/v1"
 YIELD_EVERY = 256
 """Nodes read at start between two yields to the event loop (its lease is renewed)."""
 
@@ -130,6 +133,8 @@ class Allocator(Service):
         self.stats = AllocatorMetrics(rt.metrics, self.ledger)
         self.shard, self.shard_index = shard_of(rt.cfg, rt.args)
         self.nodes = Nodes(rt, self.ledger, self.shard)
+        self.dra = Dra(self.ledger.hosts)
+        """ResourceSlices, claim allocations, and the claims Tessera assumed (dra.py)."""
         self.span = Span(rt, self.placer, self.reserved, self.shard, self.nodes.refused)
         self.pods = Pods(
             rt,
@@ -141,6 +146,7 @@ class Allocator(Service):
             self.nodes.mine,
             self.key,
             self.managed,
+            on_release=self.dra.release,
         )
         self.fabric = Fabric(rt, self.ledger)
         """The HyperNodes, for gangs with ``networkTopology`` (fabric.py)."""
@@ -153,6 +159,7 @@ class Allocator(Service):
             self.stats,
             self.nodes.refused,
             self.fabric,
+            self.dra,
         )
         rt.metrics.gauge(
             "tessera_fragmentation_guard_nodes",
@@ -198,6 +205,7 @@ class Allocator(Service):
             self.reserved.kv = await self.rt.bus.bucket(busauth.RESERVATION_BUCKET)
             await self.nodes.read(self.api)
             await self.fabric.read(self.api)
+            await self._read_dra()
             log.info("startup phase nodes: %.2f s", time.monotonic() - started)
             inventories = asyncio.create_task(
                 through_failover("inventories", self.rt.bus.inventories)
@@ -221,6 +229,7 @@ class Allocator(Service):
                 len(read),
             )
             reserved = await self.reserved.load(self.ledger, mine)
+            self.dra.restore({uid: r.claims for uid, r in self.reserved.open.items() if r.claims})
         log.info(
             "ledger rebuilt%s: %d nodes, %d devices, %d bound pods, %d reservations",
             f" for shard {self.shard}" if self.shard else "",
@@ -233,6 +242,18 @@ class Allocator(Service):
         for grant in forged:
             await self.pods.refuse_forged(grant.pod, grant.node)
         self.rt.spawn(report_catch_up(self.rt, self.durable()), "catch-up", finite=True)
+
+    async def _read_dra(self) -> None:
+        """Every ResourceSlice and allocated ResourceClaim (later ones come as
+        ``dra.object`` from the watcher); nothing when the API group is not served."""
+        try:
+            slices, _ = await kube.list_all(self.api, f"{RESOURCE}/resourceslices")
+            claims, _ = await kube.list_all(self.api, f"{RESOURCE}/resourceclaims")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return
+        self.dra.read_all(slices, claims)
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The reservation expiry loop and the heartbeat reconciliation of node inventories."""
@@ -260,7 +281,8 @@ class Allocator(Service):
 
     async def explain_view(self, payload: bytes) -> ExplainView:
         """``tessera.ctl.view.explain``: every node's verdict on a pod."""
-        view = explain_view(self.placer, msgspec.json.decode(payload, type=ExplainQuery))
+        query = msgspec.json.decode(payload, type=ExplainQuery)
+        view = explain_view(self.placer, query, self.dra.restrict)
         return msgspec.structs.replace(view, shard=self.shard, shards=self.nodes.pools.names)
 
     # --- nodes ------------------------------------------------------------------------
@@ -297,6 +319,11 @@ class Allocator(Service):
     async def on_hypernode_deleted(self, event: ev.HyperNodeDeleted) -> None:
         """A network domain is gone."""
         self.fabric.deleted(event.name)
+
+    @handles(ev.DraObject)
+    async def on_dra_object(self, event: ev.DraObject) -> None:
+        """A ResourceSlice or a ResourceClaim's allocation changed (dra.py)."""
+        self.dra.seen(event.kind, event.key, event.obj)
 
     @handles(ev.NamespaceUpdated)
     async def on_namespace_updated(self, event: ev.NamespaceUpdated) -> None:

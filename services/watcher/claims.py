@@ -30,6 +30,7 @@ from shared.core.model import PodUID
 log = logging.getLogger(__name__)
 
 Announce = Callable[[ev.PodPending], Coroutine[Any, Any, None]]
+Publish = Callable[[ev.Event], Coroutine[Any, Any, None]]
 Spawn = Callable[..., object]
 """``Runtime.spawn``: ``spawn(coroutine, name, finite=True)``."""
 
@@ -64,7 +65,19 @@ def _kinds() -> dict[str, _Kind]:
         "claim": _Kind(
             f"{RESOURCE}/resourceclaims", core.claim_record, namespaced=True, group=RESOURCE
         ),
+        "dclass": _Kind(f"{RESOURCE}/deviceclasses", core.api_object, group=RESOURCE),
+        "slice": _Kind(f"{RESOURCE}/resourceslices", core.api_object, group=RESOURCE),
     }
+
+
+def _allocated(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """What the allocator reads of a claim: its identity and ``status.allocation``."""
+    allocation = (obj.get("status") or {}).get("allocation")
+    if not allocation:
+        return None
+    meta = obj["metadata"]
+    identity = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+    return {"metadata": identity, "status": {"allocation": allocation}}
 
 
 class ClaimReader:
@@ -78,11 +91,16 @@ class ClaimReader:
         spawn: Spawn,
         pending: dict[PodUID, ev.PodPending],
         announce: Announce,
+        publish: Publish,
     ) -> None:
         self.api = api
         self.spawn = spawn
         self.pending = pending
         self.announce = announce
+        self.publish = publish
+        """Sends the allocator the slices and claim allocations (``dra.object``)."""
+        self.forwarded: dict[tuple[str, str], dict[str, Any] | None] = {}
+        """What was sent of each slice and claim (its allocation), to send changes only."""
         self.kinds = _kinds()
         self.uses: dict[PodUID, core.Uses] = {}
         """What each pod of ours not bound yet claims (pods without claims: absent)."""
@@ -180,6 +198,7 @@ class ClaimReader:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("%s object cannot be read (%r); skipped until it changes", name, exc)
             return
+        await self._forward(name, key, None if kind == "DELETED" else obj)
         if objects.records.get(key) == record:
             return
         if record is None:
@@ -192,6 +211,16 @@ class ClaimReader:
         """Every object of a kind (first, or after the watch lost track): every pod
         that claims any is judged again, and those held for this list announced."""
         objects = self.kinds[name]
+        if name in ("slice", "claim"):
+            keys = set()
+            for obj in items:
+                try:
+                    keys.add(key := objects.key(obj))
+                except (KeyError, TypeError):
+                    continue  # logged below, as every unreadable object is
+                await self._forward(name, key, obj)
+            for kind, key in [k for k in self.forwarded if k[0] == name and k[1] not in keys]:
+                await self._forward(kind, key, None)
         objects.records.clear()
         for obj in items:
             try:
@@ -200,6 +229,24 @@ class ClaimReader:
                 log.warning("%s object cannot be read (%r); skipped until it changes", name, exc)
         objects.listed = True
         await self._again([uid for uid, uses in self.uses.items() if name in uses.kinds])
+
+    async def _forward(self, name: str, key: str, obj: dict[str, Any] | None) -> None:
+        """A slice or a claim's allocation to the allocator, when it changed."""
+        if name == "slice":
+            sent = None if obj is None else core.api_object(obj).obj
+        elif name == "claim":
+            sent = None if obj is None else _allocated(obj)
+        else:
+            return
+        if (name, key) not in self.forwarded and sent is None:
+            return
+        if self.forwarded.get((name, key)) == sent and (name, key) in self.forwarded:
+            return
+        if sent is None:
+            self.forwarded.pop((name, key), None)
+        else:
+            self.forwarded[(name, key)] = sent
+        await self.publish(ev.DraObject(kind=name, key=key, obj=sent))  # type: ignore[arg-type]
 
     async def _again(self, uids: Iterable[PodUID]) -> None:
         for uid in list(uids):

@@ -104,7 +104,7 @@ class Watcher(Service):
         """Every pod listed and watched, the pending ones first at a start (pods.py)."""
         self.out = Outbox(rt.bus)
         """Everything it announces, in the order seen, pipelined (shared/bus.py)."""
-        self.claims = ClaimReader(api, rt.spawn, self.pending, self._announce)
+        self.claims = ClaimReader(api, rt.spawn, self.pending, self._announce, self.out.put)
         """What our pending pods' volumes and resource claims allow (claims.py)."""
         publish = self.out.put
         self.budgets = BudgetWatch(publish)

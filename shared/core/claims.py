@@ -22,10 +22,11 @@ VolumeRestrictions, only that a claim exists), with their reason texts
 Where kube-scheduler would act and Tessera does not yet, the pod waits too, with a
 reason naming the object and what to do: a claim whose StorageClass binds it only once
 a node is chosen (``WaitForFirstConsumer``: VolumeBinding picks the node and writes the
-claim's ``volume.kubernetes.io/selected-node`` before binding), a ResourceClaim not
-allocated (DynamicResources allocates it), and one allocated but not reserved for the
-pod (DynamicResources writes ``status.reservedFor`` before binding; the kubelet refuses
-a pod its claim is not reserved for).
+claim's ``volume.kubernetes.io/selected-node`` before binding), and a ResourceClaim
+allocated by someone else but not reserved for the pod (DynamicResources writes
+``status.reservedFor`` before binding; the kubelet refuses a pod its claim is not
+reserved for). A ResourceClaim not allocated is Tessera's to allocate: it is listed in
+``Claims.allocate`` with the DeviceClasses it names (services/device_allocator/dra.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from shared.core.hosts import (
     ZONE_LABELS,
     BoundVolume,
     Claims,
+    DraClaim,
     NodeTerm,
     VolumeZone,
     node_terms,
@@ -54,7 +56,8 @@ ZONE_DELIMITER = "__"
 """Separates the zones of a volume in one zone label."""
 
 Key = tuple[str, str]
-"""An object read: ("pvc" | "claim", "namespace/name") or ("pv" | "class", "name")."""
+"""An object read: ("pvc" | "claim", "namespace/name") or ("pv" | "class" | "dclass",
+"name")."""
 
 
 class PVC(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -89,6 +92,11 @@ class StorageClass(msgspec.Struct, frozen=True, omit_defaults=True):
 class ResourceClaim(msgspec.Struct, frozen=True, omit_defaults=True):
     """What the filters read of a DRA ResourceClaim."""
 
+    uid: str = ""
+    devices: dict[str, Any] = msgspec.field(default_factory=dict)
+    """``spec.devices``: what Tessera allocates when the claim is not allocated."""
+    allocation: dict[str, Any] | None = None
+    """``status.allocation`` as written (the binder reserves an allocated claim)."""
     deleting: bool = False
     owner: str = ""
     allocated: bool = False
@@ -97,8 +105,24 @@ class ResourceClaim(msgspec.Struct, frozen=True, omit_defaults=True):
     reserved: tuple[str, ...] = ()
     """The UIDs of its consumers (``status.reservedFor``)."""
 
+    def classes(self) -> tuple[str, ...]:
+        """The DeviceClasses its requests name (``exactly`` and ``firstAvailable``)."""
+        names: list[str] = []
+        for request in self.devices.get("requests") or ():
+            for sub in (request.get("exactly"), *(request.get("firstAvailable") or ())):
+                if sub and sub.get("deviceClassName") and sub["deviceClassName"] not in names:
+                    names.append(str(sub["deviceClassName"]))
+        return tuple(names)
 
-Record = PVC | PV | StorageClass | ResourceClaim
+
+class ApiObject(msgspec.Struct, frozen=True):
+    """An object kept as the API server holds it: a DRA DeviceClass (shared/core/dra/read.py
+    reads it when allocating), a ResourceSlice (the watcher forwards it)."""
+
+    obj: dict[str, Any]
+
+
+Record = PVC | PV | StorageClass | ResourceClaim | ApiObject
 
 
 class VolumeUse(msgspec.Struct, frozen=True):
@@ -139,7 +163,7 @@ class Uses(msgspec.Struct, frozen=True):
         if self.volumes:
             kinds |= {"pvc", "pv", "class"}
         if self.claims:
-            kinds.add("claim")
+            kinds |= {"claim", "dclass", "slice"}
         return frozenset(kinds)
 
 
@@ -200,12 +224,21 @@ def claim_record(obj: Mapping[str, Any]) -> ResourceClaim:
     allocation = status.get("allocation")
     selector = (allocation or {}).get("nodeSelector")
     return ResourceClaim(
+        uid=str(meta.get("uid", "")),
+        devices=dict((obj.get("spec") or {}).get("devices") or {}),
         deleting=bool(meta.get("deletionTimestamp")),
         owner=_owner(meta),
         allocated=allocation is not None,
+        allocation=allocation,
         nodes=None if selector is None else node_terms(selector),
         reserved=tuple(str(r.get("uid", "")) for r in status.get("reservedFor") or ()),
     )
+
+
+def api_object(obj: Mapping[str, Any]) -> ApiObject:
+    """A DeviceClass or ResourceSlice kept whole, but for its metadata (its name only)."""
+    meta = {"name": obj["metadata"]["name"]}
+    return ApiObject({"metadata": meta, "spec": obj.get("spec") or {}})
 
 
 def pod_uses(obj: Mapping[str, Any]) -> Uses | None:
@@ -286,15 +319,33 @@ def _claims(uses: Uses, read: Read) -> Claims:
     if isinstance(volumes, Claims):
         return volumes
     devices = []
-    # DynamicResources' PreFilter: each claim allocated (and, for Tessera, reserved).
+    allocate: list[DraClaim] = []
+    reserve: list[DraClaim] = []
+    classes: dict[str, dict[str, Any]] = {}
+    # DynamicResources' PreFilter: each claim allocated and reserved for the pod, or
+    # not allocated: the allocator allocates it (services/device_allocator/dra.py).
     for use, claim in zip((u for u in uses.claims if u.claim), claims, strict=True):
         if not claim.allocated:
-            return _wait("DynamicResources", "claim-unallocated", f"{uses.namespace}/{use.claim}")
-        if uses.uid not in claim.reserved:
-            return _wait("DynamicResources", "claim-unreserved", f"{uses.namespace}/{use.claim}")
+            allocate.append(DraClaim(uses.namespace, use.claim, claim.uid, claim.devices))
+            for name in claim.classes():
+                found = read("dclass", name)
+                if isinstance(found, ApiObject):
+                    classes[name] = found.obj
+            continue
+        if uses.uid not in claim.reserved:  # the binder reserves it for the pod
+            reserve.append(
+                DraClaim(uses.namespace, use.claim, claim.uid, allocation=claim.allocation)
+            )
         if claim.nodes is not None:
             devices.append(claim.nodes)
-    return Claims(volumes=volumes[0], zones=volumes[1], devices=tuple(devices))
+    return Claims(
+        volumes=volumes[0],
+        zones=volumes[1],
+        devices=tuple(devices),
+        allocate=tuple(allocate),
+        reserve=tuple(reserve),
+        classes=classes,
+    )
 
 
 def _resource_claims(uses: Uses, read: Read) -> list[ResourceClaim] | Claims:

@@ -249,6 +249,21 @@ class BoundVolume(msgspec.Struct, frozen=True, omit_defaults=True):
     missing: bool = False
 
 
+class DraClaim(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A ResourceClaim of the pod that is not allocated yet: Tessera's allocator
+    allocates it (services/device_allocator/dra.py) and its binder writes the allocation
+    (services/binder/claims.py)."""
+
+    namespace: str
+    name: str
+    uid: str
+    devices: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Its ``spec.devices`` as the API server holds it (read by shared/core/dra/read.py)."""
+    allocation: dict[str, Any] | None = None
+    """Its ``status.allocation``, for a claim allocated (by anyone) but not reserved for
+    the pod yet: the binder adds the pod to ``reservedFor`` (``Claims.reserve``)."""
+
+
 class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
     """Where the objects a pod claims let it run: its PersistentVolumeClaims' volumes and
     its DRA ResourceClaims' allocations. shared/core/claims.py makes it from the API
@@ -264,6 +279,15 @@ class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
     devices: tuple[tuple[NodeTerm, ...], ...] = ()
     """Each allocated ResourceClaim's node selector: one of its terms must match the
     node (DynamicResources); a claim allocated for every node adds none."""
+    allocate: tuple[DraClaim, ...] = ()
+    """The pod's ResourceClaims not allocated yet, in the pod's order: the allocator
+    allocates them on the node it chooses (DynamicResources' place)."""
+    reserve: tuple[DraClaim, ...] = ()
+    """The pod's ResourceClaims allocated but not reserved for it: the binder reserves
+    them for the pod before its Binding, as DynamicResources' PreBind does."""
+    classes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    """The DeviceClasses those claims name, as API objects, by name (one that does not
+    exist is absent: the pod is refused with its name)."""
 
 
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

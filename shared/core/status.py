@@ -84,15 +84,12 @@ _TEXT: dict[str, str] = {
     "claim-not-owned": "ResourceClaim {detail} was not created for Pod {resource} (Pod is not "
     "owner)",
     "claim-node": "resourceclaim not available on the node",
+    "claim-allocate": "{detail}",
+    "claim-class": "{detail}",
     # ... where Tessera waits instead of doing what kube-scheduler does
     "pvc-delayed": "pod uses PersistentVolumeClaim {detail}, whose StorageClass {resource} "
     "binds it only once a node is chosen (volumeBindingMode: WaitForFirstConsumer); Tessera "
     "does not choose nodes for volumes yet: use kube-scheduler for this pod",
-    "claim-unallocated": "pod uses ResourceClaim {detail}, which is not allocated; Tessera "
-    "does not allocate DRA claims yet: use kube-scheduler for this pod",
-    "claim-unreserved": "pod uses ResourceClaim {detail}, which is allocated but not reserved "
-    "for it (status.reservedFor); Tessera does not reserve DRA claims yet: use kube-scheduler "
-    "for this pod",
     # --- devices ---------------------------------------------------------------------
     "device-insufficient": "insufficient {resource}",
     "type-excluded": "gpu type excluded",
@@ -159,8 +156,9 @@ _HINT: dict[str, str] = {
     "pvc-delayed": "schedule the pod with kube-scheduler, or bind the claim to a volume first",
     "claim-missing": "create the ResourceClaim",
     "claim-node": "the pod's ResourceClaim is allocated on devices this node cannot reach",
-    "claim-unallocated": "schedule the pod with kube-scheduler, or allocate the claim first",
-    "claim-unreserved": "schedule the pod with kube-scheduler",
+    "claim-class": "create the DeviceClass, or name one that exists",
+    "claim-allocate": "change the claim's request (class, selectors, capacity), or wait for "
+    "devices to be freed or published",
     "type-excluded": "the pod's gpu type annotations exclude this model",
     "uuid-excluded": "the pod's gpu uuid annotations exclude these cards",
     "index-excluded": "the pod's gpu index selection excludes these cards",

@@ -165,15 +165,15 @@ async def told(p: Pipeline, ns: str, name: str, text: str) -> str:
     return message
 
 
-async def test_a_pod_whose_resource_claim_is_not_allocated_waits_and_is_not_bound(
+async def test_a_pod_whose_unallocated_claim_names_no_class_is_told_and_not_bound(
     pipeline: Pipeline, ns: str
 ) -> None:
     await create_claim(pipeline, ns, "gpu")
     await pipeline.create(ns, claiming("dra", claims=("gpu",)))
-    message = await told(pipeline, ns, "dra", "which is not allocated")
+    # Tessera allocates it (tests/integration/test_dra_claims.py): here its class is missing.
+    message = await told(pipeline, ns, "dra", "does not exist")
     assert message.endswith(
-        f"nodes are available: pod uses ResourceClaim {ns}/gpu, which is not allocated; "
-        "Tessera does not allocate DRA claims yet: use kube-scheduler for this pod."
+        "nodes are available: request gpu: device class gpu.test does not exist."
     ), message
 
 
@@ -182,12 +182,15 @@ async def test_a_claim_allocated_and_reserved_for_the_pod_takes_it_to_its_device
 ) -> None:
     await create_claim(pipeline, ns, "gpu")
     made = await pipeline.create(ns, claiming("dra", claims=("gpu",)))
-    await told(pipeline, ns, "dra", "which is not allocated")
-    # Allocated by someone else, but not reserved for the pod: the kubelet would refuse it.
+    await told(pipeline, ns, "dra", "does not exist")
+    # Allocated by someone else, not reserved for the pod: the binder reserves it for the
+    # pod before binding it (the kubelet refuses a pod its claim is not reserved for).
     await allocate(pipeline, ns, "gpu", "cl-b")
-    await told(pipeline, ns, "dra", "which is allocated but not reserved for it")
-    await allocate(pipeline, ns, "gpu", "cl-b", reserved_for=made)
     assert await pipeline.node_of(ns, "dra") == "cl-b"
+    path = f"{RESOURCE}/namespaces/{ns}/resourceclaims/gpu"
+    status = (await kube.request(pipeline.api, "GET", path))["status"]
+    assert [r["uid"] for r in status["reservedFor"]] == [made["metadata"]["uid"]]
+    assert status["allocation"]["devices"]["results"][0]["pool"] == "cl-b"
 
 
 async def test_an_unbound_immediate_claim_waits_then_the_pod_goes_where_its_volume_is(

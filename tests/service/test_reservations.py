@@ -19,6 +19,7 @@ from services.device_allocator.reservations import (
     Reservation,
     Reservations,
 )
+from shared import events as ev
 from shared.bus import Bus
 from shared.config import NatsConfig
 from shared.core.ledger import Ledger, PodGrant
@@ -151,3 +152,15 @@ async def test_a_burst_too_big_for_one_message_is_written_in_several_entries(
         assert len((await kv.get(key)).value or b"") <= ENTRY_BYTES
     fresh, _ = await reloaded(kv)
     assert len(fresh.open) == 2000
+
+
+async def test_the_claims_allocated_with_a_reservation_come_back_with_it(kv: KeyValue) -> None:
+    claim = ev.ClaimAllocation(
+        namespace="ns", name="c", uid="u", allocation={"devices": {"results": []}}
+    )
+    reserved = Reservations(kv)
+    await reserved.put(grant(0), 1, (claim,))
+    await reserved.put(grant(1), 1)
+    fresh, _ = await reloaded(kv)
+    assert fresh.open[PodUID("uid-0")].claims == (claim,)
+    assert fresh.open[PodUID("uid-1")].claims == ()

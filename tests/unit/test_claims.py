@@ -117,6 +117,7 @@ class Objects:
             "pv": core.pv_record,
             "class": core.class_record,
             "claim": core.claim_record,
+            "dclass": core.api_object,
         }
         for kind, obj in objs:
             meta = obj["metadata"]
@@ -162,7 +163,7 @@ def test_a_pods_uses_name_its_claims_and_resolve_templates() -> None:
         core.ClaimUse("nic", claim="p-nic-abcde", template=True),
         core.ClaimUse("skipped", template=True),
     )
-    assert uses.kinds == {"pvc", "pv", "class", "claim"}
+    assert uses.kinds == {"pvc", "pv", "class", "claim", "dclass", "slice"}
 
 
 def test_records_read_what_the_filters_need() -> None:
@@ -240,18 +241,34 @@ def test_a_claim_bound_late_waits_with_what_to_do() -> None:
     assert "unbound immediate" in waits(objects, pod(volumes=[mount("data"), mount("other")]))
 
 
+def test_an_unallocated_resource_claim_is_listed_for_the_allocator_with_its_classes() -> None:
+    uses = pod(claims=[{"name": "gpu", "resourceClaimName": "gpu"}])
+    unallocated = claim("gpu", allocated=False)
+    request = {"name": "r", "exactly": {"deviceClassName": "gpu.tessera.io"}}
+    unallocated["metadata"]["uid"] = "claim-uid"
+    unallocated["spec"] = {"devices": {"requests": [request]}}
+    gpu_class = {"metadata": {"name": "gpu.tessera.io"}, "spec": {"selectors": []}}
+    found = Objects(("claim", unallocated), ("dclass", gpu_class)).verdict(uses)
+    assert found.wait is None
+    assert [(c.namespace, c.name, c.uid) for c in found.allocate] == [("ns", "gpu", "claim-uid")]
+    assert found.allocate[0].devices == {"requests": [request]}
+    assert found.classes == {"gpu.tessera.io": gpu_class}
+    # A class that does not exist is left out: the allocator refuses the pod with its name.
+    assert Objects(("claim", unallocated)).verdict(uses).classes == {}
+
+
 def test_resource_claims_wait_until_allocated_and_reserved_for_the_pod() -> None:
     uses = pod(claims=[{"name": "gpu", "resourceClaimName": "gpu"}])
     assert waits(Objects(), uses) == 'could not find ResourceClaim "ns/gpu"'
-    assert waits(Objects(("claim", claim("gpu", allocated=False))), uses) == (
-        "pod uses ResourceClaim ns/gpu, which is not allocated; Tessera does not allocate DRA "
-        "claims yet: use kube-scheduler for this pod"
+    # Allocated (by anyone) but not reserved for the pod: the binder reserves it.
+    unreserved = Objects(("claim", claim("gpu", node="n1", reserved=()))).verdict(uses)
+    assert unreserved.wait is None
+    [reserve] = unreserved.reserve
+    assert (reserve.name, reserve.allocation) == (
+        "gpu",
+        claim("gpu", node="n1")["status"]["allocation"],
     )
-    assert waits(Objects(("claim", claim("gpu", node="n1", reserved=()))), uses) == (
-        "pod uses ResourceClaim ns/gpu, which is allocated but not reserved for it "
-        "(status.reservedFor); Tessera does not reserve DRA claims yet: use kube-scheduler "
-        "for this pod"
-    )
+    assert len(unreserved.devices) == 1  # and it still goes only where the claim was allocated
     template = pod(claims=[{"name": "gpu", "resourceClaimTemplateName": "t"}])
     assert waits(Objects(), template) == 'pod "ns/p": ResourceClaim not created yet'
     made = pod(
@@ -425,6 +442,55 @@ def test_a_parked_pod_whose_spec_changed_is_tried_again() -> None:
 # --- the watcher's reader: held until listed, announced again when an object changes --------
 
 
+async def no_publish(event: ev.Event) -> None:
+    raise AssertionError(f"nothing is forwarded here: {event}")
+
+
+async def test_the_watcher_forwards_slices_and_claim_allocations_and_announces_claims() -> None:
+    announced: list[ev.PodPending] = []
+    sent: list[ev.Event] = []
+
+    async def announce(event: ev.PodPending) -> None:
+        announced.append(event)
+
+    async def publish(event: ev.Event) -> None:
+        sent.append(event)
+
+    reader = ClaimReader(object(), lambda coro, name, **_: coro.close(), {}, announce, publish)
+    obj = pod(claims=[{"name": "gpu", "resourceClaimName": "gpu"}])
+    base = ev.PodPending(
+        pod=msgspec.structs.replace(ref("p"), uid=UID),
+        request=request({}),
+        scheduler_name="tessera",
+        spec=pod_spec(obj),
+    )
+    assert reader.attach(base, obj) is None
+    unallocated = claim("gpu", allocated=False)
+    other = claim("other")
+    await reader.on_relist("claim", [unallocated, other])
+    assert [(e.kind, e.key) for e in sent if isinstance(e, ev.DraObject)] == [("claim", "ns/other")]
+    await reader.on_relist("dclass", [])
+    slice_obj = {"metadata": {"name": "s1"}, "spec": {"driver": "d", "nodeName": "n1"}}
+    await reader.on_relist("slice", [slice_obj])
+    assert isinstance(sent[-1], ev.DraObject)
+    assert (sent[-1].kind, sent[-1].key, sent[-1].obj) == ("slice", "s1", slice_obj)
+    [event] = announced  # every kind listed: announced, its claim for the allocator
+    assert event.spec is not None
+    assert event.spec.claims is not None
+    assert [c.name for c in event.spec.claims.allocate] == ["gpu"]
+    # The same slice again is no news; deleted, it is forwarded as gone.
+    await reader.on_event("slice", "MODIFIED", slice_obj)
+    assert len(sent) == 2
+    await reader.on_event("slice", "DELETED", slice_obj)
+    assert isinstance(sent[-1], ev.DraObject)
+    assert (sent[-1].key, sent[-1].obj) == ("s1", None)
+    # A claim deallocated is forwarded as gone (its devices are free again).
+    other["status"].pop("allocation")
+    await reader.on_event("claim", "MODIFIED", other)
+    assert isinstance(sent[-1], ev.DraObject)
+    assert (sent[-1].kind, sent[-1].key, sent[-1].obj) == ("claim", "ns/other", None)
+
+
 async def test_the_watcher_holds_a_pod_until_its_objects_are_listed_then_follows_them() -> None:
     announced: list[ev.PodPending] = []
     pending: dict[Any, ev.PodPending] = {}
@@ -432,7 +498,9 @@ async def test_the_watcher_holds_a_pod_until_its_objects_are_listed_then_follows
     async def announce(event: ev.PodPending) -> None:
         announced.append(event)
 
-    reader = ClaimReader(object(), lambda coro, name, **_: coro.close(), pending, announce)
+    reader = ClaimReader(
+        object(), lambda coro, name, **_: coro.close(), pending, announce, no_publish
+    )
     obj = pod(volumes=[mount("data")])
     base = ev.PodPending(
         pod=ref("p"), request=request({}), scheduler_name="tessera", spec=pod_spec(obj)
@@ -479,7 +547,9 @@ async def test_where_resource_claims_are_not_served_a_pod_naming_one_waits_for_i
         announced.append(event)
 
     started: list[Any] = []
-    reader = ClaimReader(object(), lambda coro, name, **_: started.append(coro), {}, announce)
+    reader = ClaimReader(
+        object(), lambda coro, name, **_: started.append(coro), {}, announce, no_publish
+    )
     obj = pod(claims=[{"name": "gpu", "resourceClaimName": "gpu"}])
     base = ev.PodPending(
         pod=msgspec.structs.replace(ref("p"), uid=UID),
@@ -488,8 +558,9 @@ async def test_where_resource_claims_are_not_served_a_pod_naming_one_waits_for_i
         spec=pod_spec(obj),
     )
     assert reader.attach(base, obj) is None
-    [watch] = started
-    await watch  # ends: nothing to watch
+    assert len(started) == 3  # claims, DeviceClasses, ResourceSlices
+    for watch in started:
+        await watch  # ends: nothing to watch
     [event] = announced
     assert event.spec is not None
     assert event.spec.claims is not None

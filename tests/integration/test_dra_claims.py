@@ -1,0 +1,303 @@
+"""Tessera allocates DRA ResourceClaims, on the real API server: slices published for
+simulated nodes as the node agent's DRA driver publishes them
+(services/node_agent/dra/slices.py), a DeviceClass, claims from a template and written
+directly; the pod is bound where its claim was allocated, the claim's
+``status.allocation`` and ``reservedFor`` written by the binder's own account first.
+
+No kube-controller-manager runs here: the tests play its resourceclaim controller
+(a template's claim made for the pod, named in ``status.resourceClaimStatuses``).
+
+=========  =====================================
+node       devices (ResourceSlice, driver below)
+=========  =====================================
+dw-a       gpu-0: H100, 80Gi, shared
+dw-b       gpu-0: A100, 40Gi, shared
+=========  =====================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiException
+
+from shared import kube
+from shared.config import NatsConfig
+from tests.helpers import eventually
+from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
+from tests.service.test_ops import tessera
+
+pytestmark = pytest.mark.integration
+
+SUITE = {"suite": "dra-claims"}
+RESOURCES = {"cpu": "4", "memory": "16Gi", "pods": "20"}
+NODES = {"dw-a": ("H100", 80), "dw-b": ("A100", 40)}
+INVENTORY = {
+    "nodes": [{"name": n, "labels": SUITE, "allocatable": RESOURCES, "devices": []} for n in NODES]
+}
+RESOURCE = "/apis/resource.k8s.io/v1"
+DRIVER = "dw.tessera.io"
+CLASS = "dw-gpu.tessera.io"
+GROUP = "scheduling.k8s.io/group-name"
+
+
+def card(model: str, gib: int) -> dict[str, Any]:
+    mem = f"{gib}Gi"
+    return {
+        "name": "gpu-0",
+        "allowMultipleAllocations": True,
+        "attributes": {"type": {"string": "gpu"}, "productName": {"string": model}},
+        "capacity": {
+            "cores": {
+                "value": "100",
+                "requestPolicy": {
+                    "default": "100",
+                    "validRange": {"min": "1", "max": "100", "step": "1"},
+                },
+            },
+            "memory": {
+                "value": mem,
+                "requestPolicy": {
+                    "default": mem,
+                    "validRange": {"min": "1Mi", "max": mem, "step": "1Mi"},
+                },
+            },
+        },
+    }
+
+
+async def put(api: kube.Client, path: str, obj: dict[str, Any]) -> None:
+    """Create ``obj`` (replacing one an earlier run left)."""
+    name = obj["metadata"]["name"]
+    try:
+        await kube.request(api, "DELETE", f"{path}/{name}")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    await kube.request(api, "POST", path, obj)
+
+
+@pytest.fixture(scope="module")
+async def pipeline(
+    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Pipeline]:
+    p = await start_pipeline(tmp_path_factory.mktemp("dra"), kubeconfig, nats_admin, INVENTORY)
+    selector = {"cel": {"expression": f"device.driver == '{DRIVER}'"}}
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": CLASS},
+        "spec": {"selectors": [selector]},
+    }
+    await put(p.api, f"{RESOURCE}/deviceclasses", device_class)
+    for node, (model, gib) in NODES.items():
+        made = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{DRIVER}"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [card(model, gib)],
+            },
+        }
+        await put(p.api, f"{RESOURCE}/resourceslices", made)
+    yield p
+    for node in NODES:
+        await kube.request(p.api, "DELETE", f"{RESOURCE}/resourceslices/{node}-{DRIVER}")
+    await kube.request(p.api, "DELETE", f"{RESOURCE}/deviceclasses/{CLASS}")
+    await p.close()
+
+
+@pytest.fixture(autouse=True)
+async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
+    """Each test's claims are deleted after it (no kube-controller-manager here would
+    deallocate them): their devices are free for the next test."""
+    yield
+    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims")
+
+
+def devices(model: str = "", **capacity: str) -> dict[str, Any]:
+    """``spec.devices`` of a claim: one device of the class, of ``model``, a share."""
+    exactly: dict[str, Any] = {"deviceClassName": CLASS}
+    if model:
+        expression = f"device.attributes['{DRIVER}'].productName == '{model}'"
+        exactly["selectors"] = [{"cel": {"expression": expression}}]
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return {"requests": [{"name": "gpu", "exactly": exactly}]}
+
+
+def claiming(name: str, entry: dict[str, str]) -> dict[str, Any]:
+    obj = pod(name, {})
+    obj["spec"]["nodeSelector"] = SUITE
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", **entry}]
+    obj["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return obj
+
+
+async def create_claim(p: Pipeline, ns: str, name: str, spec: dict[str, Any]) -> None:
+    obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": spec},
+    }
+    await kube.request(p.api, "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", obj)
+
+
+async def claim(p: Pipeline, ns: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = await kube.request(
+        p.api, "GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}"
+    )
+    return found
+
+
+async def told(p: Pipeline, ns: str, name: str, text: str) -> str:
+    """The FailedScheduling Event naming ``text`` (waiting for it), and the same in the
+    pod's ``PodScheduled`` condition; the pod is not bound."""
+
+    async def event() -> str | None:
+        for e in await p.events(ns, name):
+            if e["reason"] == "FailedScheduling" and text in e["message"]:
+                return str(e["message"])
+        return None
+
+    message = await eventually(event, what=f"FailedScheduling on {name} saying {text!r}")
+    obj = await p.get(ns, name)
+    assert not obj["spec"].get("nodeName")
+    [cond] = [c for c in obj["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+    assert text in cond["message"]
+    return message
+
+
+async def test_a_template_claim_is_allocated_by_tessera_and_the_pod_bound_there(
+    pipeline: Pipeline, ns: str
+) -> None:
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "h100"},
+        "spec": {"spec": {"devices": devices("H100")}},
+    }
+    await kube.request(
+        pipeline.api, "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template
+    )
+    made = await pipeline.create(ns, claiming("tpl", {"resourceClaimTemplateName": "h100"}))
+    await told(pipeline, ns, "tpl", "ResourceClaim not created yet")
+    # The resourceclaim controller's part: the pod's own claim, named in its status.
+    meta = made["metadata"]
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+    obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "tpl-gpu", "ownerReferences": [{**owner, "controller": True}]},
+        "spec": template["spec"]["spec"],  # type: ignore[index]
+    }
+    await kube.request(pipeline.api, "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", obj)
+    await kube.request(
+        pipeline.api,
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/tpl/status",
+        {"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "tpl-gpu"}]}},
+        content_type="application/merge-patch+json",
+    )
+    assert await pipeline.node_of(ns, "tpl") == "dw-a"
+    status = (await claim(pipeline, ns, "tpl-gpu"))["status"]
+    [result] = status["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"], result["device"]) == (DRIVER, "dw-a", "gpu-0")
+    assert [r["uid"] for r in status["reservedFor"]] == [meta["uid"]]
+
+
+async def test_two_30_percent_shares_go_to_one_card(pipeline: Pipeline, ns: str) -> None:
+    for name in ("s1", "s2"):
+        await create_claim(pipeline, ns, name, devices("A100", cores="30", memory="4Gi"))
+        await pipeline.create(ns, claiming(name, {"resourceClaimName": name}))
+    for name in ("s1", "s2"):
+        assert await pipeline.node_of(ns, name) == "dw-b"
+    results = [
+        (await claim(pipeline, ns, name))["status"]["allocation"]["devices"]["results"][0]
+        for name in ("s1", "s2")
+    ]
+    assert {(r["pool"], r["device"]) for r in results} == {("dw-b", "gpu-0")}
+    assert [r["consumedCapacity"]["cores"] for r in results] == ["30", "30"]
+    assert results[0]["shareID"] != results[1]["shareID"]
+
+
+async def test_a_claim_no_device_can_serve_tells_the_pod_why(
+    pipeline: Pipeline, ns: str, kubeconfig: Path
+) -> None:
+    await create_claim(pipeline, ns, "huge", devices(memory="100Gi"))
+    await pipeline.create(ns, claiming("huge", {"resourceClaimName": "huge"}))
+    message = await told(pipeline, ns, "huge", "cannot allocate all claims")
+    assert "outside the request policy's range" in message, message
+    assert "allocation" not in (await claim(pipeline, ns, "huge")).get("status", {})
+    # tessera explain: the last attempt's reason, and the same from trying it now.
+    flags = ["--config", str(pipeline.config), "--kubeconfig", str(kubeconfig)]
+    code, out, err, _ = await tessera("explain", "pod", f"{ns}/huge", *flags)
+    assert (code, err) == (0, ""), err
+    now = out.split("Now (", 1)[1]
+    assert "cannot allocate all claims" in now, out
+    assert "outside the request policy's range" in now, out
+
+
+async def test_a_gang_whose_claims_contend_for_one_card_is_refused_whole_then_fits(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await podgroup(pipeline, ns, "pair", 2)
+    for name in ("g1", "g2"):  # each alone fits the A100; both together do not
+        await create_claim(pipeline, ns, name, devices("A100", cores="60", memory="4Gi"))
+        obj = claiming(name, {"resourceClaimName": name})
+        obj["metadata"]["annotations"] = {GROUP: "pair"}
+        await pipeline.create(ns, obj)
+    message = await told(pipeline, ns, "g1", "beside the gang's other pods")
+    assert "cannot allocate all claims on dw-b" in message, message
+    for name in ("g1", "g2"):
+        assert not (await pipeline.get(ns, name))["spec"].get("nodeName")
+        assert "allocation" not in (await claim(pipeline, ns, name)).get("status", {})
+    # The other gang member asks less: both go, their claims on the one card.
+    await pipeline.delete(ns, "g2")
+    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims/g2")
+    await create_claim(pipeline, ns, "g3", devices("A100", cores="40", memory="4Gi"))
+    obj = claiming("g3", {"resourceClaimName": "g3"})
+    obj["metadata"]["annotations"] = {GROUP: "pair"}
+    await pipeline.create(ns, obj)
+    assert await pipeline.node_of(ns, "g1") == "dw-b"
+    assert await pipeline.node_of(ns, "g3") == "dw-b"
+
+
+async def test_a_deleted_claim_gives_its_share_back(pipeline: Pipeline, ns: str) -> None:
+    await create_claim(pipeline, ns, "big", devices("A100", cores="80", memory="4Gi"))
+    await pipeline.create(ns, claiming("big", {"resourceClaimName": "big"}))
+    assert await pipeline.node_of(ns, "big") == "dw-b"
+    await create_claim(pipeline, ns, "next", devices("A100", cores="50", memory="4Gi"))
+    await pipeline.create(ns, claiming("next", {"resourceClaimName": "next"}))
+    await told(pipeline, ns, "next", "cannot allocate all claims")
+    # The pod ends and its claim is deleted (kube-controller-manager's part, played here).
+    await pipeline.delete(ns, "big")
+    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims/big")
+    placed = await pipeline.bound(ns, "next", timeout_s=60)
+    assert placed["spec"]["nodeName"] == "dw-b"
+
+
+async def test_one_claim_named_by_two_pods_is_allocated_once_and_reserved_for_both(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await create_claim(pipeline, ns, "both", devices("H100", cores="30", memory="4Gi"))
+    made = [
+        await pipeline.create(ns, claiming(name, {"resourceClaimName": "both"}))
+        for name in ("u1", "u2")
+    ]
+    for name in ("u1", "u2"):
+        placed = await pipeline.bound(ns, name, timeout_s=60)
+        assert placed["spec"]["nodeName"] == "dw-a"
+    status = (await claim(pipeline, ns, "both"))["status"]
+    assert len(status["allocation"]["devices"]["results"]) == 1
+    assert sorted(r["uid"] for r in status["reservedFor"]) == sorted(
+        m["metadata"]["uid"] for m in made
+    )
