@@ -284,6 +284,25 @@ async def podgroup(
     )
 
 
+async def told(p: Pipeline, ns: str, name: str, text: str) -> str:
+    """The FailedScheduling message naming ``text`` (waiting for it), checked against
+    the pod's ``PodScheduled`` condition; the pod is not bound."""
+
+    async def event() -> str | None:
+        for e in await p.events(ns, name):
+            if e["reason"] == "FailedScheduling" and text in e["message"]:
+                return str(e["message"])
+        return None
+
+    message = await eventually(event, what=f"FailedScheduling on {name} saying {text!r}")
+    obj = await p.get(ns, name)
+    assert not obj["spec"].get("nodeName")
+    [cond] = [c for c in obj["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+    assert text in cond["message"]
+    return message
+
+
 def pod(
     name: str,
     limits: dict[str, Any],

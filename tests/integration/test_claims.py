@@ -23,8 +23,7 @@ import pytest
 
 from shared import kube
 from shared.config import NatsConfig
-from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, start_pipeline
+from tests.integration.pipeline import Pipeline, pod, start_pipeline, told
 
 pytestmark = pytest.mark.integration
 
@@ -144,25 +143,6 @@ async def allocate(
         consumer = {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}
         obj["status"]["reservedFor"] = [consumer]
     await kube.request(p.api, "PUT", f"{path}/status", obj)
-
-
-async def told(p: Pipeline, ns: str, name: str, text: str) -> str:
-    """The FailedScheduling message naming ``text`` (waiting for it), checked against
-    the pod's ``PodScheduled`` condition; the pod is not bound."""
-
-    async def event() -> str | None:
-        for e in await p.events(ns, name):
-            if e["reason"] == "FailedScheduling" and text in e["message"]:
-                return str(e["message"])
-        return None
-
-    message = await eventually(event, what=f"FailedScheduling on {name} saying {text!r}")
-    obj = await p.get(ns, name)
-    assert not obj["spec"].get("nodeName")
-    [cond] = [c for c in obj["status"]["conditions"] if c["type"] == "PodScheduled"]
-    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
-    assert text in cond["message"]
-    return message
 
 
 async def test_a_pod_whose_unallocated_claim_names_no_class_is_told_and_not_bound(

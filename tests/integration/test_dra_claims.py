@@ -26,8 +26,7 @@ from kubernetes_asyncio.client import ApiException
 
 from shared import kube
 from shared.config import NatsConfig
-from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline
+from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline, told
 from tests.service.test_ops import tessera
 
 pytestmark = pytest.mark.integration
@@ -155,25 +154,6 @@ async def claim(p: Pipeline, ns: str, name: str) -> dict[str, Any]:
         p.api, "GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}"
     )
     return found
-
-
-async def told(p: Pipeline, ns: str, name: str, text: str) -> str:
-    """The FailedScheduling Event naming ``text`` (waiting for it), and the same in the
-    pod's ``PodScheduled`` condition; the pod is not bound."""
-
-    async def event() -> str | None:
-        for e in await p.events(ns, name):
-            if e["reason"] == "FailedScheduling" and text in e["message"]:
-                return str(e["message"])
-        return None
-
-    message = await eventually(event, what=f"FailedScheduling on {name} saying {text!r}")
-    obj = await p.get(ns, name)
-    assert not obj["spec"].get("nodeName")
-    [cond] = [c for c in obj["status"]["conditions"] if c["type"] == "PodScheduled"]
-    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
-    assert text in cond["message"]
-    return message
 
 
 async def test_a_template_claim_is_allocated_by_tessera_and_the_pod_bound_there(
