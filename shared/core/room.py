@@ -37,7 +37,7 @@ from shared.core import consolidation
 from shared.core.hosts import PodSpec
 from shared.core.ledger import PodGrant, Statement
 from shared.core.model import GangKey, Movable, NodeName, PodRef, PodRequest, PodUID, VictimUnit
-from shared.core.placement import GangMember, Placer
+from shared.core.placement import GangMember, Placement, Placer
 from shared.core.preemption import Plan, budget_note, marked, plan
 from shared.core.status import Status
 from shared.core.subgroups import SubGroups
@@ -225,12 +225,7 @@ class Room:
         found = self._plan(gang, [v for v in gang.victims if not self._doomed(v)])
         if found is None:
             return None
-        key = gang.key
-        self.nominations[key] = Nomination(victims=set(found.pods), until=now + HOLD_S)
-        for uid in found.pods:
-            self.doomed[uid] = key
-        nodes = tuple(sorted({p.node for p in found.placements}))
-        self.nominated[key] = tuple(p.pod for p in found.placements)
+        nodes = self._nominate(gang.key, found.pods, found.placements, now)
         budgets = budget_note(found.units, gang.victims, gang.budgets)
         return Made(
             preempting=Preempting(
@@ -240,6 +235,17 @@ class Room:
             f"{budgets}.",
             nominated={p.pod.uid: p.node for p in found.placements},
         )
+
+    def _nominate(
+        self, key: GangKey, pods: Sequence[PodUID], placements: Sequence[Placement], now: float
+    ) -> tuple[NodeName, ...]:
+        """The gang waits for ``pods`` to go (each doomed for it, not offered to another),
+        nominated to ``placements``; the nodes it will use."""
+        self.nominations[key] = Nomination(victims=set(pods), until=now + HOLD_S)
+        for uid in pods:
+            self.doomed[uid] = key
+        self.nominated[key] = tuple(p.pod for p in placements)
+        return tuple(sorted({p.node for p in placements}))
 
     def _doomed(self, unit: VictimUnit) -> bool:
         return any(p.uid in self.doomed for p in unit.pods)
@@ -341,13 +347,8 @@ class Room:
                 grant=move.spot,
                 until=now + self.reserve_s,
             )
-        key = gang.key
         pods = tuple(m.pod.pod.uid for m in found.moves)
-        self.nominations[key] = Nomination(victims=set(pods), until=now + HOLD_S)
-        for uid in pods:
-            self.doomed[uid] = key
-        nodes = tuple(sorted({p.node for p in found.placements}))
-        self.nominated[key] = tuple(p.pod for p in found.placements)
+        nodes = self._nominate(gang.key, pods, found.placements, now)
         units = tuple(
             VictimUnit(
                 pods=(m.pod.pod,),
