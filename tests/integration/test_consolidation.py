@@ -10,8 +10,10 @@ ReplicaSet controller is what recreates the moved pods, nothing emulates it."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from typing import Any
 
+import aiohttp
 import pytest
 
 from shared import kube
@@ -73,6 +75,20 @@ async def ns(pipeline: Pipeline) -> AsyncIterator[str]:
     found = await kube.request(pipeline.api, "GET", f"/api/v1/namespaces/{name}/pods")
     for item in found["items"]:
         await pipeline.delete(name, item["metadata"]["name"])
+    # The next test places on the same nodes: its pods must not meet this one's grants
+    # (a 60 % filler still held made binpack split the next ReplicaSet over two nodes).
+    await eventually(
+        partial(ledger_empty, pipeline), timeout_s=30, what="the allocator's grants released"
+    )
+
+
+async def ledger_empty(p: Pipeline) -> bool:
+    """No pod holds a grant in the device-allocator (its ``tessera_ledger_pods``)."""
+    url = f"http://127.0.0.1:{p.ports['device-allocator']}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        text = await resp.text()
+    held = [line for line in text.splitlines() if line.startswith("tessera_ledger_pods")]
+    return bool(held) and all(float(line.split()[-1]) == 0 for line in held)
 
 
 async def replicaset(p: Pipeline, ns: str, replicas: int, pct: int) -> None:
