@@ -19,7 +19,7 @@ every combination of ``count`` candidates (C(16, 8) = 12870 sets of 28 pairs on 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -44,6 +44,33 @@ def pair_score(level: int | None, nvlinks: int) -> int:
     None when NVML did not say: 0) plus :data:`NVLINK_SCORE` per NVLink."""
     pcie = PCIE_SCORE.get(level, 0) if level is not None else 0
     return pcie + NVLINK_SCORE * nvlinks
+
+
+def nvlink_islands(links: Mapping[int, Mapping[int, int]]) -> dict[int, int]:
+    """The NVLink island of each card of one node: ``links`` is each card's ``index`` →
+    its scores to its peers (``DeviceInfo.links``); a card joins the island of every
+    peer it shares at least one NVLink with (both ends reporting one: the lower score,
+    as :func:`best_set` reads a pair), transitively. An island is named by its lowest
+    card index; a card with no NVLink peer is an island of one. Cards whose links were
+    not read (an empty map) get none: nothing says where they are.
+
+    Published as the DRA device attribute ``nvlinkIsland`` (services/node_agent/dra/
+    slices.py), which a claim's ``matchAttribute`` constraint pairs cards on."""
+    read = {card for card, peers in links.items() if peers}
+    parent = {card: card for card in read}
+
+    def root(card: int) -> int:
+        while parent[card] != card:
+            parent[card] = parent[parent[card]]
+            card = parent[card]
+        return card
+
+    for card in read:
+        for peer, score in links[card].items():
+            if peer in read and min(score, links[peer].get(card, 0)) >= NVLINK_SCORE:
+                a, b = root(card), root(peer)
+                parent[max(a, b)] = min(a, b)
+    return {card: root(card) for card in sorted(read)}
 
 
 def best_set(

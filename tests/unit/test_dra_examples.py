@@ -20,6 +20,7 @@ from shared.core.placement import GangMember
 from shared.core.status import Status
 from tests.unit.corekit import ref, request
 from tests.unit.test_dra import A100_MIG, CFG, H100
+from tests.unit.test_topology_nvlink import sim
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = NodeName("gpu-0")
@@ -102,3 +103,22 @@ def test_two_cards_one_numa_pairs_cards_of_one_numa_node_or_waits() -> None:
     refused = decide("two-cards-one-numa.yaml", (H100, FAR))
     assert isinstance(refused, Status)
     assert "cannot allocate all claims" in refused.message()
+
+
+def test_two_cards_one_nvlink_island_pairs_linked_cards_or_waits() -> None:
+    cards = tuple(
+        msgspec.structs.replace(c, index=i, uuid=DeviceUUID(f"GPU-{i}"))
+        for i, c in enumerate(sim(4, islands=2))
+    )
+    # cards 0-1 and 2-3 are the islands: the pair chosen is one island's
+    results = decide("two-cards-one-nvlink-island.yaml", cards)
+    assert not isinstance(results, Status)
+    chosen = sorted(devices(cards)[r["device"]].card.index for r in results)
+    assert chosen in ([0, 1], [2, 3])
+    # one card of each island: no pair shares an island
+    refused = decide("two-cards-one-nvlink-island.yaml", (cards[0], cards[2]))
+    assert isinstance(refused, Status)
+    assert "cannot allocate all claims" in refused.message()
+    # links not read (no NVML topology): no island attribute, never chosen
+    unread = tuple(msgspec.structs.replace(c, links={}) for c in cards)
+    assert isinstance(decide("two-cards-one-nvlink-island.yaml", unread), Status)

@@ -21,7 +21,7 @@ from shared import events as ev
 from shared.config import Config
 from shared.core.model import DeviceInfo
 from shared.core.placement import Placement, PlacementConfig, Placer
-from shared.core.topology import MAX_SEEDS, best_set, pair_score
+from shared.core.topology import MAX_SEEDS, best_set, nvlink_islands, pair_score
 from tests.unit.corekit import gpus, place, placer, ref, request
 from tests.unit.fake_nvml import DATA, FakeNvml
 
@@ -84,6 +84,33 @@ def test_simulated_islands_link_within_each_island_and_pcie_across() -> None:
         )
     )
     assert all(not d.links for d in plain["p"][1])  # no nvlink: no links reported
+
+
+def test_nvlink_islands_join_linked_cards_transitively_named_by_their_lowest_index() -> None:
+    assert nvlink_islands({d.index: d.links for d in sim(8, islands=2)}) == {
+        0: 0,
+        1: 0,
+        2: 0,
+        3: 0,
+        4: 4,
+        5: 4,
+        6: 4,
+        7: 4,
+    }
+    assert set(
+        nvlink_islands({d.index: d.links for d in sim(8, islands=1, links=18)}).values()
+    ) == {0}
+    # a chain 3 - 1 - 2 is one island; 0 has PCIe only (an island of one); 4 was not read
+    chain = {
+        0: {1: 20, 2: 20, 3: 20},
+        1: {0: 20, 2: 120, 3: 220},
+        2: {0: 20, 1: 120, 3: 20},
+        3: {0: 20, 1: 220, 2: 20},
+        4: {},
+    }
+    assert nvlink_islands(chain) == {0: 0, 1: 1, 2: 1, 3: 1}
+    # a link only one end reports is no link (the pair's lower score)
+    assert nvlink_islands({0: {1: 120}, 1: {0: 20}}) == {0: 0, 1: 1}
 
 
 # --- the search ----------------------------------------------------------------------------

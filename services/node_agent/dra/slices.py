@@ -16,7 +16,9 @@ after the node, in one slice:
 - an Ascend NPU is one whole device ``npu-<index>``;
 - other vendors are not offered through DRA yet.
 
-Attributes are in the driver's domain (``device.attributes['gpu.tessera.io'].uuid``);
+Attributes are in the driver's domain (``device.attributes['gpu.tessera.io'].uuid``;
+a card's ``nvlinkIsland``, where NVML read its links, lets ``matchAttribute`` keep a
+claim's cards on one NVLink island);
 a device that is not healthy carries a ``NoSchedule`` taint.
 """
 
@@ -30,6 +32,7 @@ from shared.config import Config
 from shared.core.ledger import sharing_mode
 from shared.core.model import DeviceGrant, DeviceInfo, MigInstance, NodeName
 from shared.core.quantity import parse_quantity
+from shared.core.topology import nvlink_islands
 
 MIB = 1 << 20
 API_VERSION = "resource.k8s.io/v1"
@@ -49,6 +52,9 @@ class DraDevice:
     mig: MigInstance | None = None
     shared: bool = False
     """Published with ``allowMultipleAllocations`` and consumable ``cores`` and ``memory``."""
+    island: int | None = None
+    """The card's NVLink island (shared/core/topology.py ``nvlink_islands``), published as
+    ``nvlinkIsland`` on a whole card's device; None when its links were not read."""
 
 
 def dra_devices(cfg: Config, node: NodeName, devices: Iterable[DeviceInfo]) -> list[DraDevice]:
@@ -56,8 +62,10 @@ def dra_devices(cfg: Config, node: NodeName, devices: Iterable[DeviceInfo]) -> l
     inventory's order; ``filterDevices`` of the node's ``nodeConfigs`` entry leaves cards out
     as it does for the device plugin."""
     override = cfg.node_override(node)
+    cards = list(devices)
+    islands = nvlink_islands({d.index: d.links for d in cards if d.vendor == "nvidia"})
     out: list[DraDevice] = []
-    for d in devices:
+    for d in cards:
         if override is not None and override.filter_devices.excludes(d.uuid, d.index):
             continue
         if d.vendor == "ascend":
@@ -70,7 +78,8 @@ def dra_devices(cfg: Config, node: NodeName, devices: Iterable[DeviceInfo]) -> l
                     if m.uuid is not None
                 ]
             else:
-                out.append(DraDevice(f"gpu-{d.index}", "gpu", d, shared=True))
+                island = islands.get(d.index)
+                out.append(DraDevice(f"gpu-{d.index}", "gpu", d, shared=True, island=island))
     return out
 
 
@@ -99,6 +108,8 @@ def attributes(device: DraDevice) -> dict[str, dict[str, Any]]:
         out["placement"] = {"int": device.mig.placement}
     else:
         out["uuid"] = {"string": card.uuid}
+    if device.island is not None:
+        out["nvlinkIsland"] = {"int": device.island}
     if card.chip:
         out["chip"] = {"string": card.chip}
     for name, text in (("architecture", card.architecture), ("pciBusID", card.pci_bus_id)):
