@@ -146,6 +146,8 @@ class Dra:
         self.assumed: dict[PodUID, tuple[ev.ClaimAllocation, ...]] = {}
         self._pools: dict[str, list[Pool]] = {}
         self._in_use: InUse | None = None
+        self._alone: dict[PodUID, list[Mapping[str, Any]]] | None = None
+        """Per pod, the claims reserved for it alone (``held_by``), until a claim changes."""
         self.claimed = hosts.dra = Claimed(self)
         """What the core's gang search reads of DRA, and what its placed pods took
         (shared/core/plugins/dynamic_resources.py)."""
@@ -170,7 +172,7 @@ class Dra:
         else:
             self.observed[key] = dict(obj)
             self._forget_assumed(key)
-        self._in_use = None
+        self._in_use = self._alone = None
 
     def read_all(self, slices: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) -> None:
         """Every slice and claim as listed at start."""
@@ -198,6 +200,25 @@ class Dra:
                 )
             self._in_use = read.in_use(objs)
         return self._in_use
+
+    def held_by(self, uid: PodUID) -> InUse | None:
+        """What the claims reserved for ``uid`` alone hold (observed with ``reservedFor``
+        naming only it, or assumed for it and not seen yet); None when none."""
+        if self._alone is None:
+            alone: dict[PodUID, list[Mapping[str, Any]]] = {}
+            for obj in self.observed.values():
+                consumers: list[Any] = (obj.get("status") or {}).get("reservedFor") or []
+                if len(consumers) == 1 and consumers[0].get("uid"):
+                    alone.setdefault(PodUID(str(consumers[0]["uid"])), []).append(obj)
+            for pod, claims in self.assumed.items():
+                alone.setdefault(pod, []).extend(
+                    {"status": {"allocation": c.allocation}}
+                    for c in claims
+                    if not c.reserve_only and f"{c.namespace}/{c.name}" not in self.observed
+                )
+            self._alone = alone
+        objs = self._alone.get(uid)
+        return read.in_use(objs) if objs else None
 
     def pools(self, node: str) -> list[Pool]:
         """The pools ``node`` sees (cached until a slice changes)."""
@@ -245,7 +266,7 @@ class Dra:
             if made:
                 self.assumed[grant.pod.uid] = made
         self.claimed.begin()
-        self._in_use = None
+        self._in_use = self._alone = None
 
     def restore(self, claims: Mapping[PodUID, tuple[ev.ClaimAllocation, ...]]) -> None:
         """What open reservations held at start (services/device_allocator/reservations.py),
@@ -254,14 +275,14 @@ class Dra:
             kept = tuple(c for c in held if f"{c.namespace}/{c.name}" not in self.observed)
             if kept:
                 self.assumed[uid] = kept
-        self._in_use = None
+        self._in_use = self._alone = None
 
     def release(self, uid: PodUID) -> None:
         """The pod's assumed claims are given back (its bind failed, timed out, or it is
         gone); claims already seen allocated are given back when the watcher sees them
         deallocated or deleted."""
         if self.assumed.pop(uid, None):
-            self._in_use = None
+            self._in_use = self._alone = None
 
     def decided(self, uid: PodUID) -> tuple[ev.ClaimAllocation, ...]:
         """What ``uid``'s decision carries for its claims."""

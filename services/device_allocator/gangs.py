@@ -230,8 +230,6 @@ class Gangs:
         if gang.tried is not None:
             status = combined([gang.tried, status])
         pods = tuple(m.pod for m in members)
-        if status.plugin == PLUGIN:  # no victim frees a device the claims could get here
-            return [], outcomes.failed(gang, pods, status, self.refused)
         made = self.room.make_room(
             outcomes.unplaced(gang, members, self.guard),
             status,

@@ -12,9 +12,10 @@ from typing import Any
 
 from services.device_allocator.dra import Dra
 from shared.core.hosts import Claims, DraClaim, PodSpec
-from shared.core.ledger import Statement
-from shared.core.model import PodUID
+from shared.core.ledger import PodGrant, Statement
+from shared.core.model import NodeName, PodUID, VictimUnit
 from shared.core.placement import GangMember, GangResult, Placer
+from shared.core.preemption import plan
 from shared.core.status import Code, Status
 from tests.unit.corekit import ledger, ref, request
 
@@ -393,3 +394,87 @@ def test_a_claim_allocated_but_not_reserved_is_reserved_for_the_pod_not_counted_
     assert (held.name, held.reserve_only, held.allocation) == ("shared", True, allocation)
     # Its 60 % count once: a 40 % share still fits beside it.
     assert w.fits(member("q", share(cores="40", memory="1Gi"))) == ["n1"]
+
+
+def whole_card_claim(name: str, *consumers: str) -> dict[str, Any]:
+    """A claim allocated the whole of n1's gpu-0, reserved for ``consumers`` (pod names)."""
+    result = {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}
+    return {
+        "metadata": {"name": name, "namespace": "ns"},
+        "status": {
+            "allocation": {"devices": {"results": [result]}},
+            "reservedFor": [{"uid": ref(c).uid} for c in consumers],
+        },
+    }
+
+
+def bound(w: World, name: str) -> VictimUnit:
+    """Pod ``name`` bound on n1 (in the ledger), offered as a victim."""
+    w.placer.ledger.grant(
+        PodGrant(pod=ref(name), node=NodeName("n1"), containers=(), spec=PodSpec(namespace="ns"))
+    )
+    return VictimUnit(pods=(ref(name),), why="priority 0 < 10")
+
+
+def test_evicting_a_pod_frees_the_claims_reserved_for_it_alone_in_the_plan() -> None:
+    w = dra(node_slice("n1", {"name": "gpu-0"}), nodes=("n1",))  # one card, not shared
+    w.dra.seen("claim", "ns/low", whole_card_claim("low", "low"))
+    unit = bound(w, "low")
+    wants = member("high", share())
+    assert isinstance(w.fits(wants), Status)  # the card is held by low's claim
+    w.dra.begin()
+    found = plan(w.placer, [wants], 1, [unit])
+    assert found is not None
+    assert found.pods == (ref("low").uid,)
+    assert [p.node for p in found.placements] == ["n1"]
+    # The plan leaves everything as it was: low holds its grant and its claim.
+    assert ref("low").uid in w.placer.ledger.pods
+    assert w.dra.claimed.freed == {}
+    assert w.dra.claimed.taken == {}
+    assert isinstance(w.fits(wants), Status)
+
+
+def test_a_claim_shared_with_a_pod_that_stays_is_not_freed_by_an_eviction() -> None:
+    w = dra(node_slice("n1", {"name": "gpu-0"}), nodes=("n1",))
+    w.dra.seen("claim", "ns/both", whole_card_claim("both", "low", "other"))
+    unit = bound(w, "low")
+    bound(w, "other")
+    w.dra.begin()
+    assert plan(w.placer, [member("high", share())], 1, [unit]) is None
+    # Both pods offered: the claim is still reserved for each, so it is not counted free
+    # (kube-controller-manager deallocates it once both are gone).
+    assert plan(w.placer, [member("high", share())], 1, [unit, bound(w, "other")]) is None
+
+
+def test_in_use_less_gives_back_whole_devices_and_shares() -> None:
+    d = dra(node_slice("n1", card("gpu-0"))).dra
+    share_of = {
+        "metadata": {"name": "s", "namespace": "ns"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": "n1",
+                            "device": "gpu-0",
+                            "shareID": "a",
+                            "consumedCapacity": {"cores": "30", "memory": "1Gi"},
+                        }
+                    ]
+                }
+            },
+            "reservedFor": [{"uid": "uid-a"}],
+        },
+    }
+    d.seen("claim", "ns/s", share_of)
+    d.seen("claim", "ns/w", whole_card_claim("w", "b") | {"metadata": {"name": "w"}})
+    held = d.held_by(PodUID("uid-a"))
+    assert held is not None
+    assert d.in_use().less(held).consumed == {}
+    assert d.in_use().less(held).devices == d.in_use().devices
+    whole = d.held_by(PodUID("uid-b"))
+    assert whole is not None
+    assert d.in_use().less(whole).devices == frozenset()
+    assert d.held_by(PodUID("uid-c")) is None

@@ -53,6 +53,12 @@ class ClaimSource(Protocol):
         """What allocated claims hold, the allocator's assumed ones included."""
         ...
 
+    def held_by(self, uid: PodUID) -> InUse | None:
+        """What the claims reserved for ``uid`` alone hold (None: none): given back
+        when it is evicted (kube-controller-manager deallocates a claim once no pod is
+        left in its ``reservedFor``); a claim shared with another pod is not counted."""
+        ...
+
 
 Taken = tuple[NodeName, tuple[Allocation, ...]]
 """A placed pod's node and the allocations of its claims there."""
@@ -72,28 +78,65 @@ class Claimed:
     def __init__(self, source: ClaimSource) -> None:
         self.source = source
         self.taken: dict[PodUID, Taken] = {}
+        self.freed: dict[PodUID, InUse] = {}
+        """What the claims of pods a preemption plan evicts hold (``leave``)."""
         self._combined: tuple[InUse, InUse] | None = None
-        """The source's in_use and it plus ``taken``, while neither changes."""
+        """The source's in_use and it with ``taken`` and less ``freed``, while none
+        changes."""
         self._prepared: dict[int, tuple[Claims, DraPrepared | Status]] = {}
         """Each pod's claims prepared (selectors compiled) once per attempt, by the
         identity of its ``Claims`` (kept, so the identity is not reused)."""
 
     def begin(self) -> None:
-        """A new attempt: nothing taken, nothing prepared."""
+        """A new attempt: nothing taken, freed or prepared."""
         self.taken.clear()
+        self.freed.clear()
         self._prepared.clear()
         self._combined = None
 
     def in_use(self) -> InUse:
-        """What the source holds plus what this attempt's pods took."""
+        """What the source holds plus what this attempt's pods took, less what the
+        claims of the pods it evicts hold."""
         base = self.source.in_use()
-        if not self.taken:
+        if not self.taken and not self.freed:
             return base
         combined = self._combined
         if combined is None or combined[0] is not base:
             more = (a for _, allocations in self.taken.values() for a in allocations)
-            combined = self._combined = (base, base.plus(more))
+            now = base.plus(more)
+            for held in self.freed.values():
+                now = now.less(held)
+            combined = self._combined = (base, now)
         return combined[1]
+
+    def leave(self, uid: PodUID) -> Undo | None:
+        """``uid`` is evicted in a plan (shared/core/preemption.py): the claims reserved
+        for it alone count as free; the answer counts them held again."""
+        held = self.source.held_by(uid)
+        if held is None or uid in self.freed:
+            return None
+        self.freed[uid] = held
+        self._combined = None
+
+        def undo() -> None:
+            self.freed.pop(uid, None)
+            self._combined = None
+
+        return undo
+
+    def stay(self, uid: PodUID) -> Undo | None:
+        """``uid`` is put back in a plan: its claims count as held again; the answer
+        frees them once more."""
+        held = self.freed.pop(uid, None)
+        if held is None:
+            return None
+        self._combined = None
+
+        def undo() -> None:
+            self.freed[uid] = held
+            self._combined = None
+
+        return undo
 
     def take(self, uid: PodUID, node: NodeName, allocations: tuple[Allocation, ...]) -> Undo:
         """``uid`` placed on ``node`` holds ``allocations``; the answer undoes it."""
