@@ -177,6 +177,9 @@ class Gangs:
                 context = str(m.pod) if len(members) > 1 else ""
                 return [], [], checked.with_context(context), False
         self.dra.begin()  # the core's search allocates ResourceClaims (dra.py)
+        gone, _ = self.room.released.get(key, ((), 0.0))
+        for uid in gone:  # its evicted pods' claims, not deallocated yet, are its to take
+            self.dra.claimed.leave(uid)
         spot = self._spot(gang)
         if spot is not None:  # a moved pod's recreated self: the place kept for it
             self.room.placed(key)
