@@ -11,8 +11,8 @@ units in that order until the gang fits (a trial placement), then puts back ever
 that turns out not to be needed, the costliest first, so the set is small and cheap. The
 ledger is restored exactly before it returns; nothing is evicted here. While a unit is
 out, the DRA claims reserved for its pods alone count as free (kube-controller-manager
-deallocates them once the pods are gone; docs/preemption.md says why Tessera goes
-beyond kube-scheduler here).
+deallocates them once the pods are gone; docs/dra.md says why Tessera goes beyond
+kube-scheduler here).
 
 What kube-scheduler's DefaultPreemption promises holds here too. A pod whose
 ``preemptionPolicy`` is ``Never`` evicts no one (:func:`eligible`; it waits, and its
