@@ -13,10 +13,11 @@ from typing import Any
 from services.device_allocator.dra import Dra
 from shared.core.hosts import Claims, DraClaim, PodSpec
 from shared.core.ledger import PodGrant, Statement
-from shared.core.model import NodeName, PodUID, VictimUnit
+from shared.core.model import GangKey, NodeName, PodUID, VictimUnit
 from shared.core.placement import GangMember, GangResult, Placer
 from shared.core.preemption import plan
-from shared.core.status import Code, Status
+from shared.core.room import Room, Unplaced
+from shared.core.status import Code, Reason, Status
 from tests.unit.corekit import ledger, ref, request
 
 DRIVER = "gpu.tessera.io"
@@ -478,3 +479,30 @@ def test_in_use_less_gives_back_whole_devices_and_shares() -> None:
     assert whole is not None
     assert d.in_use().less(whole).devices == frozenset()
     assert d.held_by(PodUID("uid-c")) is None
+
+
+def test_a_preemptors_gone_victims_claims_count_free_for_it_until_it_is_placed() -> None:
+    w = dra(node_slice("n1", {"name": "gpu-0"}), nodes=("n1",))
+    w.dra.seen("claim", "ns/low", whole_card_claim("low", "low"))
+    unit = bound(w, "low")
+    high = member("high", share())
+    room = Room(w.placer)
+    key = GangKey.of(high.pod, None)
+    gang = Unplaced(key=key, members=[high], min_member=1, victims=(unit,))
+    no_room = Status(code=Code.UNSCHEDULABLE, nodes=1, reasons=(Reason(kind="claim-allocate"),))
+    w.dra.begin()
+    made = room.make_room(gang, no_room, now=0.0)
+    assert made.preempting is not None
+    assert made.preempting.pods == (ref("low").uid,)
+    assert room.gone(ref("low")) == key
+    assert room.waiting(key, now=1.0) is None  # its victim is gone: it may be placed
+    # kube-controller-manager has not deallocated low's claim yet: held for everyone...
+    assert isinstance(w.fits(high), Status)
+    # ...but not for the gang it was evicted for (as the allocator places it: gangs.py).
+    gone, _ = room.released[key]
+    w.dra.begin()
+    for uid in gone:
+        w.dra.claimed.leave(uid)
+    assert w.placer.place_gang([high], 1).ok
+    room.placed(key)
+    assert key not in room.released
