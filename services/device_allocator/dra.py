@@ -17,7 +17,8 @@ their ``reservedFor``.
 
 One claim's states here (the ledger's own for grants: services/device_allocator/service.py)::
 
-    unallocated --assume--> assumed (this pod's, until the binder's write is seen)
+    unallocated --taken by the gang search (Claimed.take), the gang placed: assume-->
+        assumed (this pod's, until the binder's write is seen)
         assumed --the watcher sends it allocated--> observed (read.in_use)
         assumed --release (bind failed or timed out, pod deleted)--> gone
         observed --deallocated or deleted--> gone
@@ -253,6 +254,9 @@ class Dra:
                 for c in (claims.reserve if claims is not None else ())
             )
             found = taken.get(grant.pod.uid)
+            if claims is not None and claims.allocate and found is None:
+                # Only a profile without DynamicResources places such a pod.
+                log.warning("%s placed without its ResourceClaims allocated", grant.pod)
             if claims is not None and found is not None:
                 made += tuple(
                     ev.ClaimAllocation(
