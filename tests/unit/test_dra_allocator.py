@@ -252,7 +252,10 @@ def test_bad_claims_are_refused_with_what_is_wrong() -> None:
     missing = w.fits(member("p", share(), classes={}))
     assert isinstance(missing, Status)
     assert missing.unresolvable
-    assert "request gpu: device class gpu.tessera.io does not exist" in missing.message()
+    # A PreFilter's reason: on no node in particular (said without a count).
+    assert [(r.text(), r.nodes) for r in missing.reasons] == [
+        ("request gpu: device class gpu.tessera.io does not exist", 0)
+    ]
     broken = w.fits(member("p", share(selector="device.attributes[")))
     assert isinstance(broken, Status)
     assert "compilation failed" in broken.message()

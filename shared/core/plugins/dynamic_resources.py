@@ -166,7 +166,7 @@ Undo = Callable[[], None]
 
 
 def _refused(kind: str, detail: str) -> Status:
-    reason = Reason(kind=kind, code=UNRESOLVABLE, detail=detail, plugin=NAME)
+    reason = Reason(kind=kind, code=UNRESOLVABLE, detail=detail, nodes=0, plugin=NAME)
     return Status(code=Code.UNRESOLVABLE, reasons=(reason,))
 
 
