@@ -2,21 +2,23 @@
 
 The watcher sends the cluster's ResourceSlices and the allocations of ResourceClaims
 (``dra.object``); a pending pod carries its claims not allocated yet and the
-DeviceClasses they name (``Claims.allocate``, shared/core/claims.py). Before the core
-places a gang, :meth:`Dra.restrict` decides each member with claims on every node that
-sees a pool (shared/core/dra: ``prepare`` once per pod, ``allocate`` per node) and hands
-the core the nodes that fit as one more node term, which the DynamicResources filter
-applies (shared/core/plugins/dynamic_resources.py); no node fits: the gang is refused
-with the reason. Once the core has placed the gang, :meth:`Dra.assume` allocates each
-member's claims on its node, members in order, each seeing what the ones before took
-(``InUse.plus``): all or nothing. A gang whose members contend for one node's devices
-is refused then, not placed elsewhere (the core's gang search does not see DRA). A
-member's claims allocated already but not reserved for it (``Claims.reserve``) ride
-along as ``reserve_only``: the binder only adds the pod to their ``reservedFor``.
+DeviceClasses they name (``Claims.allocate``, shared/core/claims.py). :class:`Dra` is
+the core's :class:`~shared.core.plugins.dynamic_resources.ClaimSource`: each node's pools
+(indexed per node, :class:`Slices`) and what is in use. The core's gang search decides
+the claims (the DynamicResources filter, shared/core/plugins/dynamic_resources.py): a
+member is allocated per node beside what is in use and what the members placed before
+it in the same attempt took, and a placed member takes its allocation inside the gang's
+Statement (given back if the gang is not placed). So members spread over nodes when one
+node cannot serve them all, and a gang with ``minMember`` below its size is placed
+without a member whose claims fit nowhere. Once the gang is placed, :meth:`Dra.assume`
+holds what its members took. A member's claims allocated already but not reserved for
+it (``Claims.reserve``) ride along as ``reserve_only``: the binder only adds the pod to
+their ``reservedFor``.
 
 One claim's states here (the ledger's own for grants: services/device_allocator/service.py)::
 
-    unallocated --assume--> assumed (this pod's, until the binder's write is seen)
+    unallocated --taken by the gang search (Claimed.take), the gang placed: assume-->
+        assumed (this pod's, until the binder's write is seen)
         assumed --the watcher sends it allocated--> observed (read.in_use)
         assumed --release (bind failed or timed out, pod deleted)--> gone
         observed --deallocated or deleted--> gone
@@ -27,26 +29,21 @@ scheduler) and the assumed ones not observed yet, summed by ``read.in_use``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import msgspec
-
 from shared import events as ev
-from shared.core.dra import InUse, Pool, Prepared, allocate, prepare, read
-from shared.core.dra.cel import SelectorError
-from shared.core.hosts import DraClaim, node_terms
+from shared.core.dra import InUse, Pool, read
+from shared.core.ledger import PodGrant
 from shared.core.model import NodeName, PodUID
 from shared.core.nodefit import Hosts
-from shared.core.placement import GangMember
-from shared.core.status import Code, Reason, Status
+from shared.core.plugins.dynamic_resources import NAME, Claimed
 
 log = logging.getLogger(__name__)
 
-PLUGIN = "DynamicResources"
+PLUGIN = NAME
 MAX_STEPS = 5_000
 """The search steps ``allocate`` may take on one node. A claim that fits is found in a
 few steps per device requested (8 devices matched on one attribute among 24: 0.2 ms);
@@ -55,13 +52,8 @@ devices among 24: unbounded, seconds). A step costs about 13 µs here (measured
 2026-11-26 on this machine, 2 shared cores: 5,000 steps 65 ms, 20,000 240 ms), so 5,000
 keeps one pathological claim from holding the allocator's single ledger loop for more
 than tens of milliseconds per node, while claims of up to a dozen devices are decided
-far within it. Spent, the attempt stops with the core's error (``timed out trying to
-allocate devices``), as kube-scheduler's filter timeout stops it."""
-
-
-def _status(code: Code, kind: str, detail: str, nodes: int, known: int) -> Status:
-    reason = Reason(kind=kind, code=code, detail=detail, nodes=nodes, plugin=PLUGIN)
-    return Status(code=code, reasons=(reason,), nodes=known)
+far within it. Spent, the node is refused with the core's error (``timed out trying to
+allocate devices``), where kube-scheduler's filter timeout stops the attempt."""
 
 
 def _readable(kind: str, obj: Mapping[str, Any]) -> bool:
@@ -155,10 +147,11 @@ class Dra:
         self.assumed: dict[PodUID, tuple[ev.ClaimAllocation, ...]] = {}
         self._pools: dict[str, list[Pool]] = {}
         self._in_use: InUse | None = None
-        self._prepared: dict[PodUID, tuple[Prepared, tuple[DraClaim, ...]]] = {}
-        """The members of the gang being placed: their claims, prepared."""
-        self._reserving: dict[PodUID, tuple[DraClaim, ...]] = {}
-        """The members' claims allocated already (``Claims.reserve``), to reserve for them."""
+        self._alone: dict[PodUID, list[Mapping[str, Any]]] | None = None
+        """Per pod, the claims reserved for it alone (``held_by``), until a claim changes."""
+        self.claimed = hosts.dra = Claimed(self)
+        """What the core's gang search reads of DRA, and what its placed pods took
+        (shared/core/plugins/dynamic_resources.py)."""
 
     # --- what the watcher sends ---------------------------------------------------------
 
@@ -180,7 +173,7 @@ class Dra:
         else:
             self.observed[key] = dict(obj)
             self._forget_assumed(key)
-        self._in_use = None
+        self._in_use = self._alone = None
 
     def read_all(self, slices: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) -> None:
         """Every slice and claim as listed at start."""
@@ -209,6 +202,25 @@ class Dra:
             self._in_use = read.in_use(objs)
         return self._in_use
 
+    def held_by(self, uid: PodUID) -> InUse | None:
+        """What the claims reserved for ``uid`` alone hold (observed with ``reservedFor``
+        naming only it, or assumed for it and not seen yet); None when none."""
+        if self._alone is None:
+            alone: dict[PodUID, list[Mapping[str, Any]]] = {}
+            for obj in self.observed.values():
+                consumers: list[Any] = (obj.get("status") or {}).get("reservedFor") or []
+                if len(consumers) == 1 and consumers[0].get("uid"):
+                    alone.setdefault(PodUID(str(consumers[0]["uid"])), []).append(obj)
+            for pod, claims in self.assumed.items():
+                alone.setdefault(pod, []).extend(
+                    {"status": {"allocation": c.allocation}}
+                    for c in claims
+                    if not c.reserve_only and f"{c.namespace}/{c.name}" not in self.observed
+                )
+            self._alone = alone
+        objs = self._alone.get(uid)
+        return read.in_use(objs) if objs else None
+
     def pools(self, node: str) -> list[Pool]:
         """The pools ``node`` sees (cached until a slice changes)."""
         found = self._pools.get(node)
@@ -218,91 +230,20 @@ class Dra:
             found = self._pools[node] = read.node_pools(self.slices.of(node), node, labels)
         return found
 
-    def _candidates(self) -> list[str]:
-        """The nodes a slice may reach: named ones, or every node for a selector."""
-        if self.slices.everywhere:
-            return sorted(str(n) for n in self.hosts.nodes)
-        return sorted(n for n in self.slices.named if NodeName(n) in self.hosts.nodes)
-
     # --- placing ------------------------------------------------------------------------
 
-    def _prepare(self, member: GangMember) -> Prepared | Status:
-        claims = member.spec.claims if member.spec is not None else None
-        assert claims is not None
-        known = len(self.hosts.nodes)
-        try:
-            records = [
-                read.claim_record(
-                    {
-                        "metadata": {"namespace": c.namespace, "name": c.name},
-                        "spec": {"devices": c.devices},
-                    }
-                )
-                for c in claims.allocate
-            ]
-            classes = {name: read.class_record(obj) for name, obj in claims.classes.items()}
-            prep = prepare(records, classes)
-        except (SelectorError, ValueError, TypeError) as exc:
-            text = f"claim of pod {member.pod}: {exc}"
-            return _status(Code.UNRESOLVABLE, "claim-allocate", text, 0, known)
-        if not isinstance(prep, Prepared):
-            return _status(Code.UNRESOLVABLE, "claim-class", prep.reason, 0, known)
-        return prep
-
     def begin(self) -> None:
-        """A gang is about to be placed: what was prepared for an earlier one goes."""
-        self._prepared.clear()
-        self._reserving.clear()
+        """A gang is about to be placed: what an earlier attempt prepared or took goes."""
+        self.claimed.begin()
 
-    def restrict(self, member: GangMember) -> GangMember | Status:
-        """``member`` limited to the nodes where its claims can be allocated now, or why
-        none fits; unchanged without claims to allocate."""
-        claims = member.spec.claims if member.spec is not None else None
-        if claims is not None and claims.reserve:
-            self._reserving[member.pod.uid] = claims.reserve
-        if claims is None or not claims.allocate:
-            return member
-        prep = self._prepare(member)
-        if isinstance(prep, Status):
-            return prep
-        self._prepared[member.pod.uid] = (prep, claims.allocate)
-        fit: list[str] = []
-        why: dict[str, int] = {}
-        in_use = self.in_use()
-        for node in self._candidates():
-            out = allocate(prep, node, self.pools(node), in_use, max_steps=self.max_steps)
-            if out.fits:
-                fit.append(node)
-                continue
-            if out.error:  # a broken selector, the step budget spent: the attempt stops
-                text = f"claim of pod {member.pod} on node {node}: {out.reason}"
-                return _status(Code.UNSCHEDULABLE, "claim-allocate", text, 0, len(self.hosts.nodes))
-            text = out.reason + (f" ({'; '.join(out.hints)})" if out.hints else "")
-            why[text] = why.get(text, 0) + 1
-        known = len(self.hosts.nodes)
-        if not fit:
-            rest = known - sum(why.values())
-            if rest > 0:
-                why["cannot allocate all claims"] = why.get("cannot allocate all claims", 0) + rest
-            reasons = tuple(
-                Reason(kind="claim-allocate", detail=t, nodes=n, plugin=PLUGIN)
-                for t, n in sorted(why.items())
-            )
-            return Status(code=Code.UNSCHEDULABLE, reasons=reasons, nodes=known)
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": fit}]}
-        here = node_terms({"nodeSelectorTerms": [term]})
-        assert member.spec is not None
-        limited = msgspec.structs.replace(claims, devices=(*claims.devices, here))
-        spec = msgspec.structs.replace(member.spec, claims=limited)
-        return dataclasses.replace(member, spec=spec)
-
-    def assume(self, placed: Sequence[tuple[PodUID, str]]) -> Status | None:
-        """Allocate the claims of each placed pod (uid, node) on its node, in order, and
-        hold them; None when all fit, else why (nothing is held then)."""
-        in_use = self.in_use()
-        made: dict[PodUID, tuple[ev.ClaimAllocation, ...]] = {}
-        for uid, node in placed:
-            reserving = tuple(
+    def assume(self, placed: Sequence[PodGrant]) -> None:
+        """Hold the claims of each placed pod: the allocations the core's gang search
+        took for it on its node (``Claimed.taken``), and its claims allocated already,
+        to reserve only."""
+        taken = self.claimed.taken
+        for grant in placed:
+            claims = grant.spec.claims if grant.spec is not None else None
+            made = tuple(
                 ev.ClaimAllocation(
                     namespace=c.namespace,
                     name=c.name,
@@ -310,33 +251,26 @@ class Dra:
                     allocation=c.allocation or {},
                     reserve_only=True,
                 )
-                for c in self._reserving.pop(uid, ())
+                for c in (claims.reserve if claims is not None else ())
             )
-            if reserving:
-                made[uid] = reserving
-            found = self._prepared.pop(uid, None)
-            if found is None:
-                continue
-            prep, claims = found
-            out = allocate(prep, node, self.pools(node), in_use, max_steps=self.max_steps)
-            if out.allocations is None:
-                self.begin()
-                text = f"{out.reason} on {node} beside the gang's other pods"
-                return _status(Code.UNSCHEDULABLE, "claim-allocate", text, 1, len(self.hosts.nodes))
-            in_use = in_use.plus(out.allocations)
-            made[uid] = reserving + tuple(
-                ev.ClaimAllocation(
-                    namespace=claim.namespace,
-                    name=claim.name,
-                    uid=claim.uid,
-                    allocation=read.allocation_json(a, lambda: str(uuid.uuid4())),
+            found = taken.get(grant.pod.uid)
+            if claims is not None and claims.allocate and found is None:
+                # Only a profile without DynamicResources places such a pod.
+                log.warning("%s placed without its ResourceClaims allocated", grant.pod)
+            if claims is not None and found is not None:
+                made += tuple(
+                    ev.ClaimAllocation(
+                        namespace=claim.namespace,
+                        name=claim.name,
+                        uid=claim.uid,
+                        allocation=read.allocation_json(a, lambda: str(uuid.uuid4())),
+                    )
+                    for claim, a in zip(claims.allocate, found[1], strict=True)
                 )
-                for claim, a in zip(claims, out.allocations, strict=True)
-            )
-        self.begin()
-        self.assumed.update(made)
-        self._in_use = None
-        return None
+            if made:
+                self.assumed[grant.pod.uid] = made
+        self.claimed.begin()
+        self._in_use = self._alone = None
 
     def restore(self, claims: Mapping[PodUID, tuple[ev.ClaimAllocation, ...]]) -> None:
         """What open reservations held at start (services/device_allocator/reservations.py),
@@ -345,15 +279,14 @@ class Dra:
             kept = tuple(c for c in held if f"{c.namespace}/{c.name}" not in self.observed)
             if kept:
                 self.assumed[uid] = kept
-        self._in_use = None
+        self._in_use = self._alone = None
 
     def release(self, uid: PodUID) -> None:
         """The pod's assumed claims are given back (its bind failed, timed out, or it is
         gone); claims already seen allocated are given back when the watcher sees them
         deallocated or deleted."""
-        self._prepared.pop(uid, None)
         if self.assumed.pop(uid, None):
-            self._in_use = None
+            self._in_use = self._alone = None
 
     def decided(self, uid: PodUID) -> tuple[ev.ClaimAllocation, ...]:
         """What ``uid``'s decision carries for its claims."""

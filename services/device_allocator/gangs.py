@@ -176,15 +176,10 @@ class Gangs:
             if not checked.ok:
                 context = str(m.pod) if len(members) > 1 else ""
                 return [], [], checked.with_context(context), False
-        restricted = []
-        self.dra.begin()
-        for m in members:  # the nodes where its ResourceClaims can be allocated (dra.py)
-            limited = self.dra.restrict(m)
-            if isinstance(limited, Status):
-                context = str(m.pod) if len(members) > 1 else ""
-                return [], [], limited.with_context(context), False
-            restricted.append(limited)
-        members = restricted
+        self.dra.begin()  # the core's search allocates ResourceClaims (dra.py)
+        gone, _ = self.room.released.get(key, ((), 0.0))
+        for uid in gone:  # its evicted pods' claims, not deallocated yet, are its to take
+            self.dra.claimed.leave(uid)
         spot = self._spot(gang)
         if spot is not None:  # a moved pod's recreated self: the place kept for it
             self.room.placed(key)
@@ -210,11 +205,7 @@ class Gangs:
             )
         if result.ok:
             grants = [self.ledger.pods[p.pod.uid] for p in result.placed]
-            refused = self.dra.assume([(g.pod.uid, g.node) for g in grants])
-            if refused is not None:  # the gang is all or nothing: its grants go back
-                for g in grants:
-                    self.ledger.release(g.pod.uid)
-                return [], [], refused, False
+            self.dra.assume(grants)  # what the search took for their claims
             self.room.placed(key)
             extras = [
                 outcomes.failed(gang, (f.pod,), f.status, self.refused) for f in result.failures
@@ -242,8 +233,6 @@ class Gangs:
         if gang.tried is not None:
             status = combined([gang.tried, status])
         pods = tuple(m.pod for m in members)
-        if status.plugin == PLUGIN:  # no victim frees a device the claims could get here
-            return [], outcomes.failed(gang, pods, status, self.refused)
         made = self.room.make_room(
             outcomes.unplaced(gang, members, self.guard),
             status,

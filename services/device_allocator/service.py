@@ -282,7 +282,7 @@ class Allocator(Service):
     async def explain_view(self, payload: bytes) -> ExplainView:
         """``tessera.ctl.view.explain``: every node's verdict on a pod."""
         query = msgspec.json.decode(payload, type=ExplainQuery)
-        view = explain_view(self.placer, query, self.dra.restrict)
+        view = explain_view(self.placer, query)
         return msgspec.structs.replace(view, shard=self.shard, shards=self.nodes.pools.names)
 
     # --- nodes ------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Container, Mapping
 
 from shared import views
 from shared.core.ledger import Dev, Ledger, NodeState
@@ -101,20 +101,11 @@ def _device(d: Dev, grants: list[views.GrantView]) -> views.DeviceView:
     )
 
 
-def explain_view(
-    placer: Placer,
-    query: views.ExplainQuery,
-    restrict: Callable[[GangMember], GangMember | Status] = lambda m: m,
-) -> views.ExplainView:
-    """Every node's verdict on the pod now, those that would take it first; ``restrict``
-    limits it to the nodes where its ResourceClaims can be allocated (dra.py), or says
-    why none can take it."""
+def explain_view(placer: Placer, query: views.ExplainQuery) -> views.ExplainView:
+    """Every node's verdict on the pod now, those that would take it first (its
+    ResourceClaims allocated on each by the DynamicResources filter, dra.py)."""
     group = GangKey(namespace=query.pod.namespace, name=query.group) if query.group else None
     member = GangMember(pod=query.pod, request=query.request, group=group, spec=query.spec)
-    limited = restrict(member)
-    if isinstance(limited, Status):
-        return views.ExplainView.of(query.pod, [], limited)
-    member = limited
     outcome, answers = placer.verdicts(member)
     verdicts = [_verdict(node, status) for node, status in answers]
     return views.ExplainView.of(query.pod, verdicts, None if outcome.ok else outcome)

@@ -71,13 +71,17 @@ def _kinds() -> dict[str, _Kind]:
 
 
 def _allocated(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """What the allocator reads of a claim: its identity and ``status.allocation``."""
-    allocation = (obj.get("status") or {}).get("allocation")
+    """What the allocator reads of a claim: its identity, ``status.allocation`` and the
+    UIDs in ``status.reservedFor`` (preemption frees a claim reserved for its victim
+    alone: services/device_allocator/dra.py)."""
+    status = obj.get("status") or {}
+    allocation = status.get("allocation")
     if not allocation:
         return None
     meta = obj["metadata"]
     identity = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
-    return {"metadata": identity, "status": {"allocation": allocation}}
+    consumers = [{"uid": r["uid"]} for r in status.get("reservedFor") or () if r.get("uid")]
+    return {"metadata": identity, "status": {"allocation": allocation, "reservedFor": consumers}}
 
 
 class ClaimReader:

@@ -35,7 +35,7 @@ bitmask of non-empty buckets skips the empty ones.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
@@ -840,7 +840,7 @@ class Ledger:
         return sum(len(n.devices) for n in self.nodes.values())
 
 
-_GRANT, _RELEASE, _USE = 0, 1, 2
+_GRANT, _RELEASE, _USE, _UNDO = 0, 1, 2, 3
 
 
 class Statement:
@@ -849,7 +849,8 @@ class Statement:
     ``grant`` and ``release`` go to the ledger at once (later placements in the same
     transaction see them) and are recorded; ``use`` applies a device grant tentatively,
     with no pod and no re-indexing (a trial on one node: a pod's second container must
-    see what its first took). ``commit`` keeps the grants and releases; ``discard``
+    see what its first took); ``undo`` records how to give back what a plugin holds
+    beside the ledger for a placement. ``commit`` keeps the grants and releases; ``discard``
     undoes every step in reverse order, restoring the ledger to its state before the
     first (a property test checks it). Leaving a ``with`` block without ``commit``
     discards. A trial is discarded, never committed, and nothing is granted or released
@@ -897,6 +898,12 @@ class Statement:
         self.ledger.trial_uses += 1
         self.steps.append((_USE, dev, grant))
 
+    def undo(self, step: Callable[[], None]) -> None:
+        """Record what gives back something held beside the ledger for this transaction
+        (a plugin's Unreserve: shared/core/plugins/dynamic_resources.py); a discard calls
+        it in its turn, a commit keeps it with the grants."""
+        self.steps.append((_UNDO, step, None))
+
     def _admitting(self, grant: PodGrant) -> bool:
         busy = self.ledger.admitting.get(grant.node)
         return busy is not None and grant.pod.uid in busy.values()
@@ -919,6 +926,8 @@ class Statement:
             if kind == _USE:
                 subject.apply(undo, -1)
                 used.append(subject)
+            elif kind == _UNDO:
+                subject()
             elif kind == _RELEASE:
                 ledger.grant(subject, admitting=undo)
             else:

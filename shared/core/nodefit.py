@@ -28,8 +28,9 @@ node by node with kube-scheduler itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.core.framework import Check, Profile
 from shared.core.hosts import (
@@ -47,6 +48,12 @@ from shared.core.model import NodeName, PodUID
 from shared.core.plugins.node_affinity import OUTSIDE_NODE_SET
 from shared.core.plugins.pod_topology_spread import Spread
 from shared.core.status import Status
+
+if TYPE_CHECKING:
+    from shared.core.plugins.dynamic_resources import Claimed, PodClaims
+
+Reserve = Callable[["Prepared", PodUID, NodeName], Callable[[], None] | None]
+"""A plugin's ``reserve``, bound: the pod placed on the node; its Unreserve, or None."""
 
 _NONE_RULED_OUT: frozenset[NodeName] = frozenset()
 RULED_OUT_SHAPES = 256
@@ -151,6 +158,10 @@ class Hosts:
         """Nodes whose Node object is known."""
         self.profile = Profile.default()
         """The filters and scores every pod meets (the allocator sets the config's)."""
+        self.dra: Claimed | None = None
+        """DRA as the allocator sees it, and what the attempt's placed pods took
+        (shared/core/plugins/dynamic_resources.py); None: claims to allocate are not
+        checked."""
         self.domains: dict[
             tuple[object, ...], tuple[dict[str, set[NodeName]], dict[NodeName, str]]
         ] = {}
@@ -425,6 +436,12 @@ class Prepared:
     self_affine: bool = False
     tolerated: dict[tuple[Taint, ...], bool] | None = None
     """TaintToleration: per distinct set of node taints, whether the pod tolerates it."""
+    dra: PodClaims | None = None
+    """DynamicResources: the claims to allocate, prepared, and what each node offered."""
+    reserves: tuple[Reserve, ...] = ()
+    """Reserve (kube-scheduler's point): what plugins hold for the pod once it is placed
+    on a node, each answering the Unreserve that gives it back (the placement records it
+    in its statement: shared/core/placement.py)."""
     _ruled_out: frozenset[NodeName] | None = None
 
     def soft(self) -> bool:

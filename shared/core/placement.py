@@ -16,8 +16,9 @@ When nothing fits, every node is asked why, and the answer is a counted
 no change of load can help, only a new node or a changed pod.
 
 ``Placer.place_gang`` is a transaction (a :class:`~shared.core.ledger.Statement`):
-members are reserved one by one; if one of the first ``min_member`` cannot be placed,
-every reservation made is undone in reverse order, leaving the ledger exactly as before.
+members are reserved one by one; once so many cannot be placed that ``min_member`` is
+out of reach, every reservation made is undone in reverse order, leaving the ledger
+exactly as before.
 A gang of subgroups (shared/core/subgroups.py) nests a statement per subgroup, so each
 is placed whole or not at all inside the gang's.
 """
@@ -677,6 +678,11 @@ class Placer:
             statement.grant(grant, admitting=not trial)
         else:
             self.ledger.grant(grant, admitting=not trial)
+        if prep is not None and prep.reserves:  # kube-scheduler's Reserve
+            for reserve in prep.reserves:
+                unreserve = reserve(prep, pod.uid, node.name)
+                if unreserve is not None and statement is not None:
+                    statement.undo(unreserve)
         return Placement(pod=pod, node=node.name, grants=grants)
 
     def rotation(self, owner: GangKey | None, prep: Prepared | None) -> Iterator[NodeState]:
@@ -862,7 +868,9 @@ class Placer:
         fragmentation_guard: int | None = None,
         subgroups: SubGroups | None = None,
     ) -> GangResult:
-        """Place the first ``min_member`` members all together or none; extras if they fit.
+        """Place ``min_member`` members all together or none, in the members' order (a
+        member that does not fit is passed while enough others may still make
+        ``min_member``); the rest if they fit.
         Given a ``statement``, a placed gang's grants are committed into it;
         ``fragmentation_guard`` is each member's (see :meth:`place`). With ``subgroups``
         (a PodGroup's ``subGroupPolicy``), see :meth:`_place_subgroups`."""
@@ -882,8 +890,9 @@ class Placer:
         placed: list[Placement] = []
         failures: list[Failure] = []
         required = min(max(min_member, 1), len(members))
+        spare = len(members) - required  # how many may fail, as Volcano counts ready tasks
         with Statement(self.ledger, statement) as gang:
-            for i, m in enumerate(members):
+            for m in members:
                 result = self._place_member(
                     m, gang, owner=owner, trial=trial, fragmentation_guard=fragmentation_guard
                 )
@@ -891,7 +900,7 @@ class Placer:
                     placed.append(result)
                     continue
                 failures.append(result)
-                if i < required:
+                if len(failures) > spare:
                     # As Volcano counts it: minMember less the tasks ready (none, after
                     # the rollback the statement does on leaving the block).
                     context = f"{required}/{len(members)} tasks in gang unschedulable"

@@ -9,7 +9,10 @@ one member of a gang that has more than ``minMember`` running; a whole gang, sin
 is never cut below its ``minMember``; or every pod of one node). ``plan`` releases
 units in that order until the gang fits (a trial placement), then puts back every unit
 that turns out not to be needed, the costliest first, so the set is small and cheap. The
-ledger is restored exactly before it returns; nothing is evicted here.
+ledger is restored exactly before it returns; nothing is evicted here. While a unit is
+out, the DRA claims reserved for its pods alone count as free (kube-controller-manager
+deallocates them once the pods are gone; docs/dra.md says why Tessera goes beyond
+kube-scheduler here).
 
 What kube-scheduler's DefaultPreemption promises holds here too. A pod whose
 ``preemptionPolicy`` is ``Never`` evicts no one (:func:`eligible`; it waits, and its
@@ -34,7 +37,7 @@ import msgspec
 
 from shared.core.disruption import Budget
 from shared.core.hierarchy import QueueTree, kinship, may_reclaim, may_take, rolled_up
-from shared.core.ledger import PodGrant, Statement
+from shared.core.ledger import Ledger, PodGrant, Statement
 from shared.core.model import GangKey, PodRef, PodUID, VictimUnit
 from shared.core.placement import GangMember, Placement, Placer
 from shared.core.queues import GroupSpec, QueueSpec, Resources, accumulate, add, within
@@ -439,6 +442,7 @@ def plan(
             for uid in (p.uid for p in unit.pods):
                 if uid not in out and (grant := st.release(uid)) is not None:
                     out[uid] = grant
+                    _claims(ledger, st, uid, leave=True)
                     freed = True
             if not freed:
                 continue  # holds nothing (more than what is already out)
@@ -453,6 +457,7 @@ def plan(
             back = [p.uid for p in unit.pods if p.uid in out and p.uid not in others]
             for uid in back:
                 st.grant(out.pop(uid))
+                _claims(ledger, st, uid, leave=False)
             again = fits()
             if again is not None:
                 chosen.remove(unit)
@@ -462,4 +467,17 @@ def plan(
                     grant = st.release(uid)
                     assert grant is not None  # granted just above
                     out[uid] = grant
+                    _claims(ledger, st, uid, leave=True)
         return Plan(units=tuple(chosen), placements=found)
+
+
+def _claims(ledger: Ledger, st: Statement, uid: PodUID, *, leave: bool) -> None:
+    """A victim's DRA claims reserved for it alone count as free while it is out of the
+    plan (``leave``), held again once it is put back; undone with ``st``
+    (shared/core/plugins/dynamic_resources.py ``Claimed``)."""
+    claimed = ledger.hosts.dra
+    if claimed is None:
+        return
+    undo = claimed.leave(uid) if leave else claimed.stay(uid)
+    if undo is not None:
+        st.undo(undo)

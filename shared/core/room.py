@@ -150,6 +150,10 @@ class Room:
         """Pods being preempted → the gang their devices are kept for."""
         self.holds: dict[GangKey, float] = {}
         """Gangs with nodes held for them (``placer.reserved_nodes``) → when the hold lapses."""
+        self.released: dict[GangKey, tuple[frozenset[PodUID], float]] = {}
+        """Gangs whose evicted pods are gone → those pods and when this lapses: their DRA
+        claims count as free for the gang's placements (kube-controller-manager may not
+        have deallocated them yet; no other gang's) until it is placed."""
 
     def waiting(self, key: GangKey, now: float) -> str | None:
         """Why the gang waits for its preemption to finish; None when it may be placed
@@ -160,6 +164,8 @@ class Room:
         alive = nom.victims - nom.gone
         if alive and now < nom.until:
             return f"waiting for {len(alive)} preempted pod(s) to exit"
+        if nom.gone:
+            self.released[key] = (frozenset(nom.gone), now + HOLD_S)
         self.end_nomination(key)
         return None
 
@@ -264,6 +270,7 @@ class Room:
     def placed(self, key: GangKey) -> None:
         """The gang is placed: its hold ends, and binding clears its nominated nodes."""
         self.nominated.pop(key, None)
+        self.released.pop(key, None)
         self.drop_hold(key)
 
     def hold(self, gang: Unplaced, now: float) -> tuple[list[NodeName], bool]:
@@ -304,6 +311,8 @@ class Room:
         for key in [k for k, n in self.nominations.items() if n.until <= now]:
             self.nominated.pop(key, None)
             freed[key] = self.end_nomination(key)
+        for key in [k for k, (_, until) in self.released.items() if until <= now]:
+            del self.released[key]
         holds = tuple(k for k, until in self.holds.items() if until <= now)
         for key in holds:
             self.drop_hold(key)

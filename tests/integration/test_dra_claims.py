@@ -2,7 +2,9 @@
 simulated nodes as the node agent's DRA driver publishes them
 (services/node_agent/dra/slices.py), a DeviceClass, claims from a template and written
 directly; the pod is bound where its claim was allocated, the claim's
-``status.allocation`` and ``reservedFor`` written by the binder's own account first.
+``status.allocation`` and ``reservedFor`` written by the binder's own account first;
+gangs whose members contend for the cards (spread, refused whole, or placed without a
+member no device serves, under ``minMember``).
 
 No kube-controller-manager runs here: the tests play its resourceclaim controller
 (a template's claim made for the pod, named in ``status.resourceClaimStatuses``).
@@ -226,17 +228,21 @@ async def test_a_claim_no_device_can_serve_tells_the_pod_why(
     assert "outside the request policy's range" in now, out
 
 
+def in_gang(name: str, group: str, entry: dict[str, str]) -> dict[str, Any]:
+    obj = claiming(name, entry)
+    obj["metadata"]["annotations"] = {GROUP: group}
+    return obj
+
+
 async def test_a_gang_whose_claims_contend_for_one_card_is_refused_whole_then_fits(
     pipeline: Pipeline, ns: str
 ) -> None:
     await podgroup(pipeline, ns, "pair", 2)
     for name in ("g1", "g2"):  # each alone fits the A100; both together do not
         await create_claim(pipeline, ns, name, devices("A100", cores="60", memory="4Gi"))
-        obj = claiming(name, {"resourceClaimName": name})
-        obj["metadata"]["annotations"] = {GROUP: "pair"}
-        await pipeline.create(ns, obj)
-    message = await told(pipeline, ns, "g1", "beside the gang's other pods")
-    assert "cannot allocate all claims on dw-b" in message, message
+        await pipeline.create(ns, in_gang(name, "pair", {"resourceClaimName": name}))
+    message = await told(pipeline, ns, "g1", "cannot allocate all claims")
+    assert "2/2 tasks in gang unschedulable" in message, message
     for name in ("g1", "g2"):
         assert not (await pipeline.get(ns, name))["spec"].get("nodeName")
         assert "allocation" not in (await claim(pipeline, ns, name)).get("status", {})
@@ -244,11 +250,52 @@ async def test_a_gang_whose_claims_contend_for_one_card_is_refused_whole_then_fi
     await pipeline.delete(ns, "g2")
     await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims/g2")
     await create_claim(pipeline, ns, "g3", devices("A100", cores="40", memory="4Gi"))
-    obj = claiming("g3", {"resourceClaimName": "g3"})
-    obj["metadata"]["annotations"] = {GROUP: "pair"}
-    await pipeline.create(ns, obj)
+    await pipeline.create(ns, in_gang("g3", "pair", {"resourceClaimName": "g3"}))
     assert await pipeline.node_of(ns, "g1") == "dw-b"
     assert await pipeline.node_of(ns, "g3") == "dw-b"
+
+
+async def test_a_gang_of_two_whole_card_claims_is_spread_over_the_two_nodes(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await podgroup(pipeline, ns, "wide", 2)
+    prefer_a = {
+        "weight": 100,
+        "preference": {
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["dw-a"]}]
+        },
+    }
+    for name in ("w1", "w2"):  # each a whole card; each alone fits either node
+        await create_claim(pipeline, ns, name, devices())
+        obj = in_gang(name, "wide", {"resourceClaimName": name})
+        # Both would rather go to dw-a: the second must see the first took its card.
+        obj["spec"]["affinity"] = {
+            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [prefer_a]}
+        }
+        await pipeline.create(ns, obj)
+    placed = {name: await pipeline.node_of(ns, name) for name in ("w1", "w2")}
+    assert sorted(placed.values()) == ["dw-a", "dw-b"], placed
+    for name, node in placed.items():
+        status = (await claim(pipeline, ns, name))["status"]
+        [result] = status["allocation"]["devices"]["results"]
+        assert (result["pool"], result["device"]) == (node, "gpu-0")
+        assert [r["name"] for r in status["reservedFor"]] == [name]
+
+
+async def test_a_gang_with_min_member_below_its_size_places_the_member_whose_claim_fits(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await podgroup(pipeline, ns, "some", 1)
+    # The member whose claim no device serves comes first: alone it makes the gang ready.
+    await create_claim(pipeline, ns, "never", devices("B200"))
+    await pipeline.create(ns, in_gang("never", "some", {"resourceClaimName": "never"}))
+    await create_claim(pipeline, ns, "fits", devices("A100", cores="30", memory="4Gi"))
+    await pipeline.create(ns, in_gang("fits", "some", {"resourceClaimName": "fits"}))
+    assert await pipeline.node_of(ns, "fits") == "dw-b"
+    assert (await claim(pipeline, ns, "fits"))["status"]["allocation"]
+    await told(pipeline, ns, "never", "cannot allocate all claims")
+    assert not (await pipeline.get(ns, "never"))["spec"].get("nodeName")
+    assert "allocation" not in (await claim(pipeline, ns, "never")).get("status", {})
 
 
 async def test_a_deleted_claim_gives_its_share_back(pipeline: Pipeline, ns: str) -> None:

@@ -1,7 +1,8 @@
 """The ResourceClaimTemplates of examples/dra, decided by the allocator's DRA shell
-(services/device_allocator/dra.py) against the node agent's own ResourceSlice
-(services/node_agent/dra/slices.py) and the shipped DeviceClasses
-(deploy/kustomize/components/dra): each example is served as its comment says."""
+(services/device_allocator/dra.py) and the core's DynamicResources filter against the
+node agent's own ResourceSlice (services/node_agent/dra/slices.py) and the shipped
+DeviceClasses (deploy/kustomize/components/dra): each example is served as its comment
+says."""
 
 from __future__ import annotations
 
@@ -11,15 +12,14 @@ from typing import Any
 import msgspec
 import yaml
 
-from services.device_allocator.dra import Dra
 from services.node_agent.dra.slices import dra_devices, grant_of, resource_slice
 from shared.core.hosts import Claims, DraClaim, PodSpec
 from shared.core.model import DeviceInfo, DeviceUUID, NodeName
-from shared.core.nodefit import Hosts
 from shared.core.placement import GangMember
 from shared.core.status import Status
 from tests.unit.corekit import ref, request
 from tests.unit.test_dra import A100_MIG, CFG, H100
+from tests.unit.test_dra_allocator import dra
 from tests.unit.test_topology_nvlink import sim
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,17 +47,14 @@ def template(name: str) -> dict[str, Any]:
 
 def decide(name: str, cards: tuple[DeviceInfo, ...]) -> list[dict[str, Any]] | Status:
     """The example's claim on one node with ``cards``: the allocation's results, or why not."""
-    hosts = Hosts()
-    hosts.node(NODE)
-    d = Dra(hosts)
-    body = resource_slice(CFG, NODE, cards, generation=1)
-    d.seen("slice", body["metadata"]["name"], body)
+    w = dra(resource_slice(CFG, NODE, cards, generation=1), nodes=(str(NODE),))
     claims = Claims(allocate=(DraClaim("ns", name, "uid", template(name)),), classes=CLASSES)
     pod = GangMember(pod=ref("p"), request=request({}), spec=PodSpec(namespace="ns", claims=claims))
-    restricted = d.restrict(pod)
-    if isinstance(restricted, Status):
-        return restricted
-    assert d.assume([(pod.pod.uid, str(NODE))]) is None
+    fits = w.fits(pod)
+    if isinstance(fits, Status):
+        return fits
+    assert w.place(pod).ok
+    d = w.dra
     results: list[dict[str, Any]] = d.decided(pod.pod.uid)[0].allocation["devices"]["results"]
     return results
 

@@ -205,6 +205,31 @@ class InUse(msgspec.Struct, frozen=True):
         """What is held once ``allocations`` are released (or an assumption undone)."""
         return self._with(allocations, -1)
 
+    def less(self, other: InUse) -> InUse:
+        """What is held once what ``other`` holds is given back (``other`` a part of
+        this: the claims of pods being evicted, read with ``read.in_use``)."""
+        consumed = {k: dict(v) for k, v in self.consumed.items()}
+        for key, amounts in other.consumed.items():
+            into = consumed.get(key)
+            if into is None:
+                continue
+            for name, amount in amounts.items():
+                left = into.get(name, Fraction(0)) - amount
+                if left > 0:
+                    into[name] = left
+                else:
+                    into.pop(name, None)
+            if not into:
+                del consumed[key]
+        shares = dict(self.shares)
+        for key, count in other.shares.items():
+            remaining = shares.get(key, 0) - count
+            if remaining > 0:
+                shares[key] = remaining
+            else:
+                shares.pop(key, None)
+        return InUse(self.devices - other.devices, consumed, shares)
+
     def _with(self, allocations: Iterable[Allocation], sign: int) -> InUse:
         devices = set(self.devices)
         consumed = {k: dict(v) for k, v in self.consumed.items()}
