@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from shared import events as ev
-from shared.core.dra import InUse, Pool, Prepared, allocate, prepare, read
+from shared.core.dra import InUse, Pool, Prepared, allocate, extended, prepare, read
 from shared.core.dra.cel import SelectorError
 from shared.core.hosts import DraClaim, node_terms
 from shared.core.model import NodeName, PodUID
@@ -75,6 +75,17 @@ def _readable(kind: str, obj: Mapping[str, Any]) -> bool:
     except (ValueError, TypeError, KeyError, AttributeError):
         return False
     return True
+
+
+def _extended_owner(obj: Mapping[str, Any]) -> PodUID | None:
+    """The pod a claim made for extended resources belongs to (None: not one)."""
+    meta = obj.get("metadata") or {}
+    if (meta.get("annotations") or {}).get(extended.ANNOTATION) != "true":
+        return None
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == "Pod":
+            return PodUID(str(ref.get("uid", "")))
+    return None
 
 
 PoolKey = tuple[str, str]
@@ -180,6 +191,8 @@ class Dra:
         else:
             self.observed[key] = dict(obj)
             self._forget_assumed(key)
+            if (owner := _extended_owner(obj)) in self.assumed:
+                self._forget_extended(owner)
         self._in_use = None
 
     def read_all(self, slices: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) -> None:
@@ -195,6 +208,10 @@ class Dra:
             kept = tuple(c for c in claims if f"{c.namespace}/{c.name}" != key)
             if len(kept) != len(claims):
                 self.assumed[uid] = kept
+
+    def _forget_extended(self, uid: PodUID) -> None:
+        """The claim made for the pod's extended resources is seen: it holds the devices."""
+        self.assumed[uid] = tuple(c for c in self.assumed[uid] if not c.mappings)
 
     def in_use(self) -> InUse:
         """What the observed and assumed allocations hold."""
@@ -234,7 +251,10 @@ class Dra:
             records = [
                 read.claim_record(
                     {
-                        "metadata": {"namespace": c.namespace, "name": c.name},
+                        "metadata": {
+                            "namespace": c.namespace,
+                            "name": c.name or extended.IN_MEMORY,
+                        },
                         "spec": {"devices": c.devices},
                     }
                 )
@@ -330,6 +350,8 @@ class Dra:
                     name=claim.name,
                     uid=claim.uid,
                     allocation=read.allocation_json(a, lambda: str(uuid.uuid4())),
+                    mappings=claim.mappings,
+                    devices=claim.devices if claim.mappings else {},
                 )
                 for claim, a in zip(claims, out.allocations, strict=True)
             )
@@ -341,8 +363,14 @@ class Dra:
     def restore(self, claims: Mapping[PodUID, tuple[ev.ClaimAllocation, ...]]) -> None:
         """What open reservations held at start (services/device_allocator/reservations.py),
         less the claims already seen allocated."""
+        made = {_extended_owner(obj) for obj in self.observed.values()}
         for uid, held in claims.items():
-            kept = tuple(c for c in held if f"{c.namespace}/{c.name}" not in self.observed)
+            kept = tuple(
+                c
+                for c in held
+                if f"{c.namespace}/{c.name}" not in self.observed
+                and not (c.mappings and uid in made)
+            )
             if kept:
                 self.assumed[uid] = kept
         self._in_use = None
