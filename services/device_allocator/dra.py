@@ -38,7 +38,7 @@ import msgspec
 from shared import events as ev
 from shared.core.dra import InUse, Pool, Prepared, allocate, extended, prepare, read
 from shared.core.dra.cel import SelectorError
-from shared.core.hosts import DraClaim, node_terms
+from shared.core.hosts import DraClaim, NodeTerm, Requirement
 from shared.core.model import NodeName, PodUID
 from shared.core.nodefit import Hosts
 from shared.core.placement import GangMember
@@ -309,8 +309,9 @@ class Dra:
                 for t, n in sorted(why.items())
             )
             return Status(code=Code.UNSCHEDULABLE, reasons=reasons, nodes=known)
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": fit}]}
-        here = node_terms({"nodeSelectorTerms": [term]})
+        # Built, not read from a selector: a written ``metadata.name`` field takes one
+        # value only (shared/core/hosts.py), and several nodes may fit.
+        here = (NodeTerm(names=(Requirement("metadata.name", "In", tuple(fit)),)),)
         assert member.spec is not None
         limited = msgspec.structs.replace(claims, devices=(*claims.devices, here))
         spec = msgspec.structs.replace(member.spec, claims=limited)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.core.hosts import node_terms
+from shared.core.hosts import NodeTerm, Requirement
 from shared.core.nodefit import Hosts
 from shared.core.placement import GangMember
 from shared.core.status import Status
@@ -35,15 +35,17 @@ def variant(member: GangMember, hosts: Hosts) -> GangMember | None:
     claims = spec.claims if spec is not None else None
     if spec is None or claims is None or claims.extended is None:
         return None
-    served = sorted(
-        str(name)
-        for name, host in hosts.nodes.items()
-        if host.spec is not None and any(host.spec.allocatable.get(r, 0) > 0 for r in claims.mapped)
+    served = tuple(
+        sorted(
+            str(name)
+            for name, host in hosts.nodes.items()
+            if host.spec is not None
+            and any(host.spec.allocatable.get(r, 0) > 0 for r in claims.mapped)
+        )
     )
     devices = claims.devices
     if served:  # the device plugin serves a name there: not through DRA
-        term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": served}]}
-        devices = (*devices, node_terms({"nodeSelectorTerms": [term]}))
+        devices = (*devices, (NodeTerm(names=(Requirement("metadata.name", "NotIn", served),)),))
     limited = msgspec.structs.replace(
         claims,
         allocate=(*claims.allocate, claims.extended),
