@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client import ApiException
 
 from shared import kube
 from shared.config import NatsConfig
 from shared.core.dra.extended import ANNOTATION
+from tests.helpers import eventually
 from tests.integration.pipeline import Pipeline, pod, start_pipeline, told
 from tests.integration.test_dra_claims import RESOURCE, card, put
 
@@ -146,3 +148,102 @@ async def test_gpu_pods_fill_the_plugins_card_then_the_dra_card_and_no_more(
     assert len(await made_claims(pipeline, ns)) == 1
     p1 = await pipeline.get(ns, "p1")
     assert "extendedResourceClaimStatus" not in p1["status"]
+
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+POLICY = "dx-no-extended-claim-status"
+
+
+async def refuse_claim_status(p: Pipeline, ns: str) -> None:
+    """A ValidatingAdmissionPolicy refusing, in ``ns``, a pod status that names an
+    extended resources' claim; in force once a probe pod's such write is refused."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["UPDATE"],
+                        "resources": ["pods/status"],
+                    }
+                ]
+            },
+            "validations": [
+                {
+                    "expression": "!has(object.status.extendedResourceClaimStatus)",
+                    "message": "this namespace takes no extendedResourceClaimStatus (test)",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY},
+        "spec": {
+            "policyName": POLICY,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+            },
+        },
+    }
+    await put(p.api, f"{ADMISSION}/validatingadmissionpolicies", policy)
+    await put(p.api, f"{ADMISSION}/validatingadmissionpolicybindings", binding)
+    await p.create(ns, pod("probe", {GPU: 1}, scheduler="nobody"))
+    mapping = {"containerName": "main", "resourceName": GPU, "requestName": "r"}
+    body = {
+        "status": {
+            "extendedResourceClaimStatus": {
+                "requestMappings": [mapping],
+                "resourceClaimName": "probe",
+            }
+        }
+    }
+
+    async def refused() -> bool:
+        try:
+            await kube.request(
+                p.api,
+                "PATCH",
+                f"/api/v1/namespaces/{ns}/pods/probe/status",
+                body,
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            return exc.status in (400, 403, 422)
+        return False
+
+    await eventually(refused, what="the test's admission policy in force")
+
+
+async def test_a_bind_that_fails_after_the_claim_was_made_deletes_it(
+    pipeline: Pipeline, ns: str
+) -> None:
+    await refuse_claim_status(pipeline, ns)
+    try:
+        await pipeline.create(ns, gpu_pod("only", {"api": "dra"}))
+        await told(pipeline, ns, "only", "cannot name its extended resources' claim")
+    finally:
+        await kube.request(
+            pipeline.api, "DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{POLICY}"
+        )
+        await kube.request(
+            pipeline.api, "DELETE", f"{ADMISSION}/validatingadmissionpolicies/{POLICY}"
+        )
+    # Placed again once the policy is gone: one claim, those of the failed tries deleted.
+    assert (
+        await pipeline.node_of(
+            ns,
+            "only",
+        )
+        == "dx-dra"
+    )
+    [claim] = await made_claims(pipeline, ns)
+    name = (await pipeline.get(ns, "only"))["status"]["extendedResourceClaimStatus"]
+    assert name["resourceClaimName"] == claim["metadata"]["name"]
