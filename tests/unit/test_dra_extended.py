@@ -10,10 +10,12 @@ from typing import Any
 
 from services.device_allocator.dra import Dra
 from services.device_allocator.extended import variant
+from services.watcher.claims import ClaimReader
+from shared import events as ev
 from shared.core import claims as core
 from shared.core.dra import extended
 from shared.core.dra.extended import ContainerAsk
-from shared.core.hosts import NodeSpec, PodSpec
+from shared.core.hosts import NodeSpec, PodSpec, pod_spec
 from shared.core.model import NodeName
 from shared.core.nodefit import Hosts
 from shared.core.placement import GangMember
@@ -113,6 +115,11 @@ def test_init_containers_that_run_one_after_another_share_the_largest_request() 
     requests, mappings = extended.requests_and_mappings(asks, {GPU: "c"}, [GPU])
     assert [(r["name"], r["exactly"]["count"]) for r in requests] == [("container-1-request-0", 3)]
     assert mappings == [("i0", GPU, "container-1-request-0"), ("i1", GPU, "container-1-request-0")]
+
+
+def test_a_count_written_as_a_quantity_is_read_whole() -> None:
+    [ask] = extended.container_asks(pod(container("main", nvidia_com__gpu="1k")))
+    assert ask.count(GPU) == 1000
 
 
 def test_a_sidecar_keeps_its_own_request() -> None:
@@ -244,3 +251,36 @@ def test_a_claim_that_fits_several_nodes_may_go_to_any_of_them() -> None:
     prep = h.prepare(limited.spec)
     assert not isinstance(prep, Status)
     assert [n for n in ("a", "b") if prep.filter(h.nodes[NodeName(n)]) is None] == ["a", "b"]
+
+
+async def test_the_watcher_announces_a_gpu_pod_again_when_a_class_comes_to_map_it() -> None:
+    announced: list[ev.PodPending] = []
+    pending: dict[Any, ev.PodPending] = {}
+
+    async def announce(event: ev.PodPending) -> None:
+        announced.append(event)
+
+    async def publish(event: ev.Event) -> None:
+        pass
+
+    reader = ClaimReader(object(), lambda coro, name, **_: coro.close(), pending, announce, publish)
+    obj = pod(container("main", cpu="1", nvidia_com__gpu="1"))
+    base = ev.PodPending(
+        pod=ref("p"), request=request({GPU: 1}), scheduler_name="tessera", spec=pod_spec(obj)
+    )
+    pending[base.pod.uid] = base
+    assert reader.attach(base, obj) is None  # held until claims, classes and slices are listed
+    for kind in ("claim", "dclass", "slice"):
+        await reader.on_relist(kind, [])
+    [first] = announced
+    assert first.spec is not None
+    assert first.spec.claims is None  # no class maps nvidia.com/gpu: nothing claimed
+    await reader.on_event("dclass", "ADDED", dclass(DRIVER, GPU))
+    [_, again] = announced
+    assert again.spec is not None
+    assert again.spec.claims is not None
+    assert again.spec.claims.mapped == (GPU,)
+    assert again.spec.claims.extended is not None
+    await reader.on_event("dclass", "DELETED", dclass(DRIVER, GPU))
+    assert announced[-1].spec is not None
+    assert announced[-1].spec.claims is None

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shared.core.quantity import parse_whole
+
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 """The name every DeviceClass serves without ``extendedResourceName``."""
 ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
@@ -94,8 +96,8 @@ def container_asks(pod: Mapping[str, Any]) -> tuple[ContainerAsk, ...]:
                 if not is_extended(str(resource)):
                     continue
                 try:
-                    count = int(str(value))
-                except ValueError:
+                    count = parse_whole(value)
+                except (ValueError, TypeError):
                     continue  # not whole: the API server refuses it for an extended name
                 if count > 0:
                     asks.append((str(resource), count))
