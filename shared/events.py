@@ -537,6 +537,12 @@ class ClaimAllocation(msgspec.Struct, frozen=True, kw_only=True):
     reserve_only: bool = False
     """Allocated before (by anyone): only the pod is added to ``reservedFor``, and a
     failed Binding leaves the allocation as it was."""
+    mappings: tuple[tuple[str, str, str], ...] = ()
+    """The claim of the pod's extended resources (docs/dra.md), its name and UID empty:
+    the binder creates it with ``devices`` as its ``spec.devices`` and writes these
+    (container, resource name, request name) in the pod's
+    ``status.extendedResourceClaimStatus``; a failed Binding deletes it."""
+    devices: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class AllocationDecided(Event, frozen=True, kw_only=True, tag="allocation.decided"):

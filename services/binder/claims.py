@@ -9,6 +9,16 @@ for it, so this comes before the Binding (docs/dra.md). A Binding that fails und
 allocation Tessera wrote is cleared, so the devices are free again for the allocator
 (services/device_allocator/dra.py sees the claim deallocated).
 
+The claim of a pod's extended resources served through DRA (``mappings`` set, its name
+empty: shared/core/dra/extended.py) is created first, as kube-scheduler's PreBind
+creates it: ``generateName`` ``<pod>-extended-resources-``, the annotation
+``resource.kubernetes.io/extended-resource-claim: "true"``, the pod as its controlling
+owner, the decided ``spec.devices``. Its allocation and reservation are written as for
+any claim, then the pod's ``status.extendedResourceClaimStatus`` (each container's
+resource mapped to its request, and the claim's name), all before the Binding. The
+pod's status names the claim from then on, so a decision delivered again reuses it; a
+failed Binding deletes it.
+
 Since Kubernetes 1.36 the API server authorizes writes of these two fields through the
 ``resourceclaims/binding`` subresource as well as ``resourceclaims/status``: the binder's
 ClusterRole has both (deploy/kustomize/base/rbac.yaml).
@@ -20,10 +30,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
 from shared import kube
+from shared.core.dra import extended
 from shared.core.model import PodRef
 
 log = logging.getLogger(__name__)
@@ -92,9 +104,104 @@ async def reserve(
     return ("refused", why) if why else None
 
 
+def _pod_path(pod: PodRef) -> str:
+    return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+
+
+async def _made(api: kube.Client, pod: PodRef) -> str:
+    """The claim the pod's status names for its extended resources ('' when none)."""
+    try:
+        obj = await kube.request(api, "GET", _pod_path(pod))
+    except ApiException as exc:
+        if exc.status == 404:
+            return ""
+        raise
+    if (obj.get("metadata") or {}).get("uid") != pod.uid:
+        return ""
+    status = (obj.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    name = str(status.get("resourceClaimName") or "")
+    if not name:
+        return ""
+    try:  # still there, the pod's (a failed bind deleted the one it named before)
+        claim = await kube.request(
+            api, "GET", f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{name}"
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return ""
+        raise
+    owners = (claim.get("metadata") or {}).get("ownerReferences") or ()
+    return name if any(o.get("uid") == pod.uid for o in owners) else ""
+
+
+async def _create(
+    api: kube.Client, pod: PodRef, claim: ev.ClaimAllocation
+) -> ev.ClaimAllocation | str:
+    """The claim of the pod's extended resources, created (or the one its status names
+    already); why not, as words."""
+    if name := await _made(api, pod):
+        return msgspec.structs.replace(claim, name=name)
+    obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "generateName": f"{pod.name}-extended-resources-",
+            "namespace": pod.namespace,
+            "annotations": {extended.ANNOTATION: "true"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.name,
+                    "uid": pod.uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"devices": claim.devices},
+    }
+    path = f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims"
+    try:
+        made = await kube.request(api, "POST", path, obj)
+    except ApiException as exc:
+        said = kube.refusal(exc)
+        return f"cannot create the claim of {pod}'s extended resources: {said.message or exc}"
+    meta = made["metadata"]
+    return msgspec.structs.replace(claim, name=str(meta["name"]), uid=str(meta["uid"]))
+
+
+async def _name_it(api: kube.Client, pod: PodRef, claim: ev.ClaimAllocation) -> str:
+    """Write the pod's ``status.extendedResourceClaimStatus`` naming ``claim``."""
+    status = {
+        "requestMappings": [
+            {"containerName": c, "resourceName": r, "requestName": q} for c, r, q in claim.mappings
+        ],
+        "resourceClaimName": claim.name,
+    }
+    body = {"status": {"extendedResourceClaimStatus": status}}
+    try:
+        await kube.request(
+            api,
+            "PATCH",
+            f"{_pod_path(pod)}/status",
+            body,
+            content_type="application/merge-patch+json",
+        )
+    except ApiException as exc:
+        said = kube.refusal(exc)
+        return f"pod {pod}: cannot name its extended resources' claim: {said.message or exc}"
+    return ""
+
+
 async def _reserve(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocation, ...]) -> str:
     done: list[ev.ClaimAllocation] = []
     for claim in claims:
+        if claim.mappings and not claim.name:
+            made = await _create(api, pod, claim)
+            if isinstance(made, str):
+                await undo(api, pod, tuple(done))
+                return made
+            claim = made
 
         def change(status: dict[str, Any], claim: ev.ClaimAllocation = claim) -> str | None:
             allocation = status.get("allocation")
@@ -109,11 +216,30 @@ async def _reserve(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocati
             return None
 
         why = await _update(api, claim, change)
+        if not why and claim.mappings:
+            why = await _name_it(api, pod, claim)
+            if why:
+                done.append(claim)
         if why:
             await undo(api, pod, tuple(done))
             return why
         done.append(claim)
     return ""
+
+
+async def _delete(api: kube.Client, pod: PodRef, claim: ev.ClaimAllocation) -> None:
+    """Delete the claim made for the pod's extended resources (its name from the pod's
+    status when the decision did not know it)."""
+    name = claim.name or await _made(api, pod)
+    if not name:
+        return
+    try:
+        await kube.request(
+            api, "DELETE", f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{name}"
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 async def undo(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocation, ...]) -> None:
@@ -122,6 +248,12 @@ async def undo(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocation, 
     cannot write is logged (kube-controller-manager's resourceclaim controller clears
     claims whose consumers are gone)."""
     for claim in claims:
+        if claim.mappings:  # made for the pod: deleted (the claim is the pod's alone)
+            try:
+                await _delete(api, pod, claim)
+            except (ApiException, TimeoutError, OSError) as exc:  # kube.UNREACHABLE
+                log.warning("cannot delete the claim of %s's extended resources: %s", pod, exc)
+            continue
 
         def change(status: dict[str, Any], claim: ev.ClaimAllocation = claim) -> str | None:
             before = status.get("reservedFor") or []

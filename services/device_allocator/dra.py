@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared import events as ev
-from shared.core.dra import InUse, Pool, read
+from shared.core.dra import InUse, Pool, extended, read
 from shared.core.ledger import PodGrant
 from shared.core.model import NodeName, PodUID
 from shared.core.nodefit import Hosts
@@ -67,6 +67,17 @@ def _readable(kind: str, obj: Mapping[str, Any]) -> bool:
     except (ValueError, TypeError, KeyError, AttributeError):
         return False
     return True
+
+
+def _extended_owner(obj: Mapping[str, Any]) -> PodUID | None:
+    """The pod a claim made for extended resources belongs to (None: not one)."""
+    meta = obj.get("metadata") or {}
+    if (meta.get("annotations") or {}).get(extended.ANNOTATION) != "true":
+        return None
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == "Pod":
+            return PodUID(str(ref.get("uid", "")))
+    return None
 
 
 PoolKey = tuple[str, str]
@@ -173,6 +184,8 @@ class Dra:
         else:
             self.observed[key] = dict(obj)
             self._forget_assumed(key)
+            if (owner := _extended_owner(obj)) in self.assumed:
+                self._forget_extended(owner)
         self._in_use = self._alone = None
 
     def read_all(self, slices: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) -> None:
@@ -188,6 +201,10 @@ class Dra:
             kept = tuple(c for c in claims if f"{c.namespace}/{c.name}" != key)
             if len(kept) != len(claims):
                 self.assumed[uid] = kept
+
+    def _forget_extended(self, uid: PodUID) -> None:
+        """The claim made for the pod's extended resources is seen: it holds the devices."""
+        self.assumed[uid] = tuple(c for c in self.assumed[uid] if not c.mappings)
 
     def in_use(self) -> InUse:
         """What the observed and assumed allocations hold."""
@@ -264,6 +281,8 @@ class Dra:
                         name=claim.name,
                         uid=claim.uid,
                         allocation=read.allocation_json(a, lambda: str(uuid.uuid4())),
+                        mappings=claim.mappings,
+                        devices=claim.devices if claim.mappings else {},
                     )
                     for claim, a in zip(claims.allocate, found[1], strict=True)
                 )
@@ -275,8 +294,14 @@ class Dra:
     def restore(self, claims: Mapping[PodUID, tuple[ev.ClaimAllocation, ...]]) -> None:
         """What open reservations held at start (services/device_allocator/reservations.py),
         less the claims already seen allocated."""
+        made = {_extended_owner(obj) for obj in self.observed.values()}
         for uid, held in claims.items():
-            kept = tuple(c for c in held if f"{c.namespace}/{c.name}" not in self.observed)
+            kept = tuple(
+                c
+                for c in held
+                if f"{c.namespace}/{c.name}" not in self.observed
+                and not (c.mappings and uid in made)
+            )
             if kept:
                 self.assumed[uid] = kept
         self._in_use = self._alone = None

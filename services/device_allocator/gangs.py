@@ -20,7 +20,7 @@ from collections.abc import Collection
 
 import msgspec
 
-from services.device_allocator import outcomes
+from services.device_allocator import extended, outcomes
 from services.device_allocator.dra import PLUGIN, Dra
 from services.device_allocator.fabric import Fabric
 from services.device_allocator.metrics import AllocatorMetrics
@@ -163,7 +163,24 @@ class Gangs:
     ) -> tuple[list[PodGrant], list[ev.AllocationFailed], Status | None, bool]:
         """The ledger work of one gang: the grants placed, refusals of members left out
         (the gang placed without them), why it was not placed (None: it was) and
-        whether that is final (no other shard may try: it waits for its victims)."""
+        whether that is final (no other shard may try: it waits for its victims).
+        Where the device plugin's nodes have no room, members asking extended resources
+        that a DeviceClass maps are tried through DRA (extended.py)."""
+        placed = self._place_once(gang, members)
+        if placed[2] is None or placed[3]:
+            return placed
+        swapped = extended.variants(members, self.ledger.hosts)
+        if swapped is None:
+            return placed
+        again = self._place_once(gang, swapped)
+        if again[2] is None:
+            return again
+        return placed[0], placed[1], extended.told(placed[2], again[2]), placed[3]
+
+    def _place_once(
+        self, gang: ev.GangReady, members: list[GangMember]
+    ) -> tuple[list[PodGrant], list[ev.AllocationFailed], Status | None, bool]:
+        """One try of :meth:`_place`, the members as given."""
         key = gang.gang.key
         guard = self._keep_up(gang)
         waiting = self.room.waiting(key, time.time())

@@ -25,6 +25,8 @@ from kubernetes_asyncio.client import ApiException
 from shared import events as ev
 from shared import kube
 from shared.core import claims as core
+from shared.core.dra import extended
+from shared.core.hosts import Claims
 from shared.core.model import PodUID
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ def _kinds() -> dict[str, _Kind]:
         "claim": _Kind(
             f"{RESOURCE}/resourceclaims", core.claim_record, namespaced=True, group=RESOURCE
         ),
-        "dclass": _Kind(f"{RESOURCE}/deviceclasses", core.api_object, group=RESOURCE),
+        "dclass": _Kind(f"{RESOURCE}/deviceclasses", core.device_class, group=RESOURCE),
         "slice": _Kind(f"{RESOURCE}/resourceslices", core.api_object, group=RESOURCE),
     }
 
@@ -80,6 +82,10 @@ def _allocated(obj: dict[str, Any]) -> dict[str, Any] | None:
         return None
     meta = obj["metadata"]
     identity = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+    if (meta.get("annotations") or {}).get(extended.ANNOTATION) == "true":
+        # made for a pod's extended resources: the allocator matches it to its pod
+        identity["annotations"] = {extended.ANNOTATION: "true"}
+        identity["ownerReferences"] = meta.get("ownerReferences") or []
     consumers = [{"uid": r["uid"]} for r in status.get("reservedFor") or () if r.get("uid")]
     return {"metadata": identity, "status": {"allocation": allocation, "reservedFor": consumers}}
 
@@ -113,6 +119,8 @@ class ClaimReader:
         self.reads: dict[PodUID, frozenset[core.Key]] = {}
         self.readers: dict[core.Key, set[PodUID]] = {}
         """Which pods' verdicts read each object."""
+        self.mapping: dict[str, str] | None = None
+        """Extended resource names the DeviceClasses map (None: to be computed again)."""
 
     def attach(self, pending: ev.PodPending, obj: dict[str, Any]) -> ev.PodPending | None:
         """``pending`` with its claims' verdict in its spec; itself if the pod claims
@@ -139,12 +147,26 @@ class ClaimReader:
         self._index(uid, frozenset())
 
     def _verdict(self, uid: PodUID, pending: ev.PodPending) -> ev.PodPending:
-        found, reads = core.claims_of(self.uses[uid], self._lookup)
+        uses = self.uses[uid]
+        plain = pending.spec.requests if pending.spec is not None else ()
+        found: Claims | None
+        found, reads = core.claims_of(uses, self._lookup, self._mapping(), plain)
         self._index(uid, reads)
+        if not uses.volumes and not uses.claims and found == Claims():
+            found = None  # extended resources no DeviceClass maps: nothing claimed
         if pending.spec is None or pending.spec.claims == found:
             return pending
         spec = msgspec.structs.replace(pending.spec, claims=found)
         return msgspec.structs.replace(pending, spec=spec)
+
+    def _mapping(self) -> dict[str, str]:
+        """Extended resource name → DeviceClass, from every DeviceClass listed."""
+        if self.mapping is None:
+            records = self.kinds["dclass"].records.values()
+            self.mapping = extended.class_mapping(
+                r.obj for r in records if isinstance(r, core.ApiObject)
+            )
+        return self.mapping
 
     def _lookup(self, key: core.Key) -> core.Record | None:
         return self.kinds[key[0]].records.get(key[1])
@@ -209,7 +231,11 @@ class ClaimReader:
             del objects.records[key]
         else:
             objects.records[key] = record
-        await self._again(self.readers.get((name, key), ()))
+        readers = set(self.readers.get((name, key), ()))
+        if name == "dclass":
+            self.mapping = None
+            readers |= self.readers.get(core.EVERY_CLASS, set())
+        await self._again(readers)
 
     async def on_relist(self, name: str, items: list[dict[str, Any]]) -> None:
         """Every object of a kind (first, or after the watch lost track): every pod
@@ -232,6 +258,8 @@ class ClaimReader:
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 log.warning("%s object cannot be read (%r); skipped until it changes", name, exc)
         objects.listed = True
+        if name == "dclass":
+            self.mapping = None
         await self._again([uid for uid, uses in self.uses.items() if name in uses.kinds])
 
     async def _forward(self, name: str, key: str, obj: dict[str, Any] | None) -> None:

@@ -27,15 +27,20 @@ allocated by someone else but not reserved for the pod (DynamicResources writes
 ``status.reservedFor`` before binding; the kubelet refuses a pod its claim is not
 reserved for). A ResourceClaim not allocated is Tessera's to allocate: it is listed in
 ``Claims.allocate`` with the DeviceClasses it names (services/device_allocator/dra.py).
+A pod asking an extended resource that a DeviceClass maps (``extendedResourceName``,
+shared/core/dra/extended.py) gets the claim it becomes on a node serving the name
+through DRA (``Claims.extended``); the allocator tries it where the device plugin's
+path finds no room.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
 
+from shared.core.dra.extended import ContainerAsk, container_asks, extended_claim
 from shared.core.hosts import (
     ZONE_LABELS,
     BoundVolume,
@@ -155,6 +160,8 @@ class Uses(msgspec.Struct, frozen=True):
     uid: str
     volumes: tuple[VolumeUse, ...] = ()
     claims: tuple[ClaimUse, ...] = ()
+    asks: tuple[ContainerAsk, ...] = ()
+    """Its containers' extended-resource requests (a DeviceClass may map them)."""
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -162,7 +169,7 @@ class Uses(msgspec.Struct, frozen=True):
         kinds: set[str] = set()
         if self.volumes:
             kinds |= {"pvc", "pv", "class"}
-        if self.claims:
+        if self.claims or self.asks:
             kinds |= {"claim", "dclass", "slice"}
         return frozenset(kinds)
 
@@ -241,6 +248,14 @@ def api_object(obj: Mapping[str, Any]) -> ApiObject:
     return ApiObject({"metadata": meta, "spec": obj.get("spec") or {}})
 
 
+def device_class(obj: Mapping[str, Any]) -> ApiObject:
+    """A DeviceClass kept whole, but for its metadata (its name and creation time: the
+    newer of two classes mapping one extended resource serves it)."""
+    meta = obj["metadata"]
+    kept = {k: meta[k] for k in ("name", "creationTimestamp") if k in meta}
+    return ApiObject({"metadata": kept, "spec": obj.get("spec") or {}})
+
+
 def pod_uses(obj: Mapping[str, Any]) -> Uses | None:
     """The claims a pod names (None: none), its template claims resolved through
     ``status.resourceClaimStatuses`` (the resourceclaim controller's names)."""
@@ -267,7 +282,8 @@ def pod_uses(obj: Mapping[str, Any]) -> Uses | None:
             )
         else:
             claims.append(ClaimUse(entry, unsupported=True))
-    if not volumes and not claims:
+    asks = container_asks(obj)
+    if not volumes and not claims and not asks:
         return None
     return Uses(
         namespace=str(meta.get("namespace") or "default"),
@@ -275,6 +291,7 @@ def pod_uses(obj: Mapping[str, Any]) -> Uses | None:
         uid=str(meta.get("uid", "")),
         volumes=tuple(volumes),
         claims=tuple(claims),
+        asks=asks,
     )
 
 
@@ -292,9 +309,21 @@ def _wait(plugin: str, kind: str, detail: str, resource: str = "") -> Claims:
     return Claims(wait=reason)
 
 
-def claims_of(uses: Uses, lookup: Lookup) -> tuple[Claims, frozenset[Key]]:
+EVERY_CLASS: Key = ("dclass", "*")
+"""Read by a verdict that maps extended resources: any DeviceClass may change it."""
+
+
+def claims_of(
+    uses: Uses,
+    lookup: Lookup,
+    mapping: Mapping[str, str] | None = None,
+    plain: Iterable[str] = (),
+) -> tuple[Claims, frozenset[Key]]:
     """What ``uses`` allow (see the module docstring), and every object it read (a
-    change to one may change the verdict)."""
+    change to one may change the verdict). ``mapping``: resource name → DeviceClass
+    (shared/core/dra/extended.py ``class_mapping``); ``plain``: the extended names the
+    pod's node-fit request carries (``PodSpec.requests``), the others being Tessera's
+    device names."""
     reads: set[Key] = set()
 
     def read(kind: str, name: str) -> Record | None:
@@ -303,7 +332,26 @@ def claims_of(uses: Uses, lookup: Lookup) -> tuple[Claims, frozenset[Key]]:
         return lookup(key)
 
     found = _claims(uses, read)
+    if uses.asks and found.wait is None:
+        reads.add(EVERY_CLASS)
+        found = _extended(uses, found, mapping or {}, plain, read)
     return found, frozenset(reads)
+
+
+def _extended(
+    uses: Uses, found: Claims, mapping: Mapping[str, str], plain: Iterable[str], read: Read
+) -> Claims:
+    """``found`` with the claim the pod's mapped extended resources become."""
+    ext = extended_claim(uses.asks, mapping, plain)
+    if ext is None:
+        return found
+    classes = dict(found.classes)
+    for name in ext.classes:
+        obj = read("dclass", name)
+        if isinstance(obj, ApiObject):
+            classes[name] = obj.obj
+    claim = DraClaim(uses.namespace, "", "", dict(ext.devices), mappings=ext.mappings)
+    return msgspec.structs.replace(found, extended=claim, mapped=ext.names, classes=classes)
 
 
 Read = Callable[[str, str], Record | None]

@@ -262,6 +262,10 @@ class DraClaim(msgspec.Struct, frozen=True, omit_defaults=True):
     allocation: dict[str, Any] | None = None
     """Its ``status.allocation``, for a claim allocated (by anyone) but not reserved for
     the pod yet: the binder adds the pod to ``reservedFor`` (``Claims.reserve``)."""
+    mappings: tuple[tuple[str, str, str], ...] = ()
+    """For the claim of the pod's extended resources (``Claims.extended``): each
+    (container, resource name, request name); the binder creates the claim (its name
+    and UID empty until then) and writes them in ``status.extendedResourceClaimStatus``."""
 
 
 class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -288,6 +292,11 @@ class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
     classes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     """The DeviceClasses those claims name, as API objects, by name (one that does not
     exist is absent: the pod is refused with its name)."""
+    extended: DraClaim | None = None
+    """The claim the pod's extended resources become on a node that serves them through
+    DRA (shared/core/dra/extended.py); None when no DeviceClass maps them."""
+    mapped: tuple[str, ...] = ()
+    """The resource names ``extended`` serves."""
 
 
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from shared.core.dra import Allocation, InUse, Pool, allocate, prepare, read
 from shared.core.dra import Prepared as DraPrepared
 from shared.core.dra.cel import SelectorError
+from shared.core.dra.extended import IN_MEMORY
 from shared.core.framework import FilterPlugin
 from shared.core.hosts import Claims
 from shared.core.model import NodeName, PodUID
@@ -175,7 +176,9 @@ def _prepare(claims: Claims) -> DraPrepared | Status:
         records = [
             read.claim_record(
                 {
-                    "metadata": {"namespace": c.namespace, "name": c.name},
+                    # the claim made for extended resources has no name until the
+                    # binder creates it
+                    "metadata": {"namespace": c.namespace, "name": c.name or IN_MEMORY},
                     "spec": {"devices": c.devices},
                 }
             )
