@@ -36,6 +36,7 @@ from typing import Any
 
 import msgspec
 
+from shared.core.claimed import asked, held
 from shared.core.hosts import (
     ZONE_LABELS,
     BoundVolume,
@@ -319,12 +320,19 @@ def _claims(uses: Uses, read: Read) -> Claims:
     if isinstance(volumes, Claims):
         return volumes
     devices = []
+    counts: dict[str, dict[str, float]] = {}
     allocate: list[DraClaim] = []
     reserve: list[DraClaim] = []
     classes: dict[str, dict[str, Any]] = {}
     # DynamicResources' PreFilter: each claim allocated and reserved for the pod, or
     # not allocated: the allocator allocates it (services/device_allocator/dra.py).
     for use, claim in zip((u for u in uses.claims if u.claim), claims, strict=True):
+        if claim.allocation is not None:  # what it counts in the pod's queue
+            counted = held(claim.devices, claim.allocation)
+        else:
+            counted = asked(claim.devices)
+        if counted:
+            counts[claim.uid] = counted
         if not claim.allocated:
             allocate.append(DraClaim(uses.namespace, use.claim, claim.uid, claim.devices))
             for name in claim.classes():
@@ -345,6 +353,7 @@ def _claims(uses: Uses, read: Read) -> Claims:
         allocate=tuple(allocate),
         reserve=tuple(reserve),
         classes=classes,
+        counts=counts,
     )
 
 

@@ -288,6 +288,10 @@ class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
     classes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     """The DeviceClasses those claims name, as API objects, by name (one that does not
     exist is absent: the pod is refused with its name)."""
+    counts: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    """What each of its ResourceClaims counts in its queue, by claim UID, per DeviceClass
+    (shared/core/claimed.py): asked, for one not allocated; held, for one allocated (by
+    anyone, reserved for the pod or not)."""
 
 
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
