@@ -289,8 +289,13 @@ class Dra:
                 for t, n in sorted(why.items())
             )
             return Status(code=Code.UNSCHEDULABLE, reasons=reasons, nodes=known)
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": fit}]}
-        here = node_terms({"nodeSelectorTerms": [term]})
+        # one term per node: a metadata.name field term takes exactly one value (a term
+        # naming two is invalid, matching no node, as kube-scheduler reads it)
+        terms = [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]}
+            for name in fit
+        ]
+        here = node_terms({"nodeSelectorTerms": terms})
         assert member.spec is not None
         limited = msgspec.structs.replace(claims, devices=(*claims.devices, here))
         spec = msgspec.structs.replace(member.spec, claims=limited)
