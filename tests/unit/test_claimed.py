@@ -227,7 +227,8 @@ def test_under_capacity_a_queue_below_its_deserved_reclaims_claimed_devices() ->
         held_by(g, m)
     waiting = failed_once(g, claiming("b", {"mine": ONE}, g))
     offered = {p.uid for v in waiting.victims for p in v.pods}
-    assert offered and offered <= {m.pod.uid for m in hogs}
+    assert offered
+    assert offered <= {m.pod.uid for m in hogs}
     assert all(v.why.startswith('queue "a" is over its fair share') for v in waiting.victims)
     # a card pod of b's asks no claimed device: a's claims are no room for it
     card = into(g, "b", "card")
