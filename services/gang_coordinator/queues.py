@@ -305,7 +305,8 @@ def add_metrics(m: Metrics, latest: Callable[[], Snapshot], table: ResourceTable
     for which in _VECTORS:
         m.gauge(
             f"volcano_queue_{which}_scalar_resources",
-            f"The {which} device resources of one queue (count, MiB, percent).",
+            f"The {which} device resources of one queue (count, MiB, percent; claimed "
+            "devices by DeviceClass).",
             vector(which),
         )
 

@@ -252,3 +252,31 @@ def test_a_queue_naming_a_claimed_resource_badly_is_refused_naming_the_field() -
 def test_tessera_get_queues_shows_claimed_devices_by_class() -> None:
     shown = vector({"nvidia.count": 2, **ONE, f"memory.deviceclass/{GPU}": 8 * GI})
     assert shown == f"nvidia: 2 gpu; {GPU}: 1 claimed, memory 8Gi"
+
+
+def test_the_usage_memory_keeps_claimed_devices_over_the_roots_capability() -> None:
+    # the inventories give no total of a class: the capacity tree's root Queue may
+    g = tree(0, q("root", capability={f"deviceclass/{GPU}": 4.0}), q("a"))
+    assert g.totals()[f"deviceclass/{GPU}"] == 4.0
+    held_by(g, claiming("a", {"c": ONE}, g))
+    g.sample_usage(0.0)
+    g.sample_usage(600.0)
+    assert abs(g.usage.normalized["a"][f"deviceclass/{GPU}"] - 0.25) < 1e-9
+    flat = gangs()  # no total: remembered, not normalized
+    flat.queues["a"] = QueueSpec(name="a")
+    held_by(flat, claiming("a", {"c": ONE}, flat))
+    flat.sample_usage(0.0)
+    flat.sample_usage(600.0)
+    assert flat.usage.usage(600.0)["a"][f"deviceclass/{GPU}"] > 0
+    assert f"deviceclass/{GPU}" not in flat.usage.normalized.get("a", {})
+
+
+def test_a_placed_pod_counts_its_claims_as_allocated() -> None:
+    g = gangs()
+    g.queues["a"] = QueueSpec(name="a")
+    m = claiming("a", {"c": {f"deviceclass/{GPU}": 1.0}}, g)  # asked: no capacity
+    g.pending(m)
+    g.dispatch(0.0)
+    share = {f"deviceclass/{GPU}": 1.0, f"cores.deviceclass/{GPU}": 100.0}
+    g.decided(m.pod.uid, {}, {"c": share})  # held: the card's whole default
+    assert g.shares()[0]["a"] == share
