@@ -27,6 +27,8 @@ allocated by someone else but not reserved for the pod (DynamicResources writes
 ``status.reservedFor`` before binding; the kubelet refuses a pod its claim is not
 reserved for). A ResourceClaim not allocated is Tessera's to allocate: it is listed in
 ``Claims.allocate`` with the DeviceClasses it names (services/device_allocator/dra.py).
+What each claim counts in the pod's queue, asked or held, is ``Claims.counts``
+(shared/core/claimed.py).
 """
 
 from __future__ import annotations
