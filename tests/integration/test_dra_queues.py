@@ -2,8 +2,8 @@
 with the five services as processes under the ``capacity`` plugin: a Queue's
 ``deviceclass/<DeviceClass>`` capability holds a second claiming pod, told why in its
 Event and condition, until the first is gone; a parent's capability bounds its
-children's claims together; the Queue's status and ``tessera get queues`` show the
-claimed devices by class.
+children's claims together; a claim another allocated counts what its allocation holds;
+the Queue's status and ``tessera get queues`` show the claimed devices by class.
 
 The slices and the class are test_dra_claims.py's kind (each card shared, a claim asking
 nothing takes it whole), under a driver and class of this module's own.
@@ -18,6 +18,7 @@ dq-b       gpu-0: A100, 40Gi, shared
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -92,10 +93,13 @@ async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
     await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims")
 
 
-async def claimer(p: Pipeline, ns: str, name: str, in_queue: str) -> None:
+async def claimer(p: Pipeline, ns: str, name: str, in_queue: str, **capacity: str) -> None:
     """A pod in its own PodGroup of one in ``in_queue``, with its own claim of one
-    device of the class (a whole card)."""
-    spec = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}
+    device of the class (a whole card, or a share asking ``capacity``)."""
+    exactly: dict[str, Any] = {"deviceClassName": CLASS}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    spec = {"requests": [{"name": "gpu", "exactly": exactly}]}
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -156,3 +160,49 @@ async def test_a_parents_capability_bounds_its_childrens_claims_together(
     assert f"({DEVICES} 2 > 1)" in message, message
     await pipeline.delete(ns, "mine")
     await pipeline.bound(ns, "theirs", timeout_s=60)
+
+
+async def test_a_claim_another_allocated_counts_what_its_allocation_holds(
+    pipeline: Pipeline, ns: str
+) -> None:
+    # Another scheduler allocated a claim asking nothing the whole H100 card (its
+    # request policy's defaults); a pod of the queue names it. The queue counts what the
+    # allocation holds, 100 cores, not the nothing the claim asks: a claim of 30 more
+    # cores waits, though the A100 is free.
+    cores = f"cores.deviceclass/{CLASS}"
+    mine = f"cores-{ns}"
+    await queue(pipeline, mine, capability={cores: "100"})
+    spec = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "taken"},
+        "spec": {"devices": spec},
+    }
+    path = f"{RESOURCE}/namespaces/{ns}/resourceclaims"
+    made = await kube.request(pipeline.api, "POST", path, claim)
+    field = {"key": "metadata.name", "operator": "In", "values": ["dq-a"]}
+    result = {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": "dq-a",
+        "device": "gpu-0",
+        "shareID": str(uuid.uuid4()),
+        "consumedCapacity": {"cores": "100", "memory": "80Gi"},
+    }
+    made["status"] = {
+        "allocation": {
+            "devices": {"results": [result]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [field]}]},
+        }
+    }
+    await kube.request(pipeline.api, "PUT", f"{path}/taken/status", made)
+    await podgroup(pipeline, ns, "adopter", 1, queue=mine)
+    obj = pod("adopter", {}, annotations={GROUP: "adopter"})
+    obj["spec"]["nodeSelector"] = SUITE
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "taken"}]
+    obj["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    await pipeline.create(ns, obj)
+    assert await pipeline.node_of(ns, "adopter") == "dq-a"
+    await claimer(pipeline, ns, "more", mine, cores="30")
+    await told(pipeline, ns, "more", f"has no room within its capability ({cores} 130 > 100)")
