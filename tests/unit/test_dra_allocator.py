@@ -119,6 +119,12 @@ def test_a_claim_goes_only_to_nodes_whose_slices_serve_it_and_is_assumed_there()
     assert pin["values"] == ["n2"]
 
 
+def test_a_claim_that_fits_several_nodes_may_go_to_each() -> None:
+    # one term per node: a metadata.name term naming two nodes is invalid (none matched)
+    d = dra(node_slice("n1", card("gpu-0")), node_slice("n2", card("gpu-0")))
+    assert nodes_of(d.restrict(member("p", share()))) == ["n1", "n2"]
+
+
 def test_two_30_percent_shares_take_one_card_and_a_whole_card_claim_then_waits() -> None:
     d = dra(node_slice("n1", card("gpu-0")), nodes=("n1",))
     for name in ("a", "b"):
