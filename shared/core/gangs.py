@@ -21,7 +21,9 @@ members its queue allows, if they reach ``minMember``. Under ``capacity`` the tr
 capabilities bound a queue always, and its fair share (``hierarchy.fair``: deserved up to
 what it asks, plus its part of what others leave) while another queue below its own has
 a gang waiting: what it borrowed beyond would be reclaimed as soon as that queue got
-room (bench/fairness.py counted most of the tree's evictions there).
+room (bench/fairness.py counted most of the tree's evictions there). A gang its queue's
+capability holds back is told so. A pod's DRA claims count in its queue per DeviceClass
+(shared/core/claimed.py), each once per queue however many of its pods name it.
 
 Order. Ready gangs go by queue priority, then the queue furthest below its share, then
 pod priority, then age.
@@ -717,8 +719,10 @@ class Gangs:
         ]
         k = self.policy.usage.weight
         total = dict(self.capacity()[0])
-        for asking in open_queues:  # claimed devices have no total: each queue gets
-            for d, amount in asking.demand.items():  # what it asks of them, within its capability
+        # claimed devices have no total (``totals``): each queue gets what it asks of
+        # them, within its capability
+        for asking in open_queues:
+            for d, amount in asking.demand.items():
                 if is_claimed(d):
                     total[d] = total.get(d, 0.0) + amount
         return used, demand, deserved(total, open_queues, self.usage.normalized, k)
