@@ -33,6 +33,9 @@ from shared import views
 from shared.aio import raise_if_cancelling
 from shared.config import Config, ConfigError, KubernetesConfig, NatsConfig
 from shared.config import load as load_config
+from shared.core.claimed import CAPACITY as CLAIMED_CAPACITY
+from shared.core.claimed import COUNT as CLAIMED_COUNT
+from shared.core.claimed import is_claimed
 from shared.core.ledger import UNLIMITED_SLOTS
 from shared.core.model import RequestError
 
@@ -287,12 +290,22 @@ def duration(seconds: float) -> str:
 
 def vector(v: Mapping[str, float]) -> str:
     """A queue's resource vector (``<vendor>.count|memory|cores``, shared/core/queues.py)
-    compactly: ``nvidia: 3 gpu, 120Gi, 250%``; vendors apart with ``; ``."""
+    compactly: ``nvidia: 3 gpu, 120Gi, 250%``; vendors apart with ``; ``; claimed devices
+    by DeviceClass after them: ``gpu.tessera.io: 2 claimed, cores 60, memory 8Gi``."""
     by_vendor: dict[str, dict[str, float]] = {}
+    claimed: dict[str, dict[str, float]] = {}
     for key, value in v.items():
+        if abs(value) <= 1e-6:
+            continue
+        if is_claimed(key):  # claimed devices, by DeviceClass (shared/core/claimed.py)
+            if CLAIMED_CAPACITY in key:
+                dim, _, device_class = key.partition(CLAIMED_CAPACITY)
+            else:
+                dim, device_class = "count", key.removeprefix(CLAIMED_COUNT)
+            claimed.setdefault(device_class, {})[dim] = value
+            continue
         vendor, _, dim = key.partition(".")
-        if abs(value) > 1e-6:
-            by_vendor.setdefault(vendor, {})[dim] = value
+        by_vendor.setdefault(vendor, {})[dim] = value
     parts = []
     for vendor, dims in sorted(by_vendor.items()):
         shown = []
@@ -306,6 +319,11 @@ def vector(v: Mapping[str, float]) -> str:
             else:
                 shown.append(f"{dim} {number(value)}")
         parts.append(f"{vendor}: {', '.join(shown)}")
+    for device_class, dims in sorted(claimed.items()):
+        shown = [f"{number(dims.pop('count'))} claimed"] if "count" in dims else []
+        for dim, value in sorted(dims.items()):
+            shown.append(f"{dim} {memory(value / 2**20) if dim == 'memory' else number(value)}")
+        parts.append(f"{device_class}: {', '.join(shown)}")
     return "; ".join(parts) or NONE
 
 

@@ -29,6 +29,7 @@ from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
 from shared import kube, views
+from shared.core.claimed import name_error
 from shared.core.gangs import Gangs
 from shared.core.hierarchy import ROOT, QueueTree, rolled_up
 from shared.core.model import GangKey
@@ -147,6 +148,15 @@ def snapshot(
 
 def queue_spec(event: ev.QueueUpdated, table: ResourceTable) -> QueueSpec:
     """A Queue's event as the core reads it, its resource lists as vectors."""
+
+    for where, resources in (
+        ("capability", event.capability),
+        ("guarantee.resource", event.guarantee),
+        ("deserved", event.deserved),
+    ):
+        for name in resources:
+            if (wrong := name_error(name)) is not None:  # the webhook refuses these
+                log.warning("Queue %s: spec.%s.%s %s; ignored", event.name, where, name, wrong)
 
     def vector(resources: dict[str, str]) -> Resources | None:
         return resource_vector(table, resources) if resources else None
@@ -295,7 +305,8 @@ def add_metrics(m: Metrics, latest: Callable[[], Snapshot], table: ResourceTable
     for which in _VECTORS:
         m.gauge(
             f"volcano_queue_{which}_scalar_resources",
-            f"The {which} device resources of one queue (count, MiB, percent).",
+            f"The {which} device resources of one queue (count, MiB, percent; claimed "
+            "devices by DeviceClass).",
             vector(which),
         )
 

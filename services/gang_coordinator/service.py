@@ -41,7 +41,9 @@ from services.gang_coordinator.queues import (
 from shared import busauth, kube
 from shared import events as ev
 from shared.bus import through_failover
+from shared.core.claimed import held
 from shared.core.gangs import Gangs, Member, ReadyGang
+from shared.core.hosts import Claims
 from shared.core.model import GangKey, NodeName, PodUID
 from shared.core.queues import GroupSpec, grant_vector, resource_vector
 from shared.core.request import ResourceTable
@@ -172,6 +174,7 @@ class Coordinator(Service):
             labels=event.spec.labels if event.spec is not None else {},
             owner=event.owner,
             preemptable=event.preemptable,
+            claims=_claims(event).counts,
         )
         new = event.pod.uid not in self.gangs.pods and event.pod.uid not in self.gangs.bound_pods
         previous = self.announced.get(event.pod.uid)
@@ -186,8 +189,12 @@ class Coordinator(Service):
 
     @handles(ev.AllocationDecided)
     async def on_allocation_decided(self, event: ev.AllocationDecided) -> None:
-        """The allocator placed a pod: it counts against its queue as granted."""
-        self.gangs.decided(event.pod.uid, grant_vector(event.grants))
+        """The allocator placed a pod: it counts against its queue as granted, its
+        claims as allocated."""
+        announced = self.announced.get(event.pod.uid)
+        specs = {c.uid: c.devices for c in _claims(announced).allocate} if announced else {}
+        claims = {c.uid: held(specs[c.uid], c.allocation) for c in event.claims if c.uid in specs}
+        self.gangs.decided(event.pod.uid, grant_vector(event.grants), claims)
 
     @handles(ev.AllocationFailed)
     async def on_allocation_failed(self, event: ev.AllocationFailed) -> None:
@@ -381,3 +388,9 @@ class Coordinator(Service):
             await self.rt.bus.nc.request(ev.CONTROL_RESYNC_SUBJECT, b"", timeout=5)
         except Exception as exc:  # the watcher may not be up yet; its resync loop covers it
             log.info("resync request not answered (%s); the periodic resync will cover it", exc)
+
+
+def _claims(event: ev.PodPending) -> Claims:
+    """What a pending pod's claims allow and count (none: an empty verdict)."""
+    found = event.spec.claims if event.spec is not None else None
+    return found if found is not None else Claims()

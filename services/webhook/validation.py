@@ -25,6 +25,7 @@ from typing import Any
 from shared.config import Config
 from shared.core import annotations as ann
 from shared.core import network, subgroups, vcjob
+from shared.core.claimed import name_error
 from shared.core.hierarchy import TreeQueue, build
 from shared.core.model import PodRequest
 from shared.core.quantity import parse_quantity
@@ -147,6 +148,9 @@ def queue_refusal(
         lists[where] = {}
         for resource, value in (raw or {}).items() if isinstance(raw, dict) else ():
             at = f"spec.{where}.{resource}"
+            if (wrong := name_error(str(resource))) is not None:
+                errors.append(vcjob.JobError(at, wrong))
+                continue
             try:
                 amount = float(parse_quantity(value))
             except ValueError:

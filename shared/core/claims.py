@@ -31,6 +31,8 @@ A pod asking an extended resource that a DeviceClass maps (``extendedResourceNam
 shared/core/dra/extended.py) gets the claim it becomes on a node serving the name
 through DRA (``Claims.extended``); the allocator tries it where the device plugin's
 path finds no room.
+What each claim counts in the pod's queue, asked or held, is ``Claims.counts``
+(shared/core/claimed.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from shared.core.claimed import asked, held
 from shared.core.dra.extended import ContainerAsk, container_asks, extended_claim
 from shared.core.hosts import (
     ZONE_LABELS,
@@ -367,12 +370,19 @@ def _claims(uses: Uses, read: Read) -> Claims:
     if isinstance(volumes, Claims):
         return volumes
     devices = []
+    counts: dict[str, dict[str, float]] = {}
     allocate: list[DraClaim] = []
     reserve: list[DraClaim] = []
     classes: dict[str, dict[str, Any]] = {}
     # DynamicResources' PreFilter: each claim allocated and reserved for the pod, or
     # not allocated: the allocator allocates it (services/device_allocator/dra.py).
     for use, claim in zip((u for u in uses.claims if u.claim), claims, strict=True):
+        if claim.allocation is not None:  # what it counts in the pod's queue
+            counted = held(claim.devices, claim.allocation)
+        else:
+            counted = asked(claim.devices)
+        if counted:
+            counts[claim.uid] = counted
         if not claim.allocated:
             allocate.append(DraClaim(uses.namespace, use.claim, claim.uid, claim.devices))
             for name in claim.classes():
@@ -393,6 +403,7 @@ def _claims(uses: Uses, read: Read) -> Claims:
         allocate=tuple(allocate),
         reserve=tuple(reserve),
         classes=classes,
+        counts=counts,
     )
 
 

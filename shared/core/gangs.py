@@ -21,7 +21,9 @@ members its queue allows, if they reach ``minMember``. Under ``capacity`` the tr
 capabilities bound a queue always, and its fair share (``hierarchy.fair``: deserved up to
 what it asks, plus its part of what others leave) while another queue below its own has
 a gang waiting: what it borrowed beyond would be reclaimed as soon as that queue got
-room (bench/fairness.py counted most of the tree's evictions there).
+room (bench/fairness.py counted most of the tree's evictions there). A gang its queue's
+capability holds back is told so. A pod's DRA claims count in its queue per DeviceClass
+(shared/core/claimed.py), each once per queue however many of its pods name it.
 
 Order. Ready gangs go by queue priority, then the queue furthest below its share, then
 pod priority, then age.
@@ -61,9 +63,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
+from shared.core.claimed import is_claimed
 from shared.core.consolidation import movable, moved_allowances
 from shared.core.disruption import Budget
 from shared.core.hierarchy import (
+    ROOT,
     QueueTree,
     TreeQueue,
     build,
@@ -137,7 +141,16 @@ class Member:
     """Parked because the API server refused its Binding: only its backoff brings it back."""
     queue: str = "default"
     vector: Resources = field(default_factory=dict)
-    """What it takes of its queue: estimated from the request, exact once placed."""
+    """What it takes of its queue: estimated from the request, exact once placed; its
+    devices (``own``) and the claims it counts (``counted``)."""
+    own: Resources = field(default_factory=dict)
+    """What its devices take (device-plugin resources): its request's, then its grant's."""
+    claims: Mapping[str, Resources] = field(default_factory=dict)
+    """Its DRA ResourceClaims by UID, each as it counts (shared/core/claimed.py): what it
+    asks, then once allocated what it holds."""
+    counted: frozenset[str] = frozenset()
+    """The claims it counts in its queue: a claim named by several pods of one queue
+    counts once, in the first of them known (``Gangs._recount``)."""
     told: str = ""
     """What it was last told by the coordinator (queue closed...): said once."""
     preemption_policy: str = ""
@@ -329,6 +342,9 @@ class Gangs:
         self._shaped: dict[GangKey, Shaped[Member]] = {}
         """What ``readiness`` found of the gangs with subgroups it let go, for this
         dispatch's admission (shared/core/subgroups.py)."""
+        self._claimants: dict[str, dict[PodUID, Member]] = {}
+        """Per ResourceClaim UID, the pods (waiting or bound) that name it, first known
+        first: the first of each queue counts it (``_recount``)."""
 
     # --- what happened ----------------------------------------------------------------
 
@@ -344,14 +360,19 @@ class Gangs:
             m.attempt = max(m.attempt, self._withdrawn.pop(m.pod.uid, 0))
             self.pods[m.pod.uid] = m
             m.queue = self.queue_of(m.key)
+            claims, m.claims = m.claims, {}
             self._move(m, m.state)
+            self.claimed(m.pod.uid, claims)
             return True
-        changed = known.request != m.request or respec
+        changed = known.request != m.request or respec or known.claims != m.claims
         if known.key != m.key:
             self._leave(known)
             known.key = m.key
             known.queue = self.queue_of(m.key)
             self._move(known, known.state)
+            self._recount(known.claims)
+        if known.claims != m.claims:
+            self.claimed(known.pod.uid, m.claims)
         known.request, known.task = m.request, m.task
         known.priority, known.created_at = m.priority, m.created_at
         known.preemption_policy, known.labels = m.preemption_policy, m.labels
@@ -362,12 +383,75 @@ class Gangs:
             known.sent_helps = (-1, -1)  # a failure now may be stale: ``failed`` retries
         return changed
 
-    def decided(self, uid: PodUID, vector: Resources) -> None:
-        """The allocator placed the pod; ``vector`` is what its grant really holds."""
+    def decided(
+        self, uid: PodUID, vector: Resources, claims: Mapping[str, Resources] | None = None
+    ) -> None:
+        """The allocator placed the pod; ``vector`` is what its grant really holds,
+        ``claims`` what the claims it allocated or reserves for it hold (by UID)."""
         m = self.pods.get(uid)
         if m is not None and m.state in ("inflight", "pending"):
-            m.failed, m.vector = False, vector
+            m.failed, m.own = False, vector
+            m.vector = self._value(m)
             self._move(m, "placed")
+            if claims:
+                self.claimed(uid, {**m.claims, **claims})
+
+    def claimed(self, uid: PodUID, claims: Mapping[str, Resources]) -> None:
+        """The pod's DRA claims now, each as it counts (shared/core/claimed.py), by UID:
+        what it asks, or what it holds once allocated (by Tessera or another)."""
+        m = self.pods.get(uid) or self.bound_pods.get(uid)
+        if m is None or m.claims == claims:
+            return
+        was = m.claims
+        for gone in was.keys() - claims.keys():
+            self._unclaim(gone, uid)
+        m.claims = dict(claims)
+        for claim in claims:
+            self._claimants.setdefault(claim, {})[uid] = m
+        self._recount(was.keys() | claims.keys())
+        self._revalue(m)  # a claim it counts may hold another amount now
+
+    def _unclaim(self, claim: str, uid: PodUID) -> None:
+        named = self._claimants.get(claim)
+        if named is not None:
+            named.pop(uid, None)
+            if not named:
+                del self._claimants[claim]
+
+    def _recount(self, claims: Iterable[str]) -> None:
+        """Who counts each of ``claims``: in each queue, the first pod that names it."""
+        for claim in claims:
+            seen: set[str] = set()
+            for m in list(self._claimants.get(claim, {}).values()):
+                counts = m.queue not in seen
+                seen.add(m.queue)
+                if (claim in m.counted) != counts:
+                    m.counted = m.counted ^ {claim}
+                    self._revalue(m)
+
+    def _value(self, m: Member) -> Resources:
+        """What ``m`` takes of its queue: its devices and the claims it counts."""
+        out = dict(m.own)
+        for claim in m.counted:
+            accumulate(out, m.claims.get(claim, {}))
+        return out
+
+    def _revalue(self, m: Member) -> None:
+        """``m.vector`` again (its own part or its counted claims changed), and the
+        queue sums it is in."""
+        new = self._value(m)
+        if new == m.vector:
+            return
+        uid = m.pod.uid
+        if uid in self.bound_pods:
+            use = self.bound_use.setdefault(m.queue, {})
+            accumulate(use, m.vector, -1)
+            accumulate(use, new)
+            m.vector = new
+        else:
+            m.vector = new
+            if uid in self.pods:
+                self._account(m)
 
     def failed(
         self, uids: Iterable[PodUID], attempt: int, *, unresolvable: bool, now: float
@@ -408,6 +492,7 @@ class Gangs:
         if m is not None:
             self._leave(m)
             self._withdrawn[uid] = m.attempt
+            self._release(m)
 
     def bound_now(
         self, uid: PodUID, started: float | None = None, cooldown_s: float = 0.0
@@ -422,6 +507,7 @@ class Gangs:
         m.state = "bound"
         m.started, m.cooldown_s = started, cooldown_s
         m.queue = self.queue_of(m.key)
+        self._recount(m.claims)  # its queue may have changed: out of every sum meanwhile
         self.bound_pods[uid] = m
         self.bound.setdefault(m.key, {})[uid] = m
         accumulate(self.bound_use.setdefault(m.queue, {}), m.vector)
@@ -433,6 +519,7 @@ class Gangs:
         m = self.pods.pop(uid, None)
         if m is not None:
             self._leave(m)
+            self._release(m)
         m = self.bound_pods.pop(uid, None)
         if m is not None:
             accumulate(self.bound_use.setdefault(m.queue, {}), m.vector, -1)
@@ -440,6 +527,14 @@ class Gangs:
             del members[uid]
             if not members:
                 del self.bound[m.key]
+            self._release(m)
+
+    def _release(self, m: Member) -> None:
+        """``m`` is gone: the claims it counted pass to the next pod of its queue that
+        names them."""
+        for claim in m.claims:
+            self._unclaim(claim, m.pod.uid)
+        self._recount(m.claims)
 
     def set_node(self, name: NodeName, devices: tuple[DeviceInfo, ...]) -> bool:
         """A node's inventory; True if its devices changed."""
@@ -460,6 +555,18 @@ class Gangs:
             devices = (d for node in self.nodes.values() for d in node)
             self._capacity = cluster_capacity(devices, self.split)
         return self._capacity
+
+    def totals(self) -> Resources:
+        """The cluster total as queues share it (``capacity``), with the claimed devices
+        (shared/core/claimed.py) that the ``capacity`` tree's root names: the inventories
+        do not say which DeviceClass a device is of, so a claimed dimension has a total
+        only where the Queue named ``root`` writes one in its capability, as Volcano lets
+        an administrator give one."""
+        total = self.capacity()[0]
+        tree = self.tree()
+        root = (tree.real.get(ROOT) if tree is not None else None) or {}
+        extra = {d: v for d, v in root.items() if is_claimed(d) and d not in total}
+        return {**total, **extra} if extra else total
 
     def helpful(self, *, node_changed: bool) -> None:
         """Capacity may have appeared: retry parked pods now (unresolvable ones only when
@@ -553,6 +660,7 @@ class Gangs:
                 for m in self._grouped[key].values():
                     m.queue = queue
                     self._account(m)
+                    self._recount(m.claims)
 
     def _stale(self, entry: tuple[float, int, PodUID]) -> bool:
         """A retry entry whose pod is no longer parked for that time."""
@@ -580,7 +688,7 @@ class Gangs:
     def sample_usage(self, now: float) -> None:
         """Count what each queue's bound pods hold now in its past use (``now``: the
         usage memory's clock, wall-clock seconds in the service)."""
-        self.usage.sample(now, self.bound_use, self.capacity()[0])
+        self.usage.sample(now, self.bound_use, self.totals())
 
     # --- shares -----------------------------------------------------------------------
 
@@ -610,7 +718,14 @@ class Gangs:
             if q.state == "Open"
         ]
         k = self.policy.usage.weight
-        return used, demand, deserved(self.capacity()[0], open_queues, self.usage.normalized, k)
+        total = dict(self.capacity()[0])
+        # claimed devices have no total (``totals``): each queue gets what it asks of
+        # them, within its capability
+        for asking in open_queues:
+            for d, amount in asking.demand.items():
+                if is_claimed(d):
+                    total[d] = total.get(d, 0.0) + amount
+        return used, demand, deserved(total, open_queues, self.usage.normalized, k)
 
     def tree(self) -> QueueTree | None:
         """The queues as the ``capacity`` plugin's tree (shared/core/hierarchy.py); None
@@ -661,7 +776,8 @@ class Gangs:
         groups: dict[GangKey, list[Member]] = {}
         largest = self.capacity()[1]
         for m in self._pending.values():
-            m.vector = request_vector(m.request, largest)
+            m.own = request_vector(m.request, largest)
+            m.vector = self._value(m)
             groups.setdefault(m.key, []).append(m)
             self._account(m)
         if not groups:
@@ -676,7 +792,7 @@ class Gangs:
             k = self.policy.usage.weight
             # a queue that takes no new pods asks only what it holds
             asks = {q: used.get(q, {}) if q in closed else v for q, v in demand.items()}
-            owed = fair(tree, self.capacity()[0], rolled_up(tree, asks), past, k)
+            owed = fair(tree, self.totals(), rolled_up(tree, asks), past, k)
         told: list[tuple[Member, Status]] = []
         ready: list[tuple[tuple[object, ...], ReadyGang]] = []
         caps = {q.name: q.capability for q in self.queues.values() if q.capability}
@@ -725,15 +841,19 @@ class Gangs:
                 if laid.short() is not None:
                     continue
                 laid = laid if laid.subgroups else None
-            if len(taken) < min_member:
-                continue  # over its share or capability: not now
+            if len(taken) < min_member:  # over its share or capability: not now
+                capped = _over_capability(members[:min_member], queue, base, caps, tree, rolled)
+                if capped is not None:  # the queue's hard limit: say so
+                    status = Status(reasons=(Reason(kind="queue", detail=capped),))
+                    _tell(members, status, told)
+                continue
             started = here or any(
                 m.state == "inflight" for m in self._grouped.get(key, {}).values()
             )
             group = None if key.lone or started else self.groups.get(key)
             if group is not None and group.min_resources:  # Volcano's enqueue check
                 least = group.min_resources
-                if not fits(_at_least(need, least)) or not within(least, self.capacity()[0]):
+                if not fits(_at_least(need, least)) or not within(least, self._cluster(least)):
                     self._never(members, queue, least, caps, tree, told)
                     continue
                 need = _at_least(need, least)  # what this dispatch counts it for
@@ -899,7 +1019,7 @@ class Gangs:
         )
         fix = "lower spec.minResources or raise the queue's capability"
         if x is None or not over:  # within the queue's bounds: within the cluster's?
-            total = self.capacity()[0]
+            total = self._cluster(floor)
             over = sorted(
                 f"{d} {v:g} > {total.get(d, 0.0):g}"
                 for d, v in floor.items()
@@ -914,6 +1034,12 @@ class Gangs:
             f"({', '.join(over)}): {fix}"
         )
         _tell(members, Status(reasons=(Reason(kind="queue", detail=why),)), told)
+
+    def _cluster(self, need: Resources) -> Resources:
+        """The cluster's total on ``need``'s dimensions (``totals``); a claimed one it
+        has none of is unbounded (no inventory tells it)."""
+        total = self.totals()
+        return {d: total.get(d, math.inf if is_claimed(d) else 0.0) for d in need}
 
     # --- subgroups (shared/core/subgroups.py) -----------------------------------------
 
@@ -959,6 +1085,42 @@ def _tell(members: Iterable[Member], status: Status, told: list[tuple[Member, St
         if m.told != why:
             m.told = why
             told.append((m, status))
+
+
+def _over_capability(
+    members: Iterable[Member],
+    queue: str,
+    base: Resources,
+    caps: Mapping[str, Resources | None],
+    tree: QueueTree | None,
+    rolled: Mapping[str, Resources],
+) -> str | None:
+    """Why ``members`` (the least of a gang that may go) wait for their queue's
+    capability (under ``capacity``, the real capability of the queue or an ancestor), or
+    None when it is not what holds them (a share, a subgroup)."""
+    need: Resources = {}
+    for m in members:
+        accumulate(need, m.vector)
+    if tree is not None:
+        x = over_capability(tree, queue, rolled, need)
+        if x is None:
+            return None
+        limit, used = tree.real.get(x) or {}, rolled.get(x, {})
+    else:
+        x, limit, used = queue, caps.get(queue) or {}, base
+    after = add({d: used.get(d, 0.0) for d in need}, need)
+    over = sorted(
+        f"{d} {after[d]:g} > {limit[d]:g}"
+        for d, v in need.items()
+        if v > EPS and d in limit and after[d] > limit[d] + EPS
+    )
+    if not over:
+        return None
+    held = "" if x == queue else f' (its ancestor "{x}")'
+    return (
+        f'queue "{queue}"{held} has no room within its capability ({", ".join(over)}): '
+        "its pods wait until the queue's pods release what they hold"
+    )
 
 
 def _at_least(need: Resources, floor: Mapping[str, float]) -> Resources:

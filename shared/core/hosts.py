@@ -297,6 +297,10 @@ class Claims(msgspec.Struct, frozen=True, omit_defaults=True):
     DRA (shared/core/dra/extended.py); None when no DeviceClass maps them."""
     mapped: tuple[str, ...] = ()
     """The resource names ``extended`` serves."""
+    counts: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    """What each of its ResourceClaims counts in its queue, by claim UID, per DeviceClass
+    (shared/core/claimed.py): asked, for one not allocated; held, for one allocated (by
+    anyone, reserved for the pod or not)."""
 
 
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -15,10 +15,12 @@ an idle cluster still gives one queue everything (the others want nothing).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from shared.core.claimed import is_claimed, name_error
 from shared.core.model import ContainerGrant, ContainerRequest, DeviceInfo, PodRequest
 from shared.core.quantity import parse_quantity
 from shared.core.request import ResourceTable, Role
@@ -146,9 +148,16 @@ _ROLE_DIMENSION = {
 
 
 def resource_vector(table: ResourceTable, resources: Mapping[str, object]) -> Resources:
-    """A Queue's capability or guarantee, written with any configured resource names."""
+    """A Queue's capability or guarantee, written with any configured resource names,
+    and claimed devices' names (``deviceclass/<DeviceClass>``,
+    ``<capacity>.deviceclass/<DeviceClass>``: shared/core/claimed.py) as they are."""
     out: Resources = {}
     for name, raw in resources.items():
+        if is_claimed(name):
+            if name_error(name) is None:  # else the webhook refuses it, naming the field
+                with contextlib.suppress(ValueError):
+                    out[name] = out.get(name, 0.0) + float(parse_quantity(raw))
+            continue
         res = table.by_name.get(name)
         dim = _ROLE_DIMENSION.get(res.role) if res is not None else None
         if res is None or dim is None:
@@ -168,6 +177,9 @@ def resource_list(table: ResourceTable, vector: Mapping[str, float]) -> dict[str
     Queue's status and metrics."""
     out: dict[str, float] = {}
     for key, value in vector.items():
+        if is_claimed(key):  # claimed devices: written as they are named
+            out[key] = value
+            continue
         vendor, _, dim = key.partition(".")
         spec = table.vendors.get(vendor)  # type: ignore[call-overload]
         field_name = {

@@ -147,6 +147,11 @@ def test_a_claim_goes_only_to_nodes_whose_slices_serve_it_and_is_assumed_there()
     assert w.dra.claimed.taken == {}  # assumed now: the source holds it
 
 
+def test_a_claim_that_fits_several_nodes_may_go_to_each() -> None:
+    w = dra(node_slice("n1", card("gpu-0")), node_slice("n2", card("gpu-0")))
+    assert w.fits(member("p", share())) == ["n1", "n2"]
+
+
 def test_two_30_percent_shares_take_one_card_and_a_whole_card_claim_then_waits() -> None:
     w = dra(node_slice("n1", card("gpu-0")), nodes=("n1",))
     for name in ("a", "b"):
