@@ -50,6 +50,17 @@ def kube() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="session")
+def controllers() -> Iterator[LocalCluster]:
+    """etcd, kube-apiserver and kube-controller-manager, for the tests whose objects its
+    controllers tend as in any cluster (ResourceClaims: the resourceclaim controller
+    takes gone pods out of ``reservedFor`` and deallocates, the garbage collector
+    deletes a pod's claims); the services' ServiceAccounts made."""
+    with LocalCluster(with_kube=True, with_nats=False, with_controllers=True) as cluster:
+        cluster.service_kubeconfigs()
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def kubeconfig(kube: LocalCluster) -> Path:
     """The admin's kubeconfig (for the tests' own reads and writes). Every service
     under test uses its own ServiceAccount's instead (``service_kubeconfig``)."""

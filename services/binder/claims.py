@@ -19,9 +19,17 @@ resource mapped to its request, and the claim's name), all before the Binding. T
 pod's status names the claim from then on, so a decision delivered again reuses it; a
 failed Binding deletes it.
 
+Before it writes an allocation the binder adds kube-scheduler's finalizer
+``resource.kubernetes.io/delete-protection`` to the claim (a plain update: the status
+subresource ignores metadata), as kube-scheduler's PreBind does: kube-controller-manager's
+resourceclaim controller clears the allocation of a claim whose last consumer is gone
+only when it carries it, so without it a claim written by hand would hold its devices
+for good. :func:`undo`, clearing an allocation of its own, drops it again.
+
 Since Kubernetes 1.36 the API server authorizes writes of these two fields through the
 ``resourceclaims/binding`` subresource as well as ``resourceclaims/status``: the binder's
-ClusterRole has both (deploy/kustomize/base/rbac.yaml).
+ClusterRole has both, and ``update`` on ``resourceclaims`` for the finalizer
+(deploy/kustomize/base/rbac.yaml).
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ log = logging.getLogger(__name__)
 RESOURCE = "/apis/resource.k8s.io/v1"
 CONFLICT_RETRIES = 5
 DENIED = 'cannot update resource "resourceclaims/'
+FINALIZER = "resource.kubernetes.io/delete-protection"
+"""On a claim whose allocation a scheduler wrote: kube-controller-manager deallocates it
+once no consumer is left (and removes the finalizer)."""
 """What the API server writes when the binder's own account may not write a claim's
 allocation (deploy/kustomize/base/rbac.yaml lacks a verb): the operator's to fix."""
 
@@ -63,9 +74,13 @@ async def _update(
     api: kube.Client,
     claim: ev.ClaimAllocation,
     change: Callable[[dict[str, Any]], str | None],
+    *,
+    own: bool = False,
 ) -> str | None:
     """Read the claim, ``change`` its status (it returns why it cannot), write it back;
-    a conflict reads it again. None when written (or nothing to do); else why not."""
+    a conflict reads it again. None when written (or nothing to do); else why not.
+    ``own``: the allocation is Tessera's to write or clear, so :data:`FINALIZER` is
+    added before an allocation is written and dropped once it is cleared."""
     for _ in range(CONFLICT_RETRIES):
         try:
             obj = await kube.request(api, "GET", _path(claim))
@@ -79,8 +94,18 @@ async def _update(
         why = change(obj["status"])
         if why is not None:
             return why or None
+        finalizers = list(obj["metadata"].get("finalizers") or [])
+        allocated = bool(obj["status"].get("allocation"))
         try:
-            await kube.request(api, "PUT", f"{_path(claim)}/status", obj)
+            if own and allocated and FINALIZER not in finalizers:
+                status = obj["status"]
+                obj["metadata"]["finalizers"] = [*finalizers, FINALIZER]
+                obj = await kube.request(api, "PUT", _path(claim), obj)
+                obj["status"] = status
+            written = await kube.request(api, "PUT", f"{_path(claim)}/status", obj)
+            if own and not allocated and FINALIZER in finalizers:
+                written["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
+                await kube.request(api, "PUT", _path(claim), written)
             return None
         except ApiException as exc:
             if exc.status != 409:
@@ -215,7 +240,7 @@ async def _reserve(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocati
             status["reservedFor"] = [*reserved, _consumer(pod)]
             return None
 
-        why = await _update(api, claim, change)
+        why = await _update(api, claim, change, own=not claim.reserve_only)
         if not why and claim.mappings:
             why = await _name_it(api, pod, claim)
             if why:
@@ -229,14 +254,26 @@ async def _reserve(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocati
 
 async def _delete(api: kube.Client, pod: PodRef, claim: ev.ClaimAllocation) -> None:
     """Delete the claim made for the pod's extended resources (its name from the pod's
-    status when the decision did not know it)."""
+    status when the decision did not know it), its :data:`FINALIZER` dropped first as
+    kube-scheduler does (nothing else would clear it without kube-controller-manager)."""
     name = claim.name or await _made(api, pod)
     if not name:
         return
+    path = f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{name}"
     try:
-        await kube.request(
-            api, "DELETE", f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{name}"
-        )
+        for _ in range(CONFLICT_RETRIES):  # the finalizer first, or the claim would wait
+            obj = await kube.request(api, "GET", path)
+            finalizers = obj["metadata"].get("finalizers") or []
+            if FINALIZER not in finalizers:
+                break
+            obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
+            try:
+                await kube.request(api, "PUT", path, obj)
+                break
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        await kube.request(api, "DELETE", path)
     except ApiException as exc:
         if exc.status != 404:
             raise
@@ -272,7 +309,7 @@ async def undo(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocation, 
             return None
 
         try:
-            why = await _update(api, claim, change)
+            why = await _update(api, claim, change, own=not claim.reserve_only)
         except (ApiException, TimeoutError, OSError) as exc:  # kube.UNREACHABLE
             why = str(exc)
         if why:

@@ -407,3 +407,20 @@ async def _inventory_keys(nats_admin: NatsConfig) -> list[str]:
         return []
     finally:
         await nc.close()
+
+
+async def claims_released(p: Pipeline, ns: str) -> None:
+    """Delete ``ns``'s pods and ResourceClaims, and wait until the claims are gone:
+    kube-controller-manager (``LocalCluster(with_controllers=True)``) deallocates each
+    claim once its pods are gone and drops its finalizer, so the next test finds the
+    devices free."""
+    pods = await kube.request(p.api, "GET", f"/api/v1/namespaces/{ns}/pods")
+    for item in pods["items"]:
+        await p.delete(ns, item["metadata"]["name"])
+    path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+    await kube.request(p.api, "DELETE", path)
+
+    async def gone() -> bool:
+        return not (await kube.request(p.api, "GET", path))["items"]
+
+    await eventually(gone, timeout_s=60, what=f"the ResourceClaims of {ns} deleted")

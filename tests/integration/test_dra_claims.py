@@ -6,8 +6,9 @@ directly; the pod is bound where its claim was allocated, the claim's
 gangs whose members contend for the cards (spread, refused whole, or placed without a
 member no device serves, under ``minMember``).
 
-No kube-controller-manager runs here: the tests play its resourceclaim controller
-(a template's claim made for the pod, named in ``status.resourceClaimStatuses``).
+The session's cluster with kube-controller-manager (``controllers``, tests/conftest.py)
+makes a template's claim for its pod and deallocates claims whose pods are gone, as in
+any cluster.
 
 =========  =====================================
 node       devices (ResourceSlice, driver below)
@@ -20,7 +21,6 @@ dw-b       gpu-0: A100, 40Gi, shared
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,8 +28,16 @@ from kubernetes_asyncio.client import ApiException
 
 from shared import kube
 from shared.config import NatsConfig
-from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline, told
+from tests.integration.pipeline import (
+    Pipeline,
+    claims_released,
+    pod,
+    podgroup,
+    start_pipeline,
+    told,
+)
 from tests.service.test_ops import tessera
+from tools.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -83,9 +91,11 @@ async def put(api: kube.Client, path: str, obj: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 async def pipeline(
-    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
+    controllers: LocalCluster, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
-    p = await start_pipeline(tmp_path_factory.mktemp("dra"), kubeconfig, nats_admin, INVENTORY)
+    p = await start_pipeline(
+        tmp_path_factory.mktemp("dra"), controllers.kubeconfig, nats_admin, INVENTORY
+    )
     selector = {"cel": {"expression": f"device.driver == '{DRIVER}'"}}
     device_class = {
         "apiVersion": "resource.k8s.io/v1",
@@ -116,10 +126,10 @@ async def pipeline(
 
 @pytest.fixture(autouse=True)
 async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
-    """Each test's claims are deleted after it (no kube-controller-manager here would
-    deallocate them): their devices are free for the next test."""
+    """Each test\'s pods and claims go after it, the claims deallocated and deleted by
+    kube-controller-manager: their devices are free for the next test."""
     yield
-    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims")
+    await claims_released(pipeline, ns)
 
 
 def devices(model: str = "", **capacity: str) -> dict[str, Any]:
@@ -171,29 +181,14 @@ async def test_a_template_claim_is_allocated_by_tessera_and_the_pod_bound_there(
         pipeline.api, "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template
     )
     made = await pipeline.create(ns, claiming("tpl", {"resourceClaimTemplateName": "h100"}))
-    await told(pipeline, ns, "tpl", "ResourceClaim not created yet")
-    # The resourceclaim controller's part: the pod's own claim, named in its status.
-    meta = made["metadata"]
-    owner = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
-    obj = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "tpl-gpu", "ownerReferences": [{**owner, "controller": True}]},
-        "spec": template["spec"]["spec"],  # type: ignore[index]
-    }
-    await kube.request(pipeline.api, "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", obj)
-    await kube.request(
-        pipeline.api,
-        "PATCH",
-        f"/api/v1/namespaces/{ns}/pods/tpl/status",
-        {"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "tpl-gpu"}]}},
-        content_type="application/merge-patch+json",
-    )
+    # kube-controller-manager's resourceclaim controller makes the pod's own claim and
+    # names it in the pod's status; Tessera waits for it, then allocates it
     assert await pipeline.node_of(ns, "tpl") == "dw-a"
-    status = (await claim(pipeline, ns, "tpl-gpu"))["status"]
+    [named] = (await pipeline.get(ns, "tpl"))["status"]["resourceClaimStatuses"]
+    status = (await claim(pipeline, ns, named["resourceClaimName"]))["status"]
     [result] = status["allocation"]["devices"]["results"]
     assert (result["driver"], result["pool"], result["device"]) == (DRIVER, "dw-a", "gpu-0")
-    assert [r["uid"] for r in status["reservedFor"]] == [meta["uid"]]
+    assert [r["uid"] for r in status["reservedFor"]] == [made["metadata"]["uid"]]
 
 
 async def test_two_30_percent_shares_go_to_one_card(pipeline: Pipeline, ns: str) -> None:
@@ -212,7 +207,7 @@ async def test_two_30_percent_shares_go_to_one_card(pipeline: Pipeline, ns: str)
 
 
 async def test_a_claim_no_device_can_serve_tells_the_pod_why(
-    pipeline: Pipeline, ns: str, kubeconfig: Path
+    pipeline: Pipeline, ns: str, controllers: LocalCluster
 ) -> None:
     await create_claim(pipeline, ns, "huge", devices(memory="100Gi"))
     await pipeline.create(ns, claiming("huge", {"resourceClaimName": "huge"}))
@@ -220,7 +215,7 @@ async def test_a_claim_no_device_can_serve_tells_the_pod_why(
     assert "outside the request policy's range" in message, message
     assert "allocation" not in (await claim(pipeline, ns, "huge")).get("status", {})
     # tessera explain: the last attempt's reason, and the same from trying it now.
-    flags = ["--config", str(pipeline.config), "--kubeconfig", str(kubeconfig)]
+    flags = ["--config", str(pipeline.config), "--kubeconfig", str(controllers.kubeconfig)]
     code, out, err, _ = await tessera("explain", "pod", f"{ns}/huge", *flags)
     assert (code, err) == (0, ""), err
     now = out.split("Now (", 1)[1]

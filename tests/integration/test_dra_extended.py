@@ -17,7 +17,6 @@ dx-dp      one A100 through the device plugin
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,8 +26,9 @@ from shared import kube
 from shared.config import NatsConfig
 from shared.core.dra.extended import ANNOTATION
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, start_pipeline, told
+from tests.integration.pipeline import Pipeline, claims_released, pod, start_pipeline, told
 from tests.integration.test_dra_claims import RESOURCE, card, put
+from tools.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -54,9 +54,11 @@ SLICE = f"dx-dra-{DRIVER}"
 
 @pytest.fixture(scope="module")
 async def pipeline(
-    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
+    controllers: LocalCluster, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
-    p = await start_pipeline(tmp_path_factory.mktemp("drax"), kubeconfig, nats_admin, INVENTORY)
+    p = await start_pipeline(
+        tmp_path_factory.mktemp("drax"), controllers.kubeconfig, nats_admin, INVENTORY
+    )
     device_class = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
@@ -87,10 +89,10 @@ async def pipeline(
 
 @pytest.fixture(autouse=True)
 async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
-    """Each test's claims go after it (no garbage collector runs here to delete a
-    claim with its pod): their devices are free for the next test."""
+    """Each test\'s pods and claims go after it, the claims deallocated and deleted by
+    kube-controller-manager: their devices are free for the next test."""
     yield
-    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims")
+    await claims_released(pipeline, ns)
 
 
 def gpu_pod(name: str, selector: dict[str, str]) -> dict[str, Any]:

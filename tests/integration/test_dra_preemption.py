@@ -2,14 +2,17 @@
 kube-controller-manager: a high-priority pod whose claim wants the only card evicts the
 low-priority pod holding it through its claim; the controller-manager's resourceclaim
 controller makes each pod's claim from its ResourceClaimTemplate, and its garbage
-collector deletes the victim's claim once the pod is gone (nothing emulates them).
+collector deletes the victim's claim once the pod is gone (nothing emulates them). And
+a claim written by hand, allocated by Tessera's binder, is deallocated by the
+controller-manager once its pod is gone (it carries kube-scheduler's finalizer).
 
-The module runs a cluster of its own (``LocalCluster(with_controllers=True)``), with one
-simulated node, ``dp-a``, whose ResourceSlice offers one card."""
+The module runs on the session's cluster with kube-controller-manager (``controllers``,
+tests/conftest.py), with one simulated node, ``dp-a``, whose ResourceSlice offers one
+card."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -38,15 +41,6 @@ INVENTORY = {
 DRIVER = "dp.tessera.io"
 CLASS = "dp-gpu.tessera.io"
 HIGH = "tessera-dra-high"
-
-
-@pytest.fixture(scope="module")
-def controllers() -> Iterator[LocalCluster]:
-    """etcd, kube-apiserver and kube-controller-manager (resourceclaim controller,
-    garbage collector)."""
-    with LocalCluster(with_kube=True, with_nats=False, with_controllers=True) as cluster:
-        cluster.service_kubeconfigs()
-        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +179,36 @@ async def test_a_high_priority_claim_preempts_the_pod_holding_the_only_card(
         return False
 
     await eventually(victim_claim_gone, timeout_s=60, what="the victim's claim deleted")
+
+
+async def test_a_hand_written_claim_is_deallocated_by_the_controller_manager_once_its_pod_goes(
+    pipeline: Pipeline, ns: str
+) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "mine"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}},
+    }
+    path = f"{RESOURCE}/namespaces/{ns}/resourceclaims"
+    await kube.request(pipeline.api, "POST", path, claim)
+    obj = whole_card("user")
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "mine"}]
+    await pipeline.create(ns, obj)
+    assert await pipeline.node_of(ns, "user") == NODE
+    held = await kube.request(pipeline.api, "GET", f"{path}/mine")
+    assert held["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+    assert "resource.kubernetes.io/delete-protection" in held["metadata"]["finalizers"]
+
+    await pipeline.delete(ns, "user")
+
+    async def deallocated() -> dict[str, Any] | None:
+        found: dict[str, Any] = await kube.request(pipeline.api, "GET", f"{path}/mine")
+        status = found.get("status") or {}
+        done = not status.get("allocation") and not status.get("reservedFor")
+        return found if done and not found["metadata"].get("finalizers") else None
+
+    await eventually(deallocated, timeout_s=60, what="the claim deallocated, its finalizer gone")
+    # the card is free again: a second pod naming the same claim gets it
+    await pipeline.create(ns, dict(obj, metadata={"name": "again"}))
+    assert await pipeline.node_of(ns, "again") == NODE

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,10 +27,18 @@ import pytest
 from shared import kube
 from shared.config import NatsConfig
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, pod, podgroup, start_pipeline, told
+from tests.integration.pipeline import (
+    Pipeline,
+    claims_released,
+    pod,
+    podgroup,
+    start_pipeline,
+    told,
+)
 from tests.integration.test_batch import VOLCANO, queue
 from tests.integration.test_dra_claims import GROUP, RESOURCE, card, put
 from tests.service.test_ops import tessera
+from tools.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +56,11 @@ DEVICES = f"deviceclass/{CLASS}"
 
 @pytest.fixture(scope="module")
 async def pipeline(
-    kubeconfig: Path, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
+    controllers: LocalCluster, nats_admin: NatsConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
     p = await start_pipeline(
         tmp_path_factory.mktemp("dra-queues"),
-        kubeconfig,
+        controllers.kubeconfig,
         nats_admin,
         INVENTORY,
         {"queuePlugin": "capacity", "starvationGuardS": 0},
@@ -88,9 +95,10 @@ async def pipeline(
 
 @pytest.fixture(autouse=True)
 async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
-    """Each test's claims are deleted after it: their devices are free for the next."""
+    """Each test\'s pods and claims go after it, the claims deallocated and deleted by
+    kube-controller-manager: their devices are free for the next test."""
     yield
-    await kube.request(pipeline.api, "DELETE", f"{RESOURCE}/namespaces/{ns}/resourceclaims")
+    await claims_released(pipeline, ns)
 
 
 async def claimer(p: Pipeline, ns: str, name: str, in_queue: str, **capacity: str) -> None:
@@ -121,7 +129,7 @@ async def allocated(p: Pipeline, name: str) -> dict[str, Any]:
 
 
 async def test_a_capability_of_one_claimed_device_holds_the_second_claim_until_the_first_goes(
-    pipeline: Pipeline, ns: str, kubeconfig: Path
+    pipeline: Pipeline, ns: str, controllers: LocalCluster
 ) -> None:
     small = f"small-{ns}"
     await queue(pipeline, small, capability={DEVICES: "1"})
@@ -136,7 +144,7 @@ async def test_a_capability_of_one_claimed_device_holds_the_second_claim_until_t
         return (await allocated(pipeline, small)).get(DEVICES) == "1"
 
     await eventually(counted, what="the Queue's status.allocated counting one device")
-    flags = ["--config", str(pipeline.config), "--kubeconfig", str(kubeconfig)]
+    flags = ["--config", str(pipeline.config), "--kubeconfig", str(controllers.kubeconfig)]
     code, out, err, _ = await tessera("get", "queues", *flags)
     assert (code, err) == (0, ""), err
     [line] = [row for row in out.splitlines() if row.split()[:1] == [small]]
