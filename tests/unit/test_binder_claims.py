@@ -20,7 +20,9 @@ DECIDED = (ev.ClaimAllocation(namespace="ns", name="c", uid="u1", allocation=ALL
 
 
 class FakeApi:
-    """One claim ``ns/c``; ``conflicts`` PUTs are answered 409 first."""
+    """One claim ``ns/c``; ``conflicts`` PUTs are answered 409 first. A PUT of the claim
+    writes its metadata only, one of ``/status`` its status only (as the API server
+    does); ``writes`` records which, in order."""
 
     def __init__(self, status: dict[str, Any] | None = None, conflicts: int = 0) -> None:
         self.obj: dict[str, Any] = {
@@ -29,19 +31,21 @@ class FakeApi:
         }
         self.conflicts = conflicts
         self.puts = 0
+        self.writes: list[str] = []
 
     async def request(self, _api: object, method: str, path: str, body: Any = None) -> Any:
         assert path.startswith(f"{claims.RESOURCE}/namespaces/ns/resourceclaims/c")
         if method == "GET":
             return copy.deepcopy(self.obj)
         assert method == "PUT"
-        assert path.endswith("/status")
         self.puts += 1
         if self.conflicts:
             self.conflicts -= 1
             raise ApiException(status=409)
-        self.obj = copy.deepcopy(body)
-        return body
+        part = "status" if path.endswith("/status") else "metadata"
+        self.writes.append(part)
+        self.obj[part] = copy.deepcopy(body[part])
+        return copy.deepcopy(self.obj)
 
 
 @pytest.fixture
@@ -57,17 +61,22 @@ async def test_the_allocation_and_the_pod_are_written_and_a_conflict_is_read_aga
     api.conflicts = 1
     pod = ref("p")
     assert await claims.reserve(object(), pod, DECIDED) is None  # type: ignore[arg-type]
-    assert api.puts == 2
+    assert api.puts == 3  # the conflict, then the finalizer, then the status
+    assert api.writes == ["metadata", "status"]  # kube-scheduler's finalizer first
+    assert api.obj["metadata"]["finalizers"] == [claims.FINALIZER]
     assert api.obj["status"]["allocation"] == ALLOCATION
     assert api.obj["status"]["reservedFor"] == [
         {"resource": "pods", "name": pod.name, "uid": pod.uid}
     ]
     # Delivered again: nothing more is written.
     assert await claims.reserve(object(), pod, DECIDED) is None  # type: ignore[arg-type]
-    assert api.puts == 2
-    # The Binding failed: the pod leaves, and with nobody left the allocation goes.
+    assert api.puts == 3
+    # The Binding failed: the pod leaves, and with nobody left the allocation goes, then
+    # the finalizer.
     await claims.undo(object(), pod, DECIDED)  # type: ignore[arg-type]
     assert api.obj["status"] == {}
+    assert api.writes[2:] == ["status", "metadata"]
+    assert api.obj["metadata"]["finalizers"] == []
 
 
 async def test_a_claim_allocated_meanwhile_or_replaced_is_not_overwritten(api: FakeApi) -> None:
@@ -104,3 +113,4 @@ async def test_a_claim_allocated_by_another_is_only_reserved_and_undo_keeps_it(
     assert [r["uid"] for r in api.obj["status"]["reservedFor"]] == [pod.uid]
     await claims.undo(object(), pod, theirs)  # type: ignore[arg-type]
     assert api.obj["status"] == {"allocation": ALLOCATION}
+    assert "metadata" not in api.writes  # not Tessera's allocation: no finalizer of its own
