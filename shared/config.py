@@ -158,6 +158,12 @@ class SchedulerConfig(_Cfg, frozen=True, kw_only=True):
     spread; balance; taints; affinity; spread) with its weights."""
     bind_concurrency: PosInt = 64
     """Binding writes in flight at once (no per-node lock)."""
+    binding_timeout_s: Annotated[float, msgspec.Meta(ge=1.0)] = 600.0
+    """How long a pod whose ResourceClaims hold devices with binding conditions waits for
+    them before its bind fails and it is placed again, counted from each allocation's
+    ``allocationTimestamp`` (kube-scheduler's DynamicResources ``bindingTimeout``: 600 s,
+    at least 1 s; services/binder/conditions.py). The allocator keeps such a pod's
+    reservation this much longer."""
     scheduled_events: bool = True
     """Write a ``Scheduled`` Event on each pod bound (``Successfully assigned NS/NAME to
     NODE``), as kube-scheduler does; the binder writes them behind its Bindings, one at

@@ -11,8 +11,11 @@ bound elsewhere, the reservation is released and the pod's grant made, in one st
 (shared/core/ledger.py). A grant not signed with the allocator's key holds nothing (the
 pod is told). A reservation the binder has not confirmed within ``BIND_TIMEOUT_S`` is
 checked against the API server: bound there, it becomes a grant; otherwise it is
-released and the pod is retried. A preempted pod that leaves keeps its devices for the
-gang it made room for (shared/core/room.py).
+released and the pod is retried. One whose claims hold devices with binding conditions
+is given ``scheduler.bindingTimeoutS`` more: its binder waits that long for them
+(services/binder/conditions.py), and its devices must not go to another pod meanwhile.
+A preempted pod that leaves keeps its devices for the gang it made room for
+(shared/core/room.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from services.device_allocator.span import Span
 from shared import events as ev
 from shared import kube
 from shared.core import annotations as ann
+from shared.core.dra import binding
 from shared.core.ledger import Ledger, PodGrant, Statement
 from shared.core.model import NodeName, PodRef, PodUID
 from shared.core.room import Room
@@ -45,6 +49,15 @@ log = logging.getLogger(__name__)
 
 BIND_TIMEOUT_S = 30.0
 """A reservation no binder confirmed in this time is checked against the API server."""
+
+
+def bind_wait_s(r: Reservation, timeout_s: float, binding_timeout_s: float) -> float:
+    """How long ``r`` waits for its binder: ``timeout_s``, plus ``binding_timeout_s``
+    when a claim allocated with it holds devices with binding conditions (its binder
+    waits for them that long: services/binder/conditions.py)."""
+    if any(binding.conditioned(c.allocation) for c in r.claims):
+        return timeout_s + binding_timeout_s
+    return timeout_s
 
 
 class Pods:
@@ -191,13 +204,14 @@ class Pods:
             )
 
     async def expire(self, now: float, timeout_s: float = BIND_TIMEOUT_S) -> None:
-        """Reservations the binder did not confirm within ``timeout_s`` of ``now``:
-        adopt the bound ones, free the rest."""
+        """Reservations the binder did not confirm within their :func:`bind_wait_s` of
+        ``now``: adopt the bound ones, free the rest."""
         for uid, r in list(self.reserved.open.items()):
-            if now - r.at >= timeout_s and uid in self.reserved.open:
-                await self._expire(r)
+            waited = bind_wait_s(r, timeout_s, self.rt.cfg.scheduler.binding_timeout_s)
+            if now - r.at >= waited and uid in self.reserved.open:
+                await self._expire(r, waited)
 
-    async def _expire(self, r: Reservation) -> None:
+    async def _expire(self, r: Reservation, waited: float) -> None:
         pod = r.grant.pod
         try:
             obj = await kube.request(
@@ -226,7 +240,7 @@ class Pods:
             "reservation of %s on %s not bound within %.0fs: released",
             pod,
             r.grant.node,
-            BIND_TIMEOUT_S,
+            waited,
         )
         await self.release(pod, r.grant.node, "bind timed out")
         status = Status(

@@ -13,6 +13,7 @@ decides a claim").
 - shared/core/dra/counters.py: shared counters of partitionable devices;
 - shared/core/dra/allocate.py: :func:`prepare` once per pod, :func:`allocate` per node;
 - shared/core/dra/written.py: the allocation as the allocator writes it.
+- shared/core/dra/binding.py: binding conditions, read before a pod's Binding.
 """
 
 from shared.core.dra.allocate import CANNOT_ALLOCATE, allocate
