@@ -35,6 +35,7 @@ ClusterRole has both, and ``update`` on ``resourceclaims`` for the finalizer
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,7 @@ from kubernetes_asyncio.client import ApiException
 
 from shared import events as ev
 from shared import kube
-from shared.core.dra import extended
+from shared.core.dra import binding, extended
 from shared.core.model import PodRef
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,9 @@ def _pod_path(pod: PodRef) -> str:
     return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
 
 
-async def _made(api: kube.Client, pod: PodRef) -> str:
-    """The claim the pod's status names for its extended resources ('' when none)."""
+async def made(api: kube.Client, pod: PodRef) -> str:
+    """The claim the pod's status names for its extended resources ('' when none): the
+    name of the one :func:`reserve` created."""
     try:
         obj = await kube.request(api, "GET", _pod_path(pod))
     except ApiException as exc:
@@ -164,7 +166,7 @@ async def _create(
 ) -> ev.ClaimAllocation | str:
     """The claim of the pod's extended resources, created (or the one its status names
     already); why not, as words."""
-    if name := await _made(api, pod):
+    if name := await made(api, pod):
         return msgspec.structs.replace(claim, name=name)
     obj = {
         "apiVersion": "resource.k8s.io/v1",
@@ -187,11 +189,11 @@ async def _create(
     }
     path = f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims"
     try:
-        made = await kube.request(api, "POST", path, obj)
+        created = await kube.request(api, "POST", path, obj)
     except ApiException as exc:
         said = kube.refusal(exc)
         return f"cannot create the claim of {pod}'s extended resources: {said.message or exc}"
-    meta = made["metadata"]
+    meta = created["metadata"]
     return msgspec.structs.replace(claim, name=str(meta["name"]), uid=str(meta["uid"]))
 
 
@@ -235,8 +237,11 @@ async def _reserve(api: kube.Client, pod: PodRef, claims: tuple[ev.ClaimAllocati
             reserved = status.get("reservedFor") or []
             if allocation and any(r.get("uid") == pod.uid for r in reserved):
                 return ""  # written before (a decision delivered again)
-            if not allocation:
-                status["allocation"] = claim.allocation
+            if not allocation:  # stamped as kube-scheduler does: binding timeouts count from it
+                status["allocation"] = {
+                    **claim.allocation,
+                    "allocationTimestamp": binding.timestamp(time.time()),
+                }
             status["reservedFor"] = [*reserved, _consumer(pod)]
             return None
 
@@ -256,7 +261,7 @@ async def _delete(api: kube.Client, pod: PodRef, claim: ev.ClaimAllocation) -> N
     """Delete the claim made for the pod's extended resources (its name from the pod's
     status when the decision did not know it), its :data:`FINALIZER` dropped first as
     kube-scheduler does (nothing else would clear it without kube-controller-manager)."""
-    name = claim.name or await _made(api, pod)
+    name = claim.name or await made(api, pod)
     if not name:
         return
     path = f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{name}"

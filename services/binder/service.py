@@ -46,7 +46,7 @@ from typing import Any, Literal, NamedTuple
 
 from kubernetes_asyncio.client import ApiException
 
-from services.binder import claims
+from services.binder import claims, conditions
 from services.binder.nominated import Nominator
 from shared import events as ev
 from shared import kube
@@ -184,6 +184,14 @@ class Binder(Service):
             MILLISECONDS,
         )
         self.scheduled = _Scheduled(self)
+        self.waits = conditions.Waits(
+            rt,
+            lambda: self.api,
+            self._bind_waited,
+            lambda decided, cause, why: self._refused(decided, Refused(cause, why)),
+            lambda pod, said: self._tell(pod, conditions.PENDING, said, "Normal"),
+        )
+        """Binds waiting for their devices' binding conditions (conditions.py)."""
         self.nominator = Nominator()
         """``status.nominatedNodeName`` of preemptors (nominated.py)."""
         self.key = grant_key(rt.cfg)
@@ -199,6 +207,7 @@ class Binder(Service):
         """At stop, the ``Scheduled`` Events still queued are written (for up to
         ``FLUSH_S``)."""
         self.rt.on_stop(self.scheduled.flush)
+        self.rt.on_stop(self.waits.stop)
 
     def tasks(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The writer of the ``Scheduled`` Events, one at a time beside the binds."""
@@ -218,6 +227,7 @@ class Binder(Service):
         """Forget what was said to a pod that is gone."""
         self.told.pop(event.pod.uid, None)
         self.bound.discard(event.pod.uid)
+        self.waits.forget(event.pod.uid)
 
     @handles(ev.AllocationPreempting)
     async def on_allocation_preempting(self, event: ev.AllocationPreempting) -> None:
@@ -273,9 +283,25 @@ class Binder(Service):
             )
             await self.nominator.settled(decided.pod.uid)
             written = await claims.reserve(self.api, decided.pod, decided.claims)
+            if not written and conditions.waits(decided):  # bound later (conditions.py)
+                self.waits.start(decided, annotations)
+                return
             refused = Refused(*written) if written else await self._bind(decided, annotations)
             if refused is not None and decided.claims and not written:
                 await claims.undo(self.api, decided.pod, decided.claims)
+        await self._settle(decided, refused)
+
+    async def _bind_waited(
+        self, decided: ev.AllocationDecided, annotations: dict[str, str]
+    ) -> None:
+        """The Binding of a pod whose devices' binding conditions are met."""
+        refused = await self._bind(decided, annotations)
+        if refused is not None:
+            await claims.undo(self.api, decided.pod, decided.claims)
+        await self._settle(decided, refused)
+
+    async def _settle(self, decided: ev.AllocationDecided, refused: Refused | None) -> None:
+        """Say the pod is bound, or that its bind failed."""
         if refused is None:
             self.bound.add(decided.pod.uid)
             now = time.time()

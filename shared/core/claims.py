@@ -43,6 +43,7 @@ from typing import Any
 import msgspec
 
 from shared.core.claimed import asked, held
+from shared.core.dra import binding
 from shared.core.dra.extended import ContainerAsk, container_asks, extended_claim
 from shared.core.hosts import (
     ZONE_LABELS,
@@ -390,7 +391,9 @@ def _claims(uses: Uses, read: Read) -> Claims:
                 if isinstance(found, ApiObject):
                     classes[name] = found.obj
             continue
-        if uses.uid not in claim.reserved:  # the binder reserves it for the pod
+        # The binder reserves it for the pod, and checks its devices' binding conditions
+        # again if it has any (a binder that stopped while waiting left it reserved).
+        if uses.uid not in claim.reserved or binding.conditioned(claim.allocation):
             reserve.append(
                 DraClaim(uses.namespace, use.claim, claim.uid, allocation=claim.allocation)
             )

@@ -5,6 +5,7 @@ a claim allocated meanwhile refused, and the undo of a failed Binding."""
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from kubernetes_asyncio.client import ApiException
 
 from services.binder import claims
 from shared import events as ev
+from shared.core.dra import binding
 from tests.unit.corekit import ref
 
 ALLOCATION = {"devices": {"results": [{"request": "gpu", "pool": "n1", "device": "gpu-0"}]}}
@@ -64,7 +66,11 @@ async def test_the_allocation_and_the_pod_are_written_and_a_conflict_is_read_aga
     assert api.puts == 3  # the conflict, then the finalizer, then the status
     assert api.writes == ["metadata", "status"]  # kube-scheduler's finalizer first
     assert api.obj["metadata"]["finalizers"] == [claims.FINALIZER]
-    assert api.obj["status"]["allocation"] == ALLOCATION
+    written = dict(api.obj["status"]["allocation"])
+    # stamped as kube-scheduler stamps it: binding conditions' timeout counts from it
+    assert abs(binding.allocated_at({"status": {"allocation": written}}) - time.time()) < 5
+    del written["allocationTimestamp"]
+    assert written == ALLOCATION
     assert api.obj["status"]["reservedFor"] == [
         {"resource": "pods", "name": pod.name, "uid": pod.uid}
     ]

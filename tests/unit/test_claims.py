@@ -283,6 +283,15 @@ def test_resource_claims_wait_until_allocated_and_reserved_for_the_pod() -> None
     assert len(found.devices) == 1
     # Allocated for every node: no node selector to check.
     assert Objects(("claim", claim("gpu"))).verdict(uses) == Claims()
+    # Reserved for the pod already, with devices that have binding conditions (a binder
+    # stopped while it waited for them): the binder checks them again before the Binding.
+    waited = claim("gpu")
+    waited["status"]["allocation"]["devices"]["results"] = [
+        {"request": "gpu", "driver": "d", "pool": "n1", "device": "gpu-0"}
+        | {"bindingConditions": ["attached"], "bindingFailureConditions": ["failed"]}
+    ]
+    [again] = Objects(("claim", waited)).verdict(uses).reserve
+    assert again.allocation == waited["status"]["allocation"]
 
 
 def test_a_claim_that_does_not_exist_yet_comes_before_the_volumes() -> None:

@@ -61,11 +61,13 @@ def test_it_waits_until_every_binding_condition_of_the_matching_device_is_true()
     assert binding.readiness(claim(result())) == (
         "waiting",
         "claim c1 waits for attached, ready on gpu.example.com/n1/gpu-0",
+        "",
     )
     half = claim(result(), devices=[status("gpu-0", cond("attached"), cond("ready", "False"))])
     assert binding.readiness(half) == (
         "waiting",
         "claim c1 waits for ready on gpu.example.com/n1/gpu-0",
+        "",
     )
     done = claim(result(), devices=[status("gpu-0", cond("attached"), cond("ready"))])
     assert binding.readiness(done).state == "ready"
@@ -90,6 +92,7 @@ def test_a_failure_condition_fails_it_with_kube_schedulers_words() -> None:
     assert found == (
         "failed",
         'device binding failed: claim=c1, reason=NoFabric, message="link \\"x\\" down"',
+        "c1",
     )
     # A failure condition False, or one of a result without binding conditions, is no failure.
     calm = claim(result(), devices=[status("gpu-0", cond("failed", "False"))])

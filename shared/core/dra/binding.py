@@ -27,6 +27,8 @@ class Readiness(NamedTuple):
 
     state: State
     why: str = ""
+    claim: str = ""
+    """The claim that failed or timed out (its name)."""
 
 
 def _results(allocation: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
@@ -85,6 +87,7 @@ def readiness(claim: Mapping[str, Any]) -> Readiness:
                     "failed",
                     f"device binding failed: claim={name}, reason={cond.get('reason', '')}, "
                     f"message={json.dumps(str(cond.get('message', '')))}",
+                    name,
                 )
         missing = [str(kind) for kind in wanted if not _true(entry, kind)]
         if missing:
@@ -140,6 +143,7 @@ def pod_readiness(claims: Iterable[Mapping[str, Any]], now: float, timeout_s: fl
                 return Readiness(
                     "failed",
                     f"device binding timeout: claim={name} ({found.why} after {timeout_s:.0f}s)",
+                    str(name),
                 )
             waits.append(found.why)
     return Readiness("waiting", "; ".join(waits)) if waits else Readiness("ready")
