@@ -14,6 +14,9 @@ told to them, as a ``FailedScheduling`` Event; a gated pod, one gone or bound el
 the API server out of reach, or the binder's own account denied (the operator's to fix,
 logged) are not.
 
+A pod whose claimed devices have binding conditions is bound only once they are met,
+in a task of its own (conditions.py).
+
 Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's
 (unless ``scheduler.scheduledEvents`` is off: then a bind is the Binding alone). The
 Events wait in a queue written one at a time beside the binds (:class:`_Scheduled`):
