@@ -57,8 +57,10 @@ STOP_S = 5.0
 """At shutdown, how long giving up the waits may take."""
 PENDING = "BindingConditionsPending"
 
-Bind = Callable[[ev.AllocationDecided, dict[str, str]], Awaitable[None]]
-Fail = Callable[[ev.AllocationDecided, ev.BindCause, str], Awaitable[None]]
+Refused = tuple[ev.BindCause, str]
+"""Why a bind failed: its cause and the words for people (service.py ``Refused``)."""
+Bind = Callable[[ev.AllocationDecided, dict[str, str]], Awaitable[Refused | None]]
+Settle = Callable[[ev.AllocationDecided, Refused | None], Awaitable[None]]
 Tell = Callable[[PodRef, str], Awaitable[None]]
 
 
@@ -71,12 +73,12 @@ class Waits:
     """The binds waiting for binding conditions, one task each, by pod."""
 
     def __init__(
-        self, rt: Runtime, api: Callable[[], kube.Client], bind: Bind, fail: Fail, tell: Tell
+        self, rt: Runtime, api: Callable[[], kube.Client], bind: Bind, settle: Settle, tell: Tell
     ) -> None:
         self.rt, self._api = rt, api
-        self.bind, self.fail, self.tell = bind, fail, tell
-        """Continue the bind: the Binding; a failure (published, the pod told); the
-        pod's ``BindingConditionsPending`` Event."""
+        self.bind, self.settle, self.tell = bind, settle, tell
+        """The binder's: write the Binding (why not); say the pod is bound or why not
+        (published, the pod told); write the pod's ``BindingConditionsPending`` Event."""
         self.waiting: dict[PodUID, tuple[ev.AllocationDecided, asyncio.Task[None]]] = {}
 
     @property
@@ -142,11 +144,14 @@ class Waits:
                 break
             await asyncio.sleep(POLL_S)
         self.waiting.pop(pod.uid, None)
-        if seen.state == "ready":
-            log.info("%s: binding conditions met on %s", pod, node)
-            await self.bind(decided, annotations)
+        if seen.state != "ready":
+            await self._give_up(decided, "refused", seen.why, seen.claim)
             return
-        await self._give_up(decided, "refused", seen.why, seen.claim)
+        log.info("%s: binding conditions met on %s", pod, node)
+        refused = await self.bind(decided, annotations)
+        if refused is not None:
+            await claims.undo(self.api, pod, decided.claims)
+        await self.settle(decided, refused)
 
     async def _give_up(
         self, decided: ev.AllocationDecided, cause: ev.BindCause, why: str, failed: str = ""
@@ -158,7 +163,7 @@ class Waits:
             for c in decided.claims
         )
         await claims.undo(self.api, decided.pod, undone)
-        await self.fail(decided, cause, why)
+        await self.settle(decided, (cause, why))
 
     async def stop(self) -> None:
         """Give up every wait still running (the tasks are stopped by now): its claims

@@ -190,8 +190,8 @@ class Binder(Service):
         self.waits = conditions.Waits(
             rt,
             lambda: self.api,
-            self._bind_waited,
-            lambda decided, cause, why: self._refused(decided, Refused(cause, why)),
+            self._bind,
+            self._settle,
             lambda pod, said: self._tell(pod, conditions.PENDING, said, "Normal"),
         )
         """Binds waiting for their devices' binding conditions (conditions.py)."""
@@ -294,17 +294,10 @@ class Binder(Service):
                 await claims.undo(self.api, decided.pod, decided.claims)
         await self._settle(decided, refused)
 
-    async def _bind_waited(
-        self, decided: ev.AllocationDecided, annotations: dict[str, str]
+    async def _settle(
+        self, decided: ev.AllocationDecided, refused: tuple[ev.BindCause, str] | None
     ) -> None:
-        """The Binding of a pod whose devices' binding conditions are met."""
-        refused = await self._bind(decided, annotations)
-        if refused is not None:
-            await claims.undo(self.api, decided.pod, decided.claims)
-        await self._settle(decided, refused)
-
-    async def _settle(self, decided: ev.AllocationDecided, refused: Refused | None) -> None:
-        """Say the pod is bound, or that its bind failed."""
+        """Say the pod is bound, or that its bind failed (``refused``: why)."""
         if refused is None:
             self.bound.add(decided.pod.uid)
             now = time.time()
@@ -328,7 +321,7 @@ class Binder(Service):
                 assigned += f" with {devices}" if devices else ""
                 self.scheduled.put(decided.pod, assigned)
             return
-        await self._refused(decided, refused)
+        await self._refused(decided, Refused(*refused))
 
     async def _refused(self, decided: ev.AllocationDecided, refused: Refused) -> None:
         """Say a Binding failed (the allocator releases the reservation) and, where the
