@@ -111,6 +111,8 @@ class Waits:
             if not binding.conditioned(claim.allocation):
                 continue
             name = claim.name or await claims.made(self.api, decided.pod)
+            if not name:
+                raise LookupError(f"the claim of {decided.pod}'s extended resources is gone")
             path = f"{claims.RESOURCE}/namespaces/{claim.namespace}/resourceclaims/{name}"
             try:
                 obj: dict[str, Any] = await kube.request(self.api, "GET", path)
@@ -159,7 +161,7 @@ class Waits:
         """Undo the pod's claims (``failed``, the claim whose devices failed or timed
         out, deallocated unless reserved for another pod) and say the bind failed."""
         undone = tuple(
-            msgspec.structs.replace(c, reserve_only=False) if c.name == failed else c
+            msgspec.structs.replace(c, reserve_only=False) if failed and c.name == failed else c
             for c in decided.claims
         )
         await claims.undo(self.api, decided.pod, undone)
