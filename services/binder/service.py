@@ -19,7 +19,7 @@ in a task of its own (conditions.py).
 
 Success publishes ``AllocationBound`` and a ``Scheduled`` Event like kube-scheduler's
 (unless ``scheduler.scheduledEvents`` is off: then a bind is the Binding alone). The
-Events wait in a queue written one at a time beside the binds (:class:`_Scheduled`):
+Events wait in a queue written one at a time beside the binds (scheduled.py):
 under a burst the API server spends itself on Bindings first, which is what starts
 pods, and the Events follow as it has room. Like kube-scheduler's event broadcaster
 (1,000 queued, the newest dropped when full), the queue is bounded; past
@@ -40,10 +40,8 @@ grace period or ``scheduler.evictionGraceS``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Coroutine, Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -51,6 +49,7 @@ from kubernetes_asyncio.client import ApiException
 
 from services.binder import claims, conditions
 from services.binder.nominated import Nominator
+from services.binder.scheduled import ScheduledEvents
 from shared import events as ev
 from shared import kube
 from shared.config import grant_key
@@ -67,10 +66,6 @@ PREEMPTED = kube.Condition("DisruptionTarget", "True", "PreemptionByScheduler")
 UNSCHEDULABLE = kube.Condition("PodScheduled", "False", "Unschedulable")
 RETRIES = 5
 TRANSIENT = {429, 500, 502, 503, 504}
-SCHEDULED_BACKLOG = 10_000
-"""``Scheduled`` Events queued at most (then the oldest is dropped)."""
-FLUSH_S = 2.0
-"""At shutdown, how long the queued ``Scheduled`` Events may take to be written."""
 DENIED = "cannot create resource"
 """What the API server's authorizer writes when it denies the binder's own account
 (``... User "system:serviceaccount:tessera:binder" cannot create resource
@@ -121,50 +116,6 @@ def read_conflict(
     return Refused("refused", f"conflict: {said}")
 
 
-class _Scheduled:
-    """The ``Scheduled`` Events of bound pods, written in order, one at a time."""
-
-    def __init__(self, binder: Binder) -> None:
-        self.binder = binder
-        self.queue: deque[tuple[PodRef, str]] = deque()
-        self.wake = asyncio.Event()
-        m = binder.rt.metrics
-        self.dropped = m.counter(
-            "tessera_scheduled_events_dropped",
-            "Scheduled Events dropped because too many were waiting to be written.",
-        )
-        m.gauge(
-            "tessera_scheduled_events_queued",
-            "Scheduled Events waiting to be written.",
-            lambda: [(float(len(self.queue)), {})],
-        )
-
-    def put(self, pod: PodRef, message: str) -> None:
-        if len(self.queue) >= SCHEDULED_BACKLOG:
-            lost, _ = self.queue.popleft()
-            self.dropped.add(1)
-            log.warning("too many Events waiting: the Scheduled Event of %s is dropped", lost)
-        self.queue.append((pod, message))
-        self.wake.set()
-
-    async def run(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            await self._drain()
-
-    async def _drain(self) -> None:
-        while self.queue:
-            pod, message = self.queue.popleft()
-            await self.binder._tell(pod, "Scheduled", message, "Normal")
-
-    async def flush(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._drain(), FLUSH_S)
-        if self.queue:
-            log.warning("%d Scheduled Events not written at shutdown", len(self.queue))
-
-
 class Binder(Service):
     """Owns the API writes of a placement: Bindings, Events, conditions, evictions."""
 
@@ -186,7 +137,9 @@ class Binder(Service):
             "From a pod's creation to its Binding (ms).",
             MILLISECONDS,
         )
-        self.scheduled = _Scheduled(self)
+        self.scheduled = ScheduledEvents(
+            rt.metrics, lambda pod, said: self._tell(pod, "Scheduled", said, "Normal")
+        )
         self.waits = conditions.Waits(
             rt,
             lambda: self.api,

@@ -1,4 +1,4 @@
-"""The binder's queue of ``Scheduled`` Events (services/binder/service.py ``_Scheduled``):
+"""The binder's queue of ``Scheduled`` Events (services/binder/scheduled.py):
 written in order, one at a time, the oldest dropped past the backlog, and flushed at
 shutdown for a bounded time."""
 
@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from services.binder import service as binder
+from services.binder import scheduled as binder
 from shared.core.model import PodRef, PodUID
 from shared.metrics import Metrics
 
 
 class _Binder:
-    """What ``_Scheduled`` uses of the binder: its metrics and ``_tell``."""
+    """What the queue uses of the binder: its metrics and its Event writer."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.rt: Any = type("Rt", (), {"metrics": Metrics("test")})()
@@ -24,8 +24,7 @@ class _Binder:
         self.most = 0
         self.delay_s = delay_s
 
-    async def _tell(self, pod: PodRef, reason: str, message: str, kind: str) -> None:
-        assert (reason, kind) == ("Scheduled", "Normal")
+    async def scheduled(self, pod: PodRef, message: str) -> None:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         await asyncio.sleep(self.delay_s)
@@ -46,7 +45,7 @@ def _metric(fake: _Binder, name: str) -> float:
 
 async def test_events_are_written_in_order_one_at_a_time() -> None:
     fake = _Binder(delay_s=0.001)
-    queue = binder._Scheduled(fake)  # type: ignore[arg-type]
+    queue = binder.ScheduledEvents(fake.rt.metrics, fake.scheduled)
     runner = asyncio.create_task(queue.run())
     for i in range(20):
         queue.put(_pod(i), f"m{i}")
@@ -65,7 +64,7 @@ async def test_past_the_backlog_the_oldest_is_dropped_and_counted(
 ) -> None:
     monkeypatch.setattr(binder, "SCHEDULED_BACKLOG", 3)
     fake = _Binder()
-    queue = binder._Scheduled(fake)  # type: ignore[arg-type]
+    queue = binder.ScheduledEvents(fake.rt.metrics, fake.scheduled)
     for i in range(5):
         queue.put(_pod(i), f"m{i}")
     await queue.flush()
@@ -78,7 +77,7 @@ async def test_the_shutdown_flush_gives_up_after_its_time(
 ) -> None:
     monkeypatch.setattr(binder, "FLUSH_S", 0.05)
     fake = _Binder(delay_s=0.02)
-    queue = binder._Scheduled(fake)  # type: ignore[arg-type]
+    queue = binder.ScheduledEvents(fake.rt.metrics, fake.scheduled)
     for i in range(50):
         queue.put(_pod(i), f"m{i}")
     await queue.flush()
