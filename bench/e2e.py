@@ -764,8 +764,8 @@ def main() -> None:
             + ", ".join(f"--{k} {getattr(args, k):g}" for k in CLAIM_DEFAULTS)
             + " ("
             + ", ".join(f"--{k} defaulted" for k, v in chosen.items() if v is None)
-            + "): both schedulers try every node per claim here, so fewer pods than the "
-            "extended-resource runs, and longer to wait for a bind",
+            + "): claims are placed far slower than extended resources here (Tessera tries "
+            "every node per claim), so fewer pods, and longer to wait for a bind",
             flush=True,
         )
     if args.pods * 3 > args.nodes * GPUS_PER_NODE * 2:
