@@ -36,6 +36,7 @@ from typing import Any
 
 from shared import events as ev
 from shared.core.dra import InUse, Pool, extended, read
+from shared.core.dra.model import Tally
 from shared.core.ledger import PodGrant
 from shared.core.model import NodeName, PodUID
 from shared.core.nodefit import Hosts
@@ -81,6 +82,11 @@ def _extended_owner(obj: Mapping[str, Any]) -> PodUID | None:
 
 
 PoolKey = tuple[str, str]
+
+
+def _key(claim: ev.ClaimAllocation) -> str:
+    """The claim's key among the observed (``namespace/name``)."""
+    return f"{claim.namespace}/{claim.name}"
 
 
 class Slices:
@@ -157,6 +163,9 @@ class Dra:
         """Allocated claims by ``namespace/name`` (metadata and status.allocation)."""
         self.assumed: dict[PodUID, tuple[ev.ClaimAllocation, ...]] = {}
         self._pools: dict[str, list[Pool]] = {}
+        self._held = Tally()
+        """What the observed claims and the assumed ones not observed yet hold, kept as
+        each changes (:meth:`_observe`, :meth:`_assume`)."""
         self._in_use: InUse | None = None
         self._alone: dict[PodUID, list[Mapping[str, Any]]] | None = None
         """Per pod, the claims reserved for it alone (``held_by``), until a claim changes."""
@@ -180,9 +189,9 @@ class Dra:
             for node in changed or ():
                 self._pools.pop(node, None)
         elif obj is None or not ((obj.get("status") or {}).get("allocation")):
-            self.observed.pop(key, None)
+            self._observe(key, None)
         else:
-            self.observed[key] = dict(obj)
+            self._observe(key, dict(obj))
             self._forget_assumed(key)
             if (owner := _extended_owner(obj)) in self.assumed:
                 self._forget_extended(owner)
@@ -198,25 +207,48 @@ class Dra:
 
     def _forget_assumed(self, key: str) -> None:
         for uid, claims in list(self.assumed.items()):
-            kept = tuple(c for c in claims if f"{c.namespace}/{c.name}" != key)
+            kept = tuple(c for c in claims if _key(c) != key)
             if len(kept) != len(claims):
-                self.assumed[uid] = kept
+                self._assume(uid, kept)
 
     def _forget_extended(self, uid: PodUID) -> None:
         """The claim made for the pod's extended resources is seen: it holds the devices."""
-        self.assumed[uid] = tuple(c for c in self.assumed[uid] if not c.mappings)
+        self._assume(uid, tuple(c for c in self.assumed[uid] if not c.mappings))
+
+    def _count(self, claims: Iterable[ev.ClaimAllocation], sign: int = 1) -> None:
+        """Count what those of ``claims`` not observed allocated hold (assumed, they
+        count), claim by claim (``sign`` -1: stop counting it)."""
+        for c in claims:
+            if _key(c) not in self.observed:
+                self._held.add(read.in_use([{"status": {"allocation": c.allocation}}]), sign)
+
+    def _observe(self, key: str, obj: dict[str, Any] | None) -> None:
+        """``key`` observed allocated as ``obj`` (None: not, or gone), counted so; an
+        assumed claim of that key counts only while it is not observed."""
+        assumed = [c for claims in self.assumed.values() for c in claims if _key(c) == key]
+        self._count(assumed, -1)
+        old = self.observed.pop(key, None)
+        if old is not None:
+            self._held.add(read.in_use([old]), -1)
+        if obj is not None:
+            self.observed[key] = obj
+            self._held.add(read.in_use([obj]))
+        self._count(assumed)
+
+    def _assume(self, uid: PodUID, claims: tuple[ev.ClaimAllocation, ...] | None) -> None:
+        """``uid``'s assumed claims become ``claims`` (None or empty: none), counted so."""
+        old = self.assumed.pop(uid, None)
+        if old:
+            self._count(old, -1)
+        if claims:
+            self.assumed[uid] = claims
+            self._count(claims)
+        self._in_use = self._alone = None
 
     def in_use(self) -> InUse:
         """What the observed and assumed allocations hold."""
         if self._in_use is None:
-            objs: list[Mapping[str, Any]] = list(self.observed.values())
-            for claims in self.assumed.values():  # those not seen allocated yet
-                objs.extend(
-                    {"status": {"allocation": c.allocation}}
-                    for c in claims
-                    if f"{c.namespace}/{c.name}" not in self.observed
-                )
-            self._in_use = read.in_use(objs)
+            self._in_use = self._held.snapshot()
         return self._in_use
 
     def held_by(self, uid: PodUID) -> InUse | None:
@@ -232,7 +264,7 @@ class Dra:
                 alone.setdefault(pod, []).extend(
                     {"status": {"allocation": c.allocation}}
                     for c in claims
-                    if not c.reserve_only and f"{c.namespace}/{c.name}" not in self.observed
+                    if not c.reserve_only and _key(c) not in self.observed
                 )
             self._alone = alone
         objs = self._alone.get(uid)
@@ -287,7 +319,7 @@ class Dra:
                     for claim, a in zip(claims.allocate, found[1], strict=True)
                 )
             if made:
-                self.assumed[grant.pod.uid] = made
+                self._assume(grant.pod.uid, made)
         self.claimed.begin()
         self._in_use = self._alone = None
 
@@ -297,21 +329,18 @@ class Dra:
         made = {_extended_owner(obj) for obj in self.observed.values()}
         for uid, held in claims.items():
             kept = tuple(
-                c
-                for c in held
-                if f"{c.namespace}/{c.name}" not in self.observed
-                and not (c.mappings and uid in made)
+                c for c in held if _key(c) not in self.observed and not (c.mappings and uid in made)
             )
             if kept:
-                self.assumed[uid] = kept
+                self._assume(uid, kept)
         self._in_use = self._alone = None
 
     def release(self, uid: PodUID) -> None:
         """The pod's assumed claims are given back (its bind failed, timed out, or it is
         gone); claims already seen allocated are given back when the watcher sees them
         deallocated or deleted."""
-        if self.assumed.pop(uid, None):
-            self._in_use = self._alone = None
+        if uid in self.assumed:
+            self._assume(uid, None)
 
     def decided(self, uid: PodUID) -> tuple[ev.ClaimAllocation, ...]:
         """What ``uid``'s decision carries for its claims."""

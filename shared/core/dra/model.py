@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from types import MappingProxyType
 from typing import Any, Literal
 
 import msgspec
@@ -259,6 +260,58 @@ class InUse(msgspec.Struct, frozen=True):
                     if not into:
                         del consumed[key]
         return InUse(frozenset(devices), consumed, shares)
+
+
+class Tally:
+    """What allocated claims hold, as a running sum: each claim's holding (an
+    :class:`InUse` of that claim alone, ``read.in_use([claim])``) is added when it
+    starts to count and taken away when it stops, so the whole is never summed again
+    (a rebuild from 5,000 claims took 44 ms here, after every gang). Exact: the
+    capacities are Fractions, so what is added and taken away leaves no residue.
+
+    :meth:`snapshot` is the sum as an :class:`InUse` whose maps are read-only views of
+    the running sums: valid until the next change, after which the holder takes a new
+    one (services/device_allocator/dra.py drops its cached snapshot on every change)."""
+
+    def __init__(self) -> None:
+        self.devices: dict[DeviceKey, int] = {}
+        """Devices held whole, by how many counted claims hold each (one, unless two
+        schedulers disagree)."""
+        self.consumed: dict[DeviceKey, dict[str, Fraction]] = {}
+        self.shares: dict[DeviceKey, int] = {}
+        self._devices: frozenset[DeviceKey] | None = None
+
+    def add(self, use: InUse, sign: int = 1) -> None:
+        """Count what ``use`` holds (``sign`` -1: stop counting it)."""
+        for key in use.devices:
+            left = self.devices.get(key, 0) + sign
+            if left > 0:
+                self.devices[key] = left
+            else:
+                self.devices.pop(key, None)
+            self._devices = None
+        for key, amounts in use.consumed.items():
+            into = self.consumed.setdefault(key, {})
+            for name, amount in amounts.items():
+                total = into.get(name, Fraction(0)) + sign * amount
+                if total:
+                    into[name] = total
+                else:
+                    into.pop(name, None)
+            if not into:
+                del self.consumed[key]
+        for key, count in use.shares.items():
+            left = self.shares.get(key, 0) + sign * count
+            if left > 0:
+                self.shares[key] = left
+            else:
+                self.shares.pop(key, None)
+
+    def snapshot(self) -> InUse:
+        """The sum now (see the class docstring for how long it holds)."""
+        if self._devices is None:
+            self._devices = frozenset(self.devices)
+        return InUse(self._devices, MappingProxyType(self.consumed), MappingProxyType(self.shares))
 
 
 class DeviceResult(msgspec.Struct, frozen=True, omit_defaults=True):
