@@ -726,10 +726,10 @@ CLAIM_DEFAULTS: dict[str, tuple[float, float]] = {
     "settle": (10, 120),
 }
 """Each option's default without and with ``--claims``. At 1,000 nodes kube-scheduler
-placed claims at 21-34 pods/s here (2026-11-27, 2 shared cores: 5,000 whole-card claims
-took 238 s) and Tessera's allocator spends about 50 ms a pod (every node tried), with
-gaps of tens of seconds between its binds: 2,000 pods finish, and a run waits 120 s
-without a bind before it ends."""
+placed claims at 21-34 pods/s here with 5,000 pods (2026-11-27, 2 shared cores: 5,000
+whole-card claims took 238 s) and about 60 pods/s with 2,000, so 2,000 pods keep a run
+to minutes; a run still short of its pods waits up to 120 s without a bind before it
+ends (a slower scheduler's binds come in bursts)."""
 
 
 def main() -> None:
@@ -764,8 +764,8 @@ def main() -> None:
             + ", ".join(f"--{k} {getattr(args, k):g}" for k in CLAIM_DEFAULTS)
             + " ("
             + ", ".join(f"--{k} defaulted" for k, v in chosen.items() if v is None)
-            + "): claims are placed far slower than extended resources here (Tessera tries "
-            "every node per claim), so fewer pods, and longer to wait for a bind",
+            + "): kube-scheduler places claims far slower than extended resources, so "
+            "fewer pods, and longer to wait for a bind",
             flush=True,
         )
     if args.pods * 3 > args.nodes * GPUS_PER_NODE * 2:
