@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared import kube
-from tests.integration.pipeline import Pipeline
+from tests.integration.pipeline import Pipeline, claims_released
 
 
 @pytest.fixture
@@ -19,3 +19,12 @@ async def ns(pipeline: Pipeline) -> AsyncIterator[str]:
         "items"
     ]:
         await pipeline.delete(name, item["metadata"]["name"])
+
+
+@pytest.fixture
+async def released_claims(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
+    """Each test's pods and ResourceClaims go after it, the claims deallocated and
+    deleted by kube-controller-manager: their devices are free for the next test (the DRA
+    modules use it: ``pytest.mark.usefixtures("released_claims")``)."""
+    yield
+    await claims_released(pipeline, ns)

@@ -33,17 +33,16 @@ from shared import kube
 from shared.config import NatsConfig
 from shared.core.dra import binding
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, claims_released, pod, start_pipeline, told
-from tests.integration.test_dra_claims import put
+from tests.integration.pipeline import Pipeline, pod, start_pipeline, told
+from tests.integration.test_dra_claims import RESOURCE, put
 from tools.localcluster import LocalCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("released_claims")]
 
 SUITE = {"suite": "dra-binding"}
 RESOURCES = {"cpu": "4", "memory": "16Gi", "pods": "20"}
 NODE = "bc-a"
 INVENTORY = {"nodes": [{"name": NODE, "labels": SUITE, "allocatable": RESOURCES, "devices": []}]}
-RESOURCE = "/apis/resource.k8s.io/v1"
 DRIVER = "bc.tessera.io"
 CLASS = "bc-gpu.tessera.io"
 TIMEOUT_S = 60.0
@@ -95,12 +94,6 @@ async def pipeline(
     await kube.request(p.api, "DELETE", f"{RESOURCE}/resourceslices/{NODE}-{DRIVER}")
     await kube.request(p.api, "DELETE", f"{RESOURCE}/deviceclasses/{CLASS}")
     await p.close()
-
-
-@pytest.fixture(autouse=True)
-async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
-    yield
-    await claims_released(pipeline, ns)
 
 
 def path(ns: str, name: str) -> str:

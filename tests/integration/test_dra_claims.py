@@ -30,7 +30,6 @@ from shared import kube
 from shared.config import NatsConfig
 from tests.integration.pipeline import (
     Pipeline,
-    claims_released,
     pod,
     podgroup,
     start_pipeline,
@@ -39,7 +38,7 @@ from tests.integration.pipeline import (
 from tests.service.test_ops import tessera
 from tools.localcluster import LocalCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("released_claims")]
 
 SUITE = {"suite": "dra-claims"}
 RESOURCES = {"cpu": "4", "memory": "16Gi", "pods": "20"}
@@ -122,14 +121,6 @@ async def pipeline(
         await kube.request(p.api, "DELETE", f"{RESOURCE}/resourceslices/{node}-{DRIVER}")
     await kube.request(p.api, "DELETE", f"{RESOURCE}/deviceclasses/{CLASS}")
     await p.close()
-
-
-@pytest.fixture(autouse=True)
-async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
-    """Each test\'s pods and claims go after it, the claims deallocated and deleted by
-    kube-controller-manager: their devices are free for the next test."""
-    yield
-    await claims_released(pipeline, ns)
 
 
 def devices(model: str = "", **capacity: str) -> dict[str, Any]:

@@ -26,11 +26,11 @@ from shared import kube
 from shared.config import NatsConfig
 from shared.core.dra.extended import ANNOTATION
 from tests.helpers import eventually
-from tests.integration.pipeline import Pipeline, claims_released, pod, start_pipeline, told
+from tests.integration.pipeline import Pipeline, pod, start_pipeline, told
 from tests.integration.test_dra_claims import RESOURCE, card, put
 from tools.localcluster import LocalCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("released_claims")]
 
 SUITE = {"suite": "dra-extended"}
 GPU = "nvidia.com/gpu"
@@ -85,14 +85,6 @@ async def pipeline(
     await kube.request(p.api, "DELETE", f"{RESOURCE}/resourceslices/{SLICE}")
     await kube.request(p.api, "DELETE", f"{RESOURCE}/deviceclasses/{CLASS}")
     await p.close()
-
-
-@pytest.fixture(autouse=True)
-async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
-    """Each test\'s pods and claims go after it, the claims deallocated and deleted by
-    kube-controller-manager: their devices are free for the next test."""
-    yield
-    await claims_released(pipeline, ns)
 
 
 def gpu_pod(name: str, selector: dict[str, str]) -> dict[str, Any]:

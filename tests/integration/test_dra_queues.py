@@ -29,7 +29,6 @@ from shared.config import NatsConfig
 from tests.helpers import eventually
 from tests.integration.pipeline import (
     Pipeline,
-    claims_released,
     pod,
     podgroup,
     start_pipeline,
@@ -40,7 +39,7 @@ from tests.integration.test_dra_claims import GROUP, RESOURCE, card, put
 from tests.service.test_ops import tessera
 from tools.localcluster import LocalCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("released_claims")]
 
 SUITE = {"suite": "dra-queues"}
 RESOURCES = {"cpu": "4", "memory": "16Gi", "pods": "20"}
@@ -91,14 +90,6 @@ async def pipeline(
         await kube.request(p.api, "DELETE", f"{RESOURCE}/resourceslices/{node}-{DRIVER}")
     await kube.request(p.api, "DELETE", f"{RESOURCE}/deviceclasses/{CLASS}")
     await p.close()
-
-
-@pytest.fixture(autouse=True)
-async def claims_deleted(pipeline: Pipeline, ns: str) -> AsyncIterator[None]:
-    """Each test\'s pods and claims go after it, the claims deallocated and deleted by
-    kube-controller-manager: their devices are free for the next test."""
-    yield
-    await claims_released(pipeline, ns)
 
 
 async def claimer(p: Pipeline, ns: str, name: str, in_queue: str, **capacity: str) -> None:
