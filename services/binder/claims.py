@@ -59,8 +59,27 @@ once no consumer is left (and removes the finalizer)."""
 allocation (deploy/kustomize/base/rbac.yaml lacks a verb): the operator's to fix."""
 
 
+def claim_path(namespace: str, name: str) -> str:
+    """The API path of one ResourceClaim."""
+    return f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
+
+
 def _path(claim: ev.ClaimAllocation) -> str:
-    return f"{RESOURCE}/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+    return claim_path(claim.namespace, claim.name)
+
+
+async def read_claim(api: kube.Client, namespace: str, name: str, uid: str) -> dict[str, Any] | str:
+    """The claim as the API server holds it now, or why not: gone, or replaced by a
+    namesake (``uid`` not its own; empty: not checked)."""
+    try:
+        obj: dict[str, Any] = await kube.request(api, "GET", claim_path(namespace, name))
+    except ApiException as exc:
+        if exc.status == 404:
+            return f"resourceclaim {namespace}/{name} not found"
+        raise
+    if uid and obj["metadata"].get("uid") != uid:
+        return f"resourceclaim {namespace}/{name} was replaced"
+    return obj
 
 
 def _results(allocation: dict[str, Any] | None) -> object:
@@ -83,14 +102,9 @@ async def _update(
     ``own``: the allocation is Tessera's to write or clear, so :data:`FINALIZER` is
     added before an allocation is written and dropped once it is cleared."""
     for _ in range(CONFLICT_RETRIES):
-        try:
-            obj = await kube.request(api, "GET", _path(claim))
-        except ApiException as exc:
-            if exc.status == 404:
-                return f"resourceclaim {claim.namespace}/{claim.name} not found"
-            raise
-        if claim.uid and obj["metadata"].get("uid") != claim.uid:
-            return f"resourceclaim {claim.namespace}/{claim.name} was replaced"
+        obj = await read_claim(api, claim.namespace, claim.name, claim.uid)
+        if isinstance(obj, str):
+            return obj
         obj.setdefault("status", {})
         why = change(obj["status"])
         if why is not None:
@@ -149,14 +163,10 @@ async def made(api: kube.Client, pod: PodRef) -> str:
     name = str(status.get("resourceClaimName") or "")
     if not name:
         return ""
-    try:  # still there, the pod's (a failed bind deleted the one it named before)
-        claim = await kube.request(
-            api, "GET", f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{name}"
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return ""
-        raise
+    # still there, the pod's (a failed bind deleted the one it named before)
+    claim = await read_claim(api, pod.namespace, name, "")
+    if isinstance(claim, str):
+        return ""
     owners = (claim.get("metadata") or {}).get("ownerReferences") or ()
     return name if any(o.get("uid") == pod.uid for o in owners) else ""
 
@@ -264,7 +274,7 @@ async def _delete(api: kube.Client, pod: PodRef, claim: ev.ClaimAllocation) -> N
     name = claim.name or await made(api, pod)
     if not name:
         return
-    path = f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{name}"
+    path = claim_path(pod.namespace, name)
     try:
         for _ in range(CONFLICT_RETRIES):  # the finalizer first, or the claim would wait
             obj = await kube.request(api, "GET", path)

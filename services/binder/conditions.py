@@ -113,15 +113,9 @@ class Waits:
             name = claim.name or await claims.made(self.api, decided.pod)
             if not name:
                 raise LookupError(f"the claim of {decided.pod}'s extended resources is gone")
-            path = f"{claims.RESOURCE}/namespaces/{claim.namespace}/resourceclaims/{name}"
-            try:
-                obj: dict[str, Any] = await kube.request(self.api, "GET", path)
-            except ApiException as exc:
-                if exc.status == 404:
-                    raise LookupError(f"resourceclaim {claim.namespace}/{name} not found") from exc
-                raise
-            if claim.uid and obj["metadata"].get("uid") != claim.uid:
-                raise LookupError(f"resourceclaim {claim.namespace}/{name} was replaced")
+            obj = await claims.read_claim(self.api, claim.namespace, name, claim.uid)
+            if isinstance(obj, str):
+                raise LookupError(obj)
             found.append(obj)
         return found
 
