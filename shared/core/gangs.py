@@ -884,6 +884,7 @@ class Gangs:
                         protection=protection,
                         owed=owed,
                         starved=starved,
+                        follow_fair=self.policy.usage.weight > 0,
                     )
                 if self.policy.consolidation:
                     moving = movable(

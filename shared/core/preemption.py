@@ -196,6 +196,7 @@ def victims(
     protection: Protection | None = None,
     owed: Mapping[str, Resources] | None = None,
     starved: bool = False,
+    follow_fair: bool = False,
 ) -> tuple[VictimUnit, ...]:
     """Bound pods that may be evicted for the gang ``key`` (whose waiting ``members``
     need ``need``), as units, cheapest first (Volcano's preempt and reclaim).
@@ -215,8 +216,12 @@ def victims(
     ``may_take`` allows (over their deserved share up the tree to ``level`` ancestors,
     never below a guarantee), siblings first, then cousins; what a queue gives is
     counted as it is offered, so no queue is offered below what it deserves. With
-    ``owed`` (the fair shares: ``hierarchy.fair``) they stand for deserved: a queue is
-    not taken below its fair share, where it could take the room back at once. With
+    ``owed`` (the fair shares: ``hierarchy.fair``) a queue is not taken below its fair
+    share, where it could take the room back at once, and the gang's queue reclaims
+    only while within both its deserved (Volcano's rule) and its fair share: room beyond
+    its deserved comes to it as pods end, while queues over their fair share wait
+    (shared/core/gangs.py). With ``follow_fair`` (a memory of past use moves the fair
+    shares) its fair share alone bounds it, as KAI's reclaim follows the fair share. With
     ``owed`` and ``starved`` (the gang waited past the starvation guard), a queue within
     its deserved share also reclaims from queues over their deserved, whatever their
     fair share (the tree's promise, kept where fragmented room never fits the gang).
@@ -231,7 +236,9 @@ def victims(
     rolled: dict[str, Resources] = {}
     if tree is not None:
         rolled = rolled_up(tree, used)
-        under = may_reclaim(tree, queue, rolled, need, level, owed)
+        under = may_reclaim(tree, queue, rolled, need, level, owed) and (
+            follow_fair or owed is None or may_reclaim(tree, queue, rolled, need, level)
+        )
         # past the starvation guard, within its deserved share it also reclaims from
         # queues over theirs, whatever their fair share (the tree's guarantee)
         static = starved and owed is not None and may_reclaim(tree, queue, rolled, need, level)
