@@ -1,7 +1,8 @@
 """Multi-tenant fairness of Volcano-style queues: ``proportion`` and ``capacity`` side by side.
 
     python bench/fairness.py [--nodes 80] [--pods 2000] [--hours 3] [--step 10]
-                             [--seed 1] [--starvation-guard 300] [--quick]
+                             [--seed 1] [--starvation-guard 300] [--deserved 1]
+                             [--quick]
 
 Replays one multi-tenant workload built from the openb production trace (Weng et al.,
 ATC'23; ../shared/traces/openb/README.md, read with bench/packing.py's functions)
@@ -17,6 +18,9 @@ through the coordinator's core twice, in this one run:
            └ prod     (deserved 50 %) ─ serving (25 %)   light: asks 40 % of its share
                                       └ batch   (25 %)   a wave in the middle of the run
 
+With ``--deserved F`` below 1, each ``deserved`` in the tree is F times the share
+above, and the rest of the cluster is divided by ``weight`` (the shares above): the
+surplus that a memory of past use moves (KAI's ``deserved`` plus over-quota weight).
 ``serving`` has a guarantee of 10 % of the GPUs in both modes (a floor on its deserved
 share, and no reclaim below it); no queue has a capability. Shares are of the GPUs'
 cores (``nvidia.cores``: 100 per card), which is how a shared pod's fraction of a card
@@ -67,7 +71,10 @@ the run over the cluster's GPU-time in the run); ``min(deserved, demand)``; the 
 share it got; the relative gap ``|got - min(deserved, demand)| / min(deserved, demand)``;
 since demand comes and goes, also the share the mode's policy would give it were it
 perfectly fair at every step (``fair_now``: water-filling what each queue then held and
-waited for, flat or by the tree) and the gap to that; the mean and max time its pods
+waited for, flat or by the tree) and the gap to that; what it was owed whatever the
+others did (``min(deserved, what it held and waited for)`` at each step, summed: a
+tenant asks nothing before its pods come) and how far short of it it fell (above it, a
+queue used room the others left); the mean and max time its pods
 waited (from when each was created or re-created to when it was bound; pods still waiting
 at the end count with the time they waited so far); evictions; and the cluster's GPU
 allocation (GPU-time held over GPU-time available). Times and run times are on the step
@@ -206,6 +213,9 @@ class Outcome:
     fair: dict[str, float] = field(default_factory=dict)
     """GPU-seconds per leaf queue that its mode's policy would give it if it were
     perfectly fair at every step (``fair_now``)."""
+    owed: dict[str, float] = field(default_factory=dict)
+    """GPU-seconds per leaf queue of ``min(deserved, what it held and waited for)`` at
+    each step: what it is owed whatever the others do."""
     placed: int = 0
     seconds: float = 0.0
 
@@ -324,8 +334,12 @@ def asked(offer: Offer, horizon: float) -> float:
     return offer.gpus * max(0.0, min(offer.work, horizon - offer.arrival))
 
 
-def queues(mode: Mode, tenants: Sequence[Tenant], gpus: int) -> list[QueueSpec]:
-    """The Volcano Queues of ``mode`` (shares of the cluster's cores)."""
+def queues(
+    mode: Mode, tenants: Sequence[Tenant], gpus: int, covered: float = 1.0
+) -> list[QueueSpec]:
+    """The Volcano Queues of ``mode`` (shares of the cluster's cores); in the tree, each
+    ``deserved`` is ``covered`` times the tenant's share (``--deserved``): what it leaves
+    is divided by ``weight`` (with a memory of past use, moved by it)."""
     cores = 100.0 * gpus
 
     def of(share: float) -> dict[str, float]:
@@ -336,13 +350,16 @@ def queues(mode: Mode, tenants: Sequence[Tenant], gpus: int) -> list[QueueSpec]:
             QueueSpec(name=t.name, weight=t.deserved, guarantee=of(t.guarantee)) for t in tenants
         ]
     # ``weight`` divides the surplus above deserved with a memory of past use: as deserved
-    out = [QueueSpec(name=p, weight=share, deserved=of(share)) for p, share in PARENTS.items()]
+    out = [
+        QueueSpec(name=p, weight=share, deserved=of(share * covered))
+        for p, share in PARENTS.items()
+    ]
     out += [
         QueueSpec(
             name=t.name,
             parent=t.parent,
             weight=t.deserved,
-            deserved=of(t.deserved),
+            deserved=of(t.deserved * covered),
             guarantee=of(t.guarantee),
         )
         for t in tenants
@@ -397,6 +414,7 @@ class Replay:
         *,
         starvation_guard_s: float = 300.0,
         usage: UsageParams | None = None,
+        covered: float = 1.0,
     ) -> None:
         self.mode = mode
         self.parsed = parsed
@@ -417,7 +435,7 @@ class Replay:
         self.placer = Placer(self.ledger, PlacementConfig())
         self.room = Room(self.placer)
         self.gpus = sum(len(n.devices) for n in nodes)
-        for q in queues(mode, tenants, self.gpus):
+        for q in queues(mode, tenants, self.gpus, covered):
             self.gangs.queues[q.name] = q
         self.jobs: dict[PodUID, Job] = {}
         """Jobs by the uid of their pod now (waiting or running)."""
@@ -557,7 +575,7 @@ class Replay:
         names += sorted({o.tenant for o in offers} - set(names))
         for name in names:
             out.used[name], out.asked[name], out.waits[name] = 0.0, 0.0, []
-            out.evictions[name], out.fair[name] = 0, 0.0
+            out.evictions[name], out.fair[name], out.owed[name] = 0, 0.0, 0.0
             self.held[name] = self.wanting[name] = 0.0
         jobs = [Job(o, o.work) for o in offers]
         for o in offers:
@@ -589,6 +607,8 @@ class Replay:
             wants = {q: self.held[q] + self.wanting[q] for q in self.held}
             for q, share in fair_now(self.mode, self.tenants, self.gpus, wants).items():
                 out.fair[q] += share * step
+            for t in self.tenants:
+                out.owed[t.name] += min(t.deserved * self.gpus, wants[t.name]) * step
         end = steps * step
         # the ledger holds exactly the running pods, and the devices of evicted pods
         # kept for the gang they made room for
@@ -622,13 +642,22 @@ def replay(
     *,
     starvation_guard_s: float = 300.0,
     usage: UsageParams | None = None,
+    covered: float = 1.0,
 ) -> Outcome:
     """Replay ``offers`` on ``nodes`` for ``horizon`` seconds in ``mode`` (``usage``: the
     memory of past use of ``capacity+usage``)."""
     if parsed is None:
         parser = RequestParser(SPECS)
         parsed = {o.task.name: parse(o.task, parser) for o in offers}
-    sim = Replay(mode, nodes, tenants, parsed, starvation_guard_s=starvation_guard_s, usage=usage)
+    sim = Replay(
+        mode,
+        nodes,
+        tenants,
+        parsed,
+        starvation_guard_s=starvation_guard_s,
+        usage=usage,
+        covered=covered,
+    )
     return sim.run(offers, horizon, step)
 
 
@@ -643,6 +672,8 @@ class Row:
     demand: float
     fair: float
     """Its share were the mode's policy perfectly fair at every step (``fair_now``)."""
+    owed: float
+    """``min(deserved, what it held and waited for)`` at each step, over the run."""
     got: float
     waits: tuple[float, ...]
     still: int
@@ -658,6 +689,11 @@ class Row:
         return abs(self.got - self.target) / self.target if self.target > EPS else 0.0
 
     @property
+    def shortfall(self) -> float:
+        """``max(0, owed - got) / owed``: how far it fell short of what it was owed."""
+        return max(0.0, self.owed - self.got) / self.owed if self.owed > EPS else 0.0
+
+    @property
     def fair_gap(self) -> float:
         """``|got - fair| / fair``."""
         return abs(self.got - self.fair) / self.fair if self.fair > EPS else 0.0
@@ -671,6 +707,7 @@ def rows(out: Outcome, tenants: Sequence[Tenant]) -> dict[str, Row]:
             deserved=t.deserved,
             demand=out.asked.get(t.name, 0.0) / total,
             fair=out.fair.get(t.name, 0.0) / total,
+            owed=out.owed.get(t.name, 0.0) / total,
             got=out.used.get(t.name, 0.0) / total,
             waits=tuple(out.waits.get(t.name, ())),
             still=out.states.get(t.name, {}).get("waiting", 0)
@@ -686,6 +723,7 @@ def rows(out: Outcome, tenants: Sequence[Tenant]) -> dict[str, Row]:
             deserved=share,
             demand=sum(k.demand for k in kids),
             fair=sum(k.fair for k in kids),
+            owed=sum(k.owed for k in kids),
             got=sum(k.got for k in kids),
             waits=tuple(w for k in kids for w in k.waits),
             still=sum(k.still for k in kids),
@@ -762,6 +800,19 @@ def report(outs: Sequence[Outcome], tenants: Sequence[Tenant]) -> list[str]:
     )
     lines += [
         "",
+        "The same against what each queue was owed whatever the others did (owed: "
+        "min(deserved, what it held and waited for) at each step, summed over the run; "
+        "short: max(0, owed - got) / owed; above owed, a queue used room others left):",
+        "",
+    ]
+    lines += side_by_side(
+        [],
+        lambda r: [],
+        ["owed", "got", "short"],
+        lambda r: [_pct(r.owed), _pct(r.got), f"{r.shortfall:.2f}"],
+    )
+    lines += [
+        "",
         "Time pods waited to be bound, in minutes (each creation and re-creation once; "
         "still waiting: pods not running at the end):",
         "",
@@ -782,13 +833,27 @@ def report(outs: Sequence[Outcome], tenants: Sequence[Tenant]) -> list[str]:
     ]
     lines += table(head, body)
     lines.append("")
+    pair = next(
+        (
+            (b.name, s.name)
+            for b in tenants
+            for s in tenants
+            if b.pattern == "early" and s.pattern == "steady" and b.parent == s.parent
+        ),
+        None,
+    )
     for o in outs:
         leaves = [figures[o.mode][t.name] for t in tenants]
-        lines.append(
+        line = (
             f"{o.mode}: max relative gap {max(r.gap for r in leaves):.2f} "
-            f"(to the fair share at each step {max(r.fair_gap for r in leaves):.2f}), "
+            f"(to the fair share at each step {max(r.fair_gap for r in leaves):.2f}; "
+            f"short of owed at most {max(r.shortfall for r in leaves):.2f}), "
             f"evictions {sum(o.evictions.values())}, allocation {_pct(o.allocation)}"
         )
+        if pair is not None:  # the bursty and the steady tenant of one parent
+            bursty, steady = (figures[o.mode][n].got for n in pair)
+            line += f", {pair[0]} - {pair[1]} {(bursty - steady) * 100:.1f} points"
+        lines.append(line)
     return lines
 
 
@@ -807,6 +872,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--usage-weight", type=float, default=1.0, help="capacity+usage: scheduler.usage.weight"
+    )
+    parser.add_argument(
+        "--deserved",
+        type=float,
+        default=1.0,
+        help="the part of each tenant's share the tree's deserved covers (1: all)",
     )
     parser.add_argument(
         "--half-life", type=float, default=3600.0, help="capacity+usage: usage.halfLifeS"
@@ -837,11 +908,14 @@ def main() -> None:
     models: dict[str, int] = {}
     for n in nodes:
         models[n.devices[0].model] = models.get(n.devices[0].model, 0) + len(n.devices)
+    covers = f"; the tree's deserved covers {args.deserved:g} of each share"
     print(
         f"{len(nodes)} nodes of {args.node_list.name} ({gpus} GPUs: "
         + ", ".join(f"{m} {c}" for m, c in sorted(models.items()))
         + f"), {len(offers)} GPU tasks of {args.pod_list.name}, {hours:g} h in "
-        f"{args.step:g} s steps; starvation guard {args.starvation_guard:g} s.\n"
+        f"{args.step:g} s steps; starvation guard {args.starvation_guard:g} s"
+        + (covers if args.deserved != 1 else "")
+        + ".\n"
     )
     body = []
     for t in TENANTS:
@@ -889,6 +963,7 @@ def main() -> None:
             args.step,
             parsed,
             starvation_guard_s=args.starvation_guard,
+            covered=args.deserved,
             usage=UsageParams(weight=args.usage_weight, half_life_s=args.half_life),
         )
         print(f"{mode}: replayed in {out.seconds:.1f} s", flush=True)
