@@ -1,7 +1,8 @@
 """Hierarchical queues (``scheduler.queuePlugin: capacity``) on the real API server, with
 the five services as processes: a refused subtree waits alone and its Queue is told why,
-reclaim on a full cluster takes only what is missing, and a parent's deserved share
-bounds its children's reclaim (Volcano #4679, #4817, #4408, #5107)."""
+reclaim on a full cluster takes only what is missing, a parent's deserved share
+bounds its children's reclaim (Volcano #4679, #4817, #4408, #5107), and reclaim stops at
+a queue's deserved, the rest of its fair share coming as pods end."""
 
 from __future__ import annotations
 
@@ -158,6 +159,35 @@ async def test_a_parents_deserved_share_bounds_its_childrens_reclaim(
     await asyncio.sleep(3.0)
     assert all([await exists(pipeline, ns, n) for n in held]), "nothing was reclaimed"
     assert not (await pipeline.get(ns, "t2-1"))["spec"].get("nodeName")
+
+
+async def test_reclaim_stops_at_deserved_and_the_rest_comes_as_pods_end(
+    pipeline: Pipeline, ns: str
+) -> None:
+    # top deserves the 4 cards: a and b 1 each, c 2 and asks nothing. a holds 1, b 3,
+    # and a asks one more: a's fair share is 2 (half of what c leaves), b's 2. b is over
+    # its fair share, but a is at its deserved: it reclaims nothing (Volcano's rule; the
+    # fair share alone let it evict one of b's pods). When one of b's pods ends, a's pod
+    # takes the card: b, over its fair share, does not borrow it while a waits.
+    # (shares in cores, 100 a card: the cluster's nvidia.com/gpu counts each card's
+    # deviceSplitCount slots, so on it no queue here would be over its fair share)
+    top, a, b, c = (f"{n}-{ns}" for n in ("top", "a", "b", "c"))
+    await queue(pipeline, top, deserved={"nvidia.com/gpucores": 400})
+    for name, cards in ((a, 1), (b, 1), (c, 2)):
+        await queue(pipeline, name, parent=top, deserved={"nvidia.com/gpucores": 100 * cards})
+    held = {"a-0": a, "b-0": b, "b-1": b, "b-2": b}
+    for n, q in held.items():
+        await lone(pipeline, ns, n, q)
+    for n in held:
+        await pipeline.bound(ns, n)
+    await lone(pipeline, ns, "a-1", a)
+    await eventually(lambda: failed(pipeline, ns, "a-1"), what="a-1 told it waits")
+    await asyncio.sleep(5.0)  # retried after 1, 2 and 4 s: what it may reclaim is offered
+    assert all([await exists(pipeline, ns, n) for n in held]), "nothing was reclaimed"
+    await lone(pipeline, ns, "b-3", b)  # b asks too: it waits while a does
+    await pipeline.delete(ns, "b-0")
+    await pipeline.bound(ns, "a-1", timeout_s=60)
+    assert not (await pipeline.get(ns, "b-3"))["spec"].get("nodeName")
 
 
 async def test_min_resources_enter_the_enqueue_check(pipeline: Pipeline, ns: str) -> None:
