@@ -143,6 +143,23 @@ def test_the_report_puts_both_modes_side_by_side(
     assert any(line.startswith("capacity: max relative gap") for line in lines)
 
 
+def test_what_a_queue_is_owed_is_never_above_its_fair_share_and_short_is_one_sided(
+    fairness: Any, runs: dict[str, tuple[Any, list[Any]]]
+) -> None:
+    # owed: min(deserved, what it held and waited for) at each step; either mode's fair
+    # division gives at least that (weights follow deserved), so owed <= fair
+    for mode, (out, _) in runs.items():
+        assert set(out.owed) == {t.name for t in fairness.TENANTS}, mode
+        for queue, owed in out.owed.items():
+            assert 0.0 < owed <= out.fair[queue] + 1e-6, (mode, queue)
+        rows = fairness.rows(out, fairness.TENANTS)
+        for name, r in rows.items():
+            assert r.shortfall == pytest.approx(max(0.0, r.owed - r.got) / r.owed), name
+    text = "\n".join(fairness.report([out for out, _ in runs.values()], fairness.TENANTS))
+    assert "short (capacity)" in text
+    assert "vision - nlp" in text
+
+
 def test_the_fair_share_at_a_step_follows_each_modes_policy(fairness: Any) -> None:
     wants = {"vision": 100.0, "nlp": 0.0, "serving": 1.0, "batch": 100.0}
     flat = fairness.fair_now("proportion", fairness.TENANTS, 10.0, wants)
