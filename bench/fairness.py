@@ -785,39 +785,32 @@ def report(outs: Sequence[Outcome], tenants: Sequence[Tenant]) -> list[str]:
         ["got", "gap"],
         lambda r: [_pct(r.got), f"{r.gap:.2f}"],
     )
-    lines += [
-        "",
+
+    def section(title: str, titles: Sequence[str], each: Callable[[Row], list[str]]) -> None:
+        """A paragraph, then the modes side by side under ``titles``."""
+        lines.extend(["", title, ""])
+        lines.extend(side_by_side([], lambda r: [], titles, each))
+
+    section(
         "The same against the share fair at each step (fair: the mode's policy, "
         "water-filling what each queue held and waited for at that step, summed over "
         "the run; gap: |got - fair| / fair):",
-        "",
-    ]
-    lines += side_by_side(
-        [],
-        lambda r: [],
         ["fair", "got", "gap"],
         lambda r: [_pct(r.fair), _pct(r.got), f"{r.fair_gap:.2f}"],
     )
-    lines += [
-        "",
+    section(
         "The same against what each queue was owed whatever the others did (owed: "
         "min(deserved, what it held and waited for) at each step, summed over the run; "
         "short: max(0, owed - got) / owed; above owed, a queue used room others left):",
-        "",
-    ]
-    lines += side_by_side(
-        [],
-        lambda r: [],
         ["owed", "got", "short"],
         lambda r: [_pct(r.owed), _pct(r.got), f"{r.shortfall:.2f}"],
     )
-    lines += [
-        "",
+    section(
         "Time pods waited to be bound, in minutes (each creation and re-creation once; "
         "still waiting: pods not running at the end):",
-        "",
-    ]
-    lines += side_by_side([], lambda r: [], ["mean", "max", "still waiting"], waited)
+        ["mean", "max", "still waiting"],
+        waited,
+    )
     lines += ["", "Evictions (pods of the queue evicted, each re-created with its work left):", ""]
     head = ["queue", *(o.mode for o in outs)]
     body = [[label[n], *(str(figures[o.mode][n].evictions) for o in outs)] for n in first]
