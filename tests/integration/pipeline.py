@@ -7,6 +7,7 @@ import contextlib
 import re
 import secrets
 import signal
+import socket
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -74,7 +75,10 @@ class Pipeline:
         ``device-allocator:SHARD``."""
         named, _, shard = service.partition("#")[0].partition(":")
         module, _, node = named.partition("@")
-        self.ports[service] = self.ports.get(service) or free_port()
+        port = self.ports.get(service)
+        if port is None or not _bindable(port):  # another process took it meanwhile
+            port = free_port()
+        self.ports[service] = port
         config = self.simulator if service == "node-agent" else self.config
         args = [sys.executable, "-m", SERVICES[module], "--config", str(config)]
         args.append(f"--http-port={self.ports[service]}")  # /healthz, /readyz, /metrics
@@ -322,6 +326,19 @@ def pod(
     }
 
 
+def _bindable(port: int) -> bool:
+    """No process listens on ``port`` now, on any address, as a service binds it (a port
+    found free can be taken before the service binds it: once a watcher never started,
+    "address already in use", and its keeper restarted it on the same port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 async def start_pipeline(
     workdir: Path,
     kubeconfig: Path,
@@ -371,6 +388,18 @@ async def start_pipeline(
         api, "DELETE", "/api/v1/nodes", query={"labelSelector": f"!{realnode.NODE_LABEL}"}
     )
     p = Pipeline(workdir, path, simulator, inv, nats_admin, api)
+    try:
+        await _start_services(p, inventory, settings, replicas)
+    except BaseException:  # nothing started here outlives the failure (later modules
+        await p.close()  # met a failed module's services placing their pods)
+        raise
+    return p
+
+
+async def _start_services(
+    p: Pipeline, inventory: dict[str, Any], settings: dict[str, Any] | None, replicas: int
+) -> None:
+    """Start the services and wait until they answer and every node's inventory is in."""
     shards = [str(s["name"]) for s in (settings or {}).get("shards", [])]
     for service in SERVICES:
         if service == "device-allocator" and shards:
@@ -389,13 +418,12 @@ async def start_pipeline(
     expected = sum(int(n.get("replicas", 1)) for n in inventory.get("nodes", []))
 
     async def inventories_stored() -> bool:
-        return len(await _inventory_keys(nats_admin)) >= expected
+        return len(await _inventory_keys(p.nats_admin)) >= expected
 
     await eventually(inventories_stored, timeout_s=30, what="every node's inventory stored")
     # The allocator applies an inventory from its event, or from the KV within one
     # heartbeat; placing before that could fill the few nodes it knows so far.
     await asyncio.sleep(2 * HEARTBEAT_S)
-    return p
 
 
 async def _inventory_keys(nats_admin: NatsConfig) -> list[str]:
