@@ -37,6 +37,8 @@ INVENTORY = {
     ]
 }
 WHOLE = {"nvidia.com/gpu": 1}
+LEAKED: list[str] = []
+"""Grants a test's teardown found still held after its pods were deleted (see ``ns``)."""
 RESERVE_S = 60
 """``scheduler.consolidation.reserveS`` here: how long a moved pod's new place waits."""
 HOSTNAME = "kubernetes.io/hostname"
@@ -87,8 +89,11 @@ async def ns(pipeline: Pipeline) -> AsyncIterator[str]:
     except AssertionError:
         # Known, not yet fixed: in about one full run of the suite in three, the allocator
         # keeps the grant of a filler deleted here (seen: fill-cn-a, still held 90 s on;
-        # run alone, never). Said here; a next test placing on these nodes may fail.
-        warnings.warn(f"grants outlived their pods: {await held_by_pods(pipeline)}", stacklevel=1)
+        # once alone too). Said here, and the next test, which needs these nodes empty,
+        # is skipped with what was held.
+        held = await held_by_pods(pipeline)
+        LEAKED.extend(held)
+        warnings.warn(f"grants outlived their pods: {held}", stacklevel=1)
 
 
 async def held_by_pods(p: Pipeline) -> list[str]:
@@ -196,6 +201,8 @@ async def test_a_whole_card_pod_gets_in_by_moving_two_shared_pods(
 async def test_nothing_is_moved_when_a_moved_pod_would_have_nowhere_to_go(
     pipeline: Pipeline, ns: str
 ) -> None:
+    if LEAKED:  # its two pods would not binpack onto one card
+        pytest.skip(f"a grant of the test before outlived its pod (allocator bug): {LEAKED}")
     p = pipeline
     await replicaset(p, ns, 2, 30)
     before = await bound_frac(p, ns, 2)
