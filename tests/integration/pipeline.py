@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import nats
 import nats.js.errors
 import yaml
@@ -170,6 +171,15 @@ class Pipeline:
             self.api, "POST", f"/api/v1/namespaces/{ns}/pods", pod
         )
         return result
+
+    async def metrics(self, service: str) -> str:
+        """``service``'s ``/metrics`` text."""
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{self.ports[service]}/metrics") as answer,
+        ):
+            assert answer.status == 200, await answer.text()
+            return await answer.text()
 
     async def get(self, ns: str, name: str) -> dict[str, Any]:
         result: dict[str, Any] = await kube.request(

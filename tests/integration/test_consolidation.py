@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from typing import Any
 
-import aiohttp
 import pytest
 
 from shared import kube
@@ -98,21 +97,14 @@ async def ns(pipeline: Pipeline) -> AsyncIterator[str]:
 
 async def held_by_pods(p: Pipeline) -> list[str]:
     """The allocator's per-pod device memory lines that are not 0."""
-    url = f"http://127.0.0.1:{p.ports['device-allocator']}/metrics"
-    async with aiohttp.ClientSession() as session, session.get(url) as resp:
-        text = await resp.text()
+    text = await p.metrics("device-allocator")
     name = "volcano_vgpu_device_memory_allocation_for_a_certain_pod"
     return [line for line in text.splitlines() if line.startswith(name) and float(line.split()[-1])]
 
 
 async def ledger_empty(p: Pipeline) -> bool:
     """No pod holds a grant in the device-allocator (its ``tessera_ledger_pods``)."""
-    url = f"http://127.0.0.1:{p.ports['device-allocator']}/metrics"
-    try:
-        async with aiohttp.ClientSession() as session, session.get(url) as resp:
-            text = await resp.text()
-    except aiohttp.ClientError:  # (re)starting
-        return False
+    text = await p.metrics("device-allocator")
     held = [line for line in text.splitlines() if line.startswith("tessera_ledger_pods")]
     return bool(held) and all(float(line.split()[-1]) == 0 for line in held)
 

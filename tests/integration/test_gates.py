@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from shared import kube
@@ -70,11 +69,7 @@ async def ungate(p: Pipeline, ns: str, name: str) -> float:
 
 async def gated_now(p: Pipeline) -> float:
     """The watcher's ``tessera_gated_pods``."""
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(f"http://127.0.0.1:{p.ports['watcher']}/metrics") as answer,
-    ):
-        text = await answer.text()
+    text = await p.metrics("watcher")
     [value] = [
         line.split()[1] for line in text.splitlines() if line.startswith("tessera_gated_pods ")
     ]

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -63,12 +62,7 @@ async def pipeline(
 
 
 async def scrape(p: Pipeline, service: str) -> Samples:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(f"http://127.0.0.1:{p.ports[service]}/metrics") as answer,
-    ):
-        assert answer.status == 200
-        text = await answer.text()
+    text = await p.metrics(service)
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

@@ -168,13 +168,7 @@ async def test_a_selector_no_shard_allows_is_told_over_every_shards_nodes(
 
 async def metric_results(p: Pipeline, service: str) -> set[str]:
     """The ``result`` labels of ``tessera_placements_total`` on one allocator."""
-    import aiohttp
-
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"http://127.0.0.1:{p.ports[service]}/metrics") as resp,
-    ):
-        text = await resp.text()
+    text = await p.metrics(service)
     return {
         line.split('result="', 1)[1].split('"', 1)[0]
         for line in text.splitlines()
