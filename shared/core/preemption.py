@@ -236,12 +236,13 @@ def victims(
     rolled: dict[str, Resources] = {}
     if tree is not None:
         rolled = rolled_up(tree, used)
+        within_deserved = may_reclaim(tree, queue, rolled, need, level)
         under = may_reclaim(tree, queue, rolled, need, level, owed) and (
-            follow_fair or owed is None or may_reclaim(tree, queue, rolled, need, level)
+            follow_fair or owed is None or within_deserved
         )
         # past the starvation guard, within its deserved share it also reclaims from
         # queues over theirs, whatever their fair share (the tree's guarantee)
-        static = starved and owed is not None and may_reclaim(tree, queue, rolled, need, level)
+        static = starved and owed is not None and within_deserved
         reclaim = under or static
     else:
         under = bool(queues) and within(
